@@ -1,0 +1,90 @@
+"""Core defaults: what stock PyTorch already gives for any device.
+
+Registered by the plugin host under the name ``accelbench.defaults``; every implementation is ``trylast``,
+so a backend plugin overrides a hook simply by implementing it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from accelbench import hookimpl
+from accelbench.devices import MemoryStats
+from accelbench.engine.executor import Executor, ExecutorRequest, TorchExecutor
+from accelbench.precision import PRECISIONS, PrecisionPlan, standard_plan
+from accelbench.workloads import Workload
+
+STRATEGIES = ["single"]
+
+
+@hookimpl(trylast=True)
+def accelbench_register_workloads(register) -> None:  # type: ignore[no-untyped-def]
+    from accelbench.workloads.gpt import GPTWorkload
+
+    workload: Workload = GPTWorkload()
+    register(workload)
+
+
+@hookimpl(trylast=True)
+def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device:
+    if device_type == "cpu":
+        return torch.device("cpu")
+    torch.accelerator.set_device_index(local_rank)
+    return torch.device(device_type, local_rank)
+
+
+@hookimpl(trylast=True)
+def accelbench_collective_backend(device: torch.device) -> str:
+    import torch.distributed as dist
+
+    return dist.get_default_backend_for_device(device)
+
+
+@hookimpl(trylast=True)
+def accelbench_supported_precisions(device: torch.device) -> list[str]:
+    return list(PRECISIONS)
+
+
+@hookimpl(trylast=True)
+def accelbench_precision_plan(precision: str, device: torch.device) -> PrecisionPlan:
+    highest = torch.get_float32_matmul_precision() == "highest"
+    return standard_plan(precision, matmul_math="ieee-fp32" if highest else f"reduced ({torch.get_float32_matmul_precision()})")
+
+
+@hookimpl(trylast=True)
+def accelbench_supported_strategies() -> list[str]:
+    return list(STRATEGIES)
+
+
+@hookimpl(trylast=True)
+def accelbench_executor(request: ExecutorRequest) -> Executor | None:
+    if request.strategy == "single":
+        return TorchExecutor(request)
+    return None
+
+
+@hookimpl(trylast=True)
+def accelbench_synchronize(device: torch.device) -> bool:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+    return True
+
+
+@hookimpl(trylast=True)
+def accelbench_reset_peak_memory(device: torch.device) -> bool:
+    torch.accelerator.memory.reset_peak_memory_stats(device)
+    return True
+
+
+@hookimpl(trylast=True)
+def accelbench_memory_stats(device: torch.device) -> MemoryStats:
+    memory = torch.accelerator.memory
+    total = None
+    if hasattr(memory, "get_memory_info"):
+        total = int(memory.get_memory_info(device)[1])
+    return MemoryStats(
+        peak_bytes=int(memory.max_memory_allocated(device)),
+        source="torch allocator peak (torch.accelerator.memory.max_memory_allocated)",
+        peak_reserved_bytes=int(memory.max_memory_reserved(device)),
+        total_bytes=total,
+    )

@@ -1,0 +1,202 @@
+"""The `accelbench` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from accelbench import __version__
+from accelbench.config import RunConfig
+from accelbench.errors import AccelbenchError
+from accelbench.precision import PRECISIONS
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_OOM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_EXIT_BY_STATUS = {"ok": EXIT_OK, "error": EXIT_ERROR, "oom": EXIT_OOM, "interrupted": EXIT_INTERRUPTED}
+
+# CLI flag -> RunConfig field, for flags whose names differ
+_FIELD_OF = {"layers": "n_layer", "heads": "n_head", "embd": "n_embd", "lr": "learning_rate"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accelbench", description="Benchmark AI training on any accelerator, with honest numbers."
+    )
+    parser.add_argument("--version", action="version", version=f"accelbench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train the reference workload and write a result record")
+    run.add_argument("--backend", help="backend name (default: detect; see `accelbench plugins`)")
+    run.add_argument("--workload", default="gpt", help="workload name (default: gpt)")
+    run.add_argument("--model", default="gpt-nano", help="model size, e.g. gpt-nano, gpt2, gpt2-medium, or custom")
+    run.add_argument("--layers", type=int, help="custom size: transformer layers (with --model custom)")
+    run.add_argument("--heads", type=int, help="custom size: attention heads")
+    run.add_argument("--embd", type=int, help="custom size: embedding width")
+    run.add_argument("--block-size", type=int, default=128)
+    run.add_argument("--batch-size", type=int, default=64, help="per-device batch size (default: 64)")
+    run.add_argument("--epochs", type=int, default=2, help="epochs; the first is reported apart as warm-up")
+    run.add_argument("--steps-per-epoch", type=int, help="cap the steps of each epoch (quick runs)")
+    run.add_argument("--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)} (default: fp32)")
+    run.add_argument("--strategy", default="single", help="distribution strategy (default: single)")
+    run.add_argument("--devices", type=int, default=1, help="devices to use (default: 1)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--data", type=Path, help="text file to train on (default: generated 4.4 MiB corpus)")
+    run.add_argument("--dropout", type=float, default=0.1)
+    run.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    run.add_argument("--compile", action="store_true", help="torch.compile the model (compile timed apart)")
+    run.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
+    run.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per device for MFU (overrides the table)")
+    run.add_argument("--output-dir", type=Path, default=Path("results"), help="where result records go")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress display or summary")
+    run.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
+
+    info = sub.add_parser("info", help="the system as accelbench sees it (what goes into result records)")
+    info.add_argument("--json", action="store_true")
+
+    plugins = sub.add_parser("plugins", help="installed plugins: status, hooks, devices detected")
+    plugins.add_argument("--json", action="store_true")
+
+    sub.add_parser("schema", help="print the JSON Schema of result records")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    err = Console(stderr=True)
+    try:
+        handler = {"run": cmd_run, "info": cmd_info, "plugins": cmd_plugins, "schema": cmd_schema}[args.command]
+        return handler(args, err)
+    except AccelbenchError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    names = set(RunConfig.model_fields)
+    values: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        field = _FIELD_OF.get(key, key)
+        if field in names and value is not None:
+            values[field] = value
+    try:
+        return RunConfig(**values)
+    except ValidationError as exc:
+        flag = {v: k for k, v in _FIELD_OF.items()}
+        problems = []
+        for e in exc.errors():
+            loc = e["loc"][0] if e["loc"] else ""
+            name = f"--{flag.get(str(loc), str(loc)).replace('_', '-')}: " if loc else ""
+            problems.append(name + str(e["msg"]).removeprefix("Value error, "))
+        raise AccelbenchError("; ".join(problems)) from None
+
+
+def cmd_run(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.display import LiveProgress, summary_table
+    from accelbench.engine.runner import NoProgress, RunInterrupted, run
+    from accelbench.plugins import get_host
+
+    config = config_from_args(args)
+    host = get_host()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise RunInterrupted()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    live = not args.quiet and err.is_terminal
+    record, path = run(config, host, LiveProgress(err) if live else NoProgress())
+    if args.json:
+        print(record.to_json())
+    if not args.quiet:
+        err.print(summary_table(record))
+        err.print(f"result record: {path}", highlight=False, soft_wrap=True)
+    return _EXIT_BY_STATUS[record.outcome.status]
+
+
+def cmd_info(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.plugins import get_host
+    from accelbench.system import collect_system_info
+
+    host = get_host()
+    system = collect_system_info()
+    backends = []
+    for backend in host.backends.values():
+        devices = backend.detect()
+        backends.append(
+            {
+                "backend": backend.info.model_dump(),
+                "devices": [d.model_dump() for d in devices],
+                "detect_error": backend.detect_error,
+                "runtime_versions": backend.runtime_versions() if devices else {},
+            }
+        )
+    data = {"system": system.model_dump(), "backends": backends, "plugins": host.versions()}
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    out = Console()
+    table = Table(title="system", show_header=False)
+    for key, value in system.model_dump().items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    out.print(table)
+    devices = Table(title="backends and devices (highest detection priority first)")
+    for col in ("backend", "device unit", "devices", "runtime"):
+        devices.add_column(col)
+    for b in backends:
+        names = "\n".join(f"[{d['index']}] {d['name']}" for d in b["devices"]) or (
+            f"none ({b['detect_error']})" if b["detect_error"] else "none"
+        )
+        runtime = ", ".join(f"{k} {v}" for k, v in b["runtime_versions"].items())
+        devices.add_row(b["backend"]["name"], b["backend"]["device_unit"], names, runtime)
+    out.print(devices)
+    return EXIT_OK
+
+
+def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.plugins import get_host
+
+    host = get_host()
+    rows = []
+    for record in host.records:
+        row = record.to_json()
+        backend = host.backends.get(record.backend.name) if record.backend else None
+        row["devices"] = [d.model_dump() for d in backend.detect()] if backend else []
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    table = Table(title="accelbench plugins")
+    for col in ("plugin", "distribution", "status", "backend", "devices", "hooks"):
+        table.add_column(col)
+    for row in rows:
+        status = "[green]active[/]" if row["status"] == "active" else f"[red]failed[/]: {row['error']}"
+        for warning in row["warnings"]:
+            status += f"\n[yellow]warning[/]: {warning}"
+        table.add_row(
+            row["name"],
+            f"{row['distribution']} {row['version']}",
+            status,
+            row["backend"]["name"] if row["backend"] else "-",
+            "\n".join(d["name"] for d in row["devices"]) or "none",
+            "\n".join(h.removeprefix("accelbench_") for h in row["hooks"]),
+        )
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.results import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The run configuration: everything that defines a benchmark point, validated before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from accelbench.precision import PRECISIONS
+
+
+class RunConfig(BaseModel):
+    """One benchmark run. Stored whole in the result record, so a run can be repeated from it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str | None = Field(default=None, description="Backend name; None = detect by priority.")
+    workload: str = "gpt"
+    model: str = Field(default="gpt-nano", description="Size name from the workload's table, or 'custom'.")
+    n_layer: int | None = Field(default=None, gt=0)
+    n_head: int | None = Field(default=None, gt=0)
+    n_embd: int | None = Field(default=None, gt=0)
+    block_size: int = Field(default=128, gt=0)
+    batch_size: int = Field(default=64, gt=0)
+    epochs: int = Field(default=2, gt=0, description="Epoch 1 is the warm-up; later epochs are the steady state.")
+    steps_per_epoch: int | None = Field(
+        default=None, gt=0, description="Cap on steps per epoch (quick runs); None = the full epoch."
+    )
+    precision: str = "fp32"
+    strategy: str = "single"
+    devices: int = Field(default=1, gt=0)
+    seed: int = 0
+    data: Path | None = Field(default=None, description="Text file to train on; None = the generated corpus.")
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    learning_rate: float = Field(default=3e-4, gt=0.0)
+    compile: bool = Field(default=False, description="torch.compile the model; compile time is timed apart.")
+    threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (CPU).")
+    peak_tflops: float | None = Field(
+        default=None, gt=0.0, description="Peak TFLOP/s per device for MFU, overriding the backend's table."
+    )
+    output_dir: Path = Path("results")
+
+    @field_validator("precision")
+    @classmethod
+    def _known_precision(cls, value: str) -> str:
+        if value not in PRECISIONS:
+            raise ValueError(f"unknown precision {value!r}; choose one of: {', '.join(PRECISIONS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _custom_sizes_complete(self) -> RunConfig:
+        given = [v is not None for v in (self.n_layer, self.n_head, self.n_embd)]
+        if self.model == "custom" and not all(given):
+            raise ValueError("model 'custom' needs all of --layers, --heads and --embd")
+        if any(given) and self.model != "custom":
+            raise ValueError("--layers/--heads/--embd describe a custom size: use them with --model custom")
+        if self.n_head and self.n_embd and self.n_embd % self.n_head:
+            raise ValueError(f"embedding {self.n_embd} is not divisible by heads {self.n_head}")
+        return self

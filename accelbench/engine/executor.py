@@ -1,0 +1,145 @@
+"""Executors: the one object the runner trains through.
+
+A strategy mapping (the ``accelbench_executor`` hook) returns an :class:`Executor`. It owns model wrapping,
+the optimizer step and any compile step, so devices that compile a whole graph before running (IPUs) or
+replicate by themselves fit the same runner as eager GPUs and CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accelbench.precision import PrecisionPlan
+from accelbench.workloads import TrainingJob
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process sits in a (possibly single-process) job."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class ExecutorRequest:
+    """What a strategy mapping needs to build an executor."""
+
+    strategy: str
+    device: torch.device
+    precision: PrecisionPlan
+    world: World
+    synchronize: Callable[[torch.device], None]  # the backend's device synchronisation (timing hook)
+    compile: bool = False
+
+
+class Executor(ABC):
+    """Trains a :class:`TrainingJob` one step at a time.
+
+    The runner calls ``setup`` once, ``compile`` once on a sample batch (timed apart from training), then
+    ``train_step`` for every batch, and ``close`` at the end, also after a failure.
+    """
+
+    @abstractmethod
+    def setup(self, job: TrainingJob) -> None:
+        """Wrap the model, place it on the device, build the optimizer."""
+
+    def compile(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        """Compile ahead of training if this executor compiles; return seconds spent, or None if it does not.
+
+        Must leave the model's weights as they were (a compile may run a step, but not apply it).
+        """
+        return None
+
+    @abstractmethod
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on a batch already on the device. Returns the loss as a detached device tensor.
+
+        Must not synchronise the device (no ``.item()``): the runner synchronises once per epoch.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """What really ran (compiled or not, fused optimizer, ...), for the result record."""
+        return {}
+
+    def close(self) -> None:
+        """Release the device (detach IPUs, destroy process groups the executor created)."""
+
+
+class TorchExecutor(Executor):
+    """Single-device eager (optionally torch.compile'd) training: the reference tuned loop.
+
+    Exactly what a hand-written loop does: autocast when the plan says so, a GradScaler for fp16,
+    gradient clipping, a fused optimizer, ``zero_grad(set_to_none=True)``.
+    """
+
+    def __init__(self, request: ExecutorRequest) -> None:
+        self.request = request
+        self.device = request.device
+        plan = request.precision
+        self._autocast: Any = (
+            torch.autocast(self.device.type, dtype=plan.torch_autocast_dtype)
+            if plan.torch_autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        self._scaler = torch.amp.GradScaler(self.device.type) if plan.loss_scaling == "dynamic" else None
+        self._clip: float | None = None
+        self.model: torch.nn.Module
+        self.optimizer: torch.optim.Optimizer
+
+    def setup(self, job: TrainingJob) -> None:
+        model = job.model.to(device=self.device, dtype=self.request.precision.torch_param_dtype)
+        self.model = model.train()
+        self.optimizer = job.make_optimizer(self.model, self.device)
+        self._clip = job.grad_clip_norm
+        self._step_model: torch.nn.Module = torch.compile(self.model) if self.request.compile else self.model
+
+    def compile(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        if not self.request.compile:
+            return None
+        start = time.perf_counter()
+        with self._autocast:
+            loss = self._step_model(inputs, targets)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.request.synchronize(self.device)
+        return time.perf_counter() - start
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self._autocast:
+            loss = self._step_model(inputs, targets)
+        if self._scaler is not None:
+            self._scaler.scale(loss).backward()
+            if self._clip is not None:
+                self._scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._clip, foreach=True)
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
+        else:
+            loss.backward()
+            if self._clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._clip, foreach=True)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def describe(self) -> dict[str, Any]:
+        optimizer = getattr(self, "optimizer", None)  # absent when setup failed
+        defaults = getattr(optimizer, "defaults", {})
+        return {
+            "executor": type(self).__name__,
+            "torch_compile": self.request.compile,
+            "optimizer": type(optimizer).__name__ if optimizer else None,
+            "fused_optimizer": bool(defaults.get("fused")),
+            "grad_clip_norm": self._clip,
+            "loss_scaler": "GradScaler" if self._scaler is not None else None,
+        }
+

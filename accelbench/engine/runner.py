@@ -1,0 +1,344 @@
+"""The runner: turns a validated config into a timed training run and one result record.
+
+Everything that can be checked is checked before the first step (backend, strategy, precision, workload, data),
+so a bad request costs nothing and writes nothing. Once measuring starts, any ending (success, out-of-memory,
+error, Ctrl-C, SIGTERM from a scheduler) produces a record that keeps every completed epoch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from accelbench.config import RunConfig
+from accelbench.devices import MemoryStats, PeakFigures
+from accelbench.engine.executor import Executor, ExecutorRequest, World
+from accelbench.errors import BackendError, ConfigError
+from accelbench.plugins import Backend, PluginHost
+from accelbench.results import (
+    BackendRecord,
+    EpochMetrics,
+    Metrics,
+    Outcome,
+    RankMetrics,
+    ResultRecord,
+    SteadyState,
+    Status,
+    write_record,
+)
+from accelbench.system import collect_system_info
+from accelbench.workloads import TrainingJob, Workload
+
+STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median rank's by 10%
+
+
+class RunInterrupted(BaseException):  # noqa: N818 - an interruption, not an error
+    """Raised by the SIGTERM handler (schedulers send SIGTERM at a time limit); handled like Ctrl-C."""
+
+
+class Progress(Protocol):
+    def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None: ...
+    def step(self) -> None: ...
+    def end_epoch(self, metrics: EpochMetrics) -> None: ...
+    def close(self) -> None: ...
+
+
+class NoProgress:
+    def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def end_epoch(self, metrics: EpochMetrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class RankLog:
+    """What one rank measured; gathered to rank 0 in multi-process runs."""
+
+    rank: int
+    host: str
+    epoch_wall_s: list[float] = field(default_factory=list)
+    epoch_samples: list[int] = field(default_factory=list)
+    epoch_steps: list[int] = field(default_factory=list)
+    epoch_peak_bytes: list[int | None] = field(default_factory=list)
+    epoch_loss: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PreparedRun:
+    """Everything resolved before measuring starts."""
+
+    config: RunConfig
+    backend: Backend
+    device: torch.device
+    workload: Workload
+    executor: Executor
+    request: ExecutorRequest
+    peak: PeakFigures | None
+    backend_record: BackendRecord
+    plugins: dict[str, str]
+
+
+def prepare(config: RunConfig, host: PluginHost, world: World | None = None) -> PreparedRun:
+    """Resolve and check everything; raise ConfigError/BackendError before anything is measured."""
+    world = world or World()
+    backend = host.select_backend(config.backend)
+    devices = backend.detect()
+    if not devices:
+        reason = f" (detection failed: {backend.detect_error})" if backend.detect_error else ""
+        raise BackendError(f"backend {backend.name!r} found no device on this host{reason}")
+    if config.devices > 1 or config.strategy != "single":
+        backend.check_strategy(config.strategy)
+        raise ConfigError(
+            f"--devices {config.devices} with strategy {config.strategy!r}: multi-device runs are not available "
+            "in this version of accelbench; use --devices 1 --strategy single"
+        )
+    workload = host.workload(config.workload)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = backend.setup_device(world.local_rank)
+    plan = backend.precision_plan(config.precision, device)
+    if config.peak_tflops:
+        peak: PeakFigures | None = PeakFigures(
+            flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"
+        )
+    else:
+        peak = backend.peak_figures(devices[0], plan)
+    if hasattr(workload, "model_names") and config.model not in workload.model_names():
+        raise ConfigError(
+            f"unknown model {config.model!r} for workload {workload.name!r}; "
+            f"choose one of: {', '.join(workload.model_names())}"
+        )
+    request = ExecutorRequest(
+        strategy=config.strategy,
+        device=device,
+        precision=plan,
+        world=world,
+        synchronize=backend.synchronize,
+        compile=config.compile,
+    )
+    executor = backend.executor(request)
+    record = next(r for r in host.records if r.backend is not None and r.backend.name == backend.name)
+    backend_record = BackendRecord(
+        info=backend.info,
+        distribution=record.distribution,
+        version=record.version,
+        devices=devices,
+        devices_used=config.devices,
+        collective_backend=None,  # single process: no collectives
+        runtime_versions=backend.runtime_versions(),
+    )
+    return PreparedRun(config, backend, device, workload, executor, request, peak, backend_record, host.versions())
+
+
+@dataclass
+class Measurement:
+    """What ``measure`` returns: the job it built (None if building failed), this rank's log and the outcome."""
+
+    job: TrainingJob | None
+    log: RankLog
+    outcome: Outcome
+    setup_s: float = 0.0
+    compile_s: float | None = None
+
+
+def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement:
+    """Build the job, train and time it. Any failure after the build starts becomes the outcome, not an
+    exception, so an out-of-memory while building a model too large is recorded like one while training.
+    A ``ConfigError`` from the workload (bad data file, bad size) is still raised: nothing was measured.
+    """
+    config, backend, device, executor = run.config, run.backend, run.device, run.executor
+    world = run.request.world
+    result = Measurement(job=None, log=RankLog(rank=world.rank, host=host_name), outcome=Outcome(status="ok"))
+    log = result.log
+    epoch, steps_done = 0, 0
+    try:
+        start = time.perf_counter()
+        job = result.job = run.workload.build(config)
+        executor.setup(job)
+        backend.synchronize(device)
+        result.setup_s = time.perf_counter() - start
+
+        inputs, targets = next(job.data.batches(0, world.rank, world.world_size))
+        result.compile_s = executor.compile(inputs.to(device), targets.to(device))
+
+        steps = job.data.steps(world.rank, world.world_size)
+        for epoch in range(config.epochs):
+            progress.start_epoch(epoch, config.epochs, steps, config.batch_size)
+            backend.reset_peak_memory(device)
+            losses: list[torch.Tensor] = []
+            samples = 0
+            steps_done = 0
+            backend.synchronize(device)
+            start = time.perf_counter()
+            for inputs, targets in job.data.batches(epoch, world.rank, world.world_size):
+                losses.append(
+                    executor.train_step(inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True))
+                )
+                samples += inputs.shape[0]
+                steps_done += 1
+                progress.step()
+            backend.synchronize(device)
+            wall = time.perf_counter() - start
+            memory = backend.memory_stats(device)
+            log.epoch_wall_s.append(wall)
+            log.epoch_samples.append(samples)
+            log.epoch_steps.append(steps_done)
+            log.epoch_peak_bytes.append(memory.peak_bytes)
+            log.epoch_loss.append(torch.stack(losses).float().mean().item())
+            progress.end_epoch(_epoch_metrics(epoch, [log], job.tokens_per_sample))
+    except ConfigError:
+        raise
+    except (KeyboardInterrupt, RunInterrupted) as exc:
+        what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+        result.outcome = Outcome(
+            status="interrupted",
+            message=f"{what} during epoch {epoch} after {steps_done} steps; "
+            f"{len(log.epoch_wall_s)} completed epoch(s) kept",
+        )
+    except Exception as exc:
+        result.outcome = Outcome(
+            status="oom" if is_out_of_memory(exc) else "error",
+            message=f"{type(exc).__name__}: {exc}".strip()[:2000],
+            traceback=traceback.format_exc(limit=8),
+        )
+    finally:
+        progress.close()
+        executor.close()
+    return result
+
+
+def run(config: RunConfig, host: PluginHost, progress: Progress | None = None) -> tuple[ResultRecord, Path]:
+    """Prepare, measure, and write the result record. Returns the record and its path."""
+    run_ = prepare(config, host)
+    system = collect_system_info()
+    created = datetime.now(timezone.utc)
+    m = measure(run_, progress or NoProgress(), system.host)
+    memory = run_.backend.memory_stats(run_.device) if m.log.epoch_wall_s else None
+    record = ResultRecord(
+        run_id=uuid.uuid4().hex,
+        created_at=created,
+        outcome=m.outcome,
+        config=config,
+        system=system,
+        backend=run_.backend_record,
+        precision=run_.request.precision,
+        workload=m.job.summary if m.job else {},
+        data=m.job.data.describe() if m.job else {},
+        executor=run_.executor.describe() if m.job else {},
+        plugins=run_.plugins,
+        metrics=build_metrics([m.log], m.job, run_.peak, config.devices, m.setup_s, m.compile_s, memory)
+        if m.job
+        else None,
+    )
+    return record, write_record(record, config.output_dir)
+
+
+def build_metrics(
+    logs: list[RankLog],
+    job: TrainingJob,
+    peak: PeakFigures | None,
+    devices: int,
+    setup_s: float,
+    compile_s: float | None,
+    memory: MemoryStats | None,
+) -> Metrics:
+    """Aggregate per-rank logs: epoch time = slowest rank; samples = sum over ranks; memory max and mean."""
+    n_epochs = min(len(log.epoch_wall_s) for log in logs)
+    epochs = [_epoch_metrics(e, logs, job.tokens_per_sample) for e in range(n_epochs)]
+    steady = None
+    if n_epochs >= 2:
+        later = epochs[1:]
+        walls = [e.wall_s for e in later]
+        samples_per_s = statistics.median(e.samples_per_s for e in later)
+        achieved = samples_per_s * job.flops_per_sample
+        steady = SteadyState(
+            epochs=len(later),
+            epoch_s_median=statistics.median(walls),
+            epoch_s_min=min(walls),
+            epoch_s_max=max(walls),
+            samples_per_s=samples_per_s,
+            tokens_per_s=samples_per_s * job.tokens_per_sample,
+            achieved_flops_per_s=achieved,
+            mfu=achieved / (peak.flops_per_s * devices) if peak else None,
+        )
+    steady_range = slice(1, n_epochs) if n_epochs >= 2 else slice(0, n_epochs)
+    rank_peaks = [_max_known(log.epoch_peak_bytes[steady_range]) for log in logs]
+    known = [p for p in rank_peaks if p is not None]
+    return Metrics(
+        compile_s=compile_s,
+        setup_s=setup_s,
+        epochs=epochs,
+        warmup=epochs[0] if epochs else None,
+        steady=steady,
+        ranks=[
+            RankMetrics(
+                rank=log.rank,
+                host=log.host,
+                epoch_wall_s=log.epoch_wall_s,
+                epoch_samples=log.epoch_samples,
+                peak_memory_bytes=peak_bytes,
+            )
+            for log, peak_bytes in zip(logs, rank_peaks)
+        ],
+        memory=memory,
+        peak_memory_max_bytes=max(known) if known else None,
+        peak_memory_mean_bytes=statistics.fmean(known) if known else None,
+        stragglers=find_stragglers(logs),
+        flops_per_sample=job.flops_per_sample,
+        flops_formula=job.flops_formula,
+        peak=peak,
+    )
+
+
+def _epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> EpochMetrics:
+    wall = max(log.epoch_wall_s[epoch] for log in logs)
+    samples = sum(log.epoch_samples[epoch] for log in logs)
+    return EpochMetrics(
+        epoch=epoch,
+        wall_s=wall,
+        steps=max(log.epoch_steps[epoch] for log in logs),
+        samples=samples,
+        tokens=samples * tokens_per_sample,
+        samples_per_s=samples / wall,
+        tokens_per_s=samples * tokens_per_sample / wall,
+        loss=logs[0].epoch_loss[epoch],
+        peak_memory_bytes=_max_known(log.epoch_peak_bytes[epoch] for log in logs),
+    )
+
+
+def find_stragglers(logs: list[RankLog]) -> list[int]:
+    """Ranks whose median epoch time (after the warm-up) is >10% above the median over ranks."""
+    if len(logs) < 2:
+        return []
+    per_rank = {log.rank: statistics.median(log.epoch_wall_s[1:] or log.epoch_wall_s) for log in logs if log.epoch_wall_s}
+    if len(per_rank) < 2:
+        return []
+    typical = statistics.median(per_rank.values())
+    return sorted(r for r, t in per_rank.items() if t > STRAGGLER_THRESHOLD * typical)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _max_known(values) -> int | None:  # type: ignore[no-untyped-def]
+    known = [v for v in values if v is not None]
+    return max(known) if known else None

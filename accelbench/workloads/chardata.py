@@ -1,0 +1,135 @@
+"""Character-level data exactly as in the seed study: random windows of block + 1 characters.
+
+An epoch is ceil(N / (block + 1)) samples, each a window starting at a uniformly random offset. Characters are
+bytes (the seed study reduced its large corpus to 8-bit characters); the vocabulary is the distinct bytes of the
+corpus. A file is memory-mapped, so a multi-GiB corpus streams from disk instead of being loaded whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelbench.errors import ConfigError
+
+# The 65 characters of the Shakespeare corpus used by the seed study (char-rnn / minGPT).
+SHAKESPEARE_CHARSET = "\n !$&',-.3:;?" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwxyz"
+SEED_CORPUS_BYTES = round(4.4 * 2**20)  # the seed study's 4.4 MiB
+_SCAN_CHUNK = 64 * 2**20
+
+
+def generate_corpus(n_bytes: int = SEED_CORPUS_BYTES, seed: int = 1234) -> np.ndarray:
+    """A deterministic play-like text of ``n_bytes`` over the Shakespeare character set.
+
+    Speaker lines, sentences of Zipf-distributed pseudo-words and punctuation give the model structure to learn
+    (so the loss falls as in the seed study) while the benchmark stays offline.
+    """
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
+    letter_p = 1.0 / np.arange(1, 27) ** 0.9
+    letter_p /= letter_p.sum()
+    words = ["".join(rng.choice(letters, size=int(rng.integers(1, 10)), p=letter_p)) for _ in range(3000)]
+    word_p = 1.0 / (np.arange(len(words)) + 2.7)
+    word_p /= word_p.sum()
+    speakers = [w.upper() for w in words[:40] if len(w) > 2][:25]
+    marks = [".", ".", ".", ",", "?", "!", ";", ":", "'s", " &", " 3", " $"]
+    parts: list[str] = [SHAKESPEARE_CHARSET.replace("\n", " ") + "\n\n"]  # every character occurs at least once
+    size = len(parts[0])
+    word_ids = iter(rng.choice(len(words), size=n_bytes, p=word_p))
+    while size < n_bytes:
+        lines = []
+        for _ in range(int(rng.integers(1, 5))):
+            sentence = " ".join(words[next(word_ids)] for _ in range(int(rng.integers(3, 12))))
+            mark = marks[int(rng.integers(len(marks)))]
+            lines.append(sentence[0].upper() + sentence[1:] + mark + ("-" if rng.random() < 0.02 else ""))
+        block = speakers[int(rng.integers(len(speakers)))] + ":\n" + "\n".join(lines) + "\n\n"
+        parts.append(block)
+        size += len(block)
+    return np.frombuffer("".join(parts).encode("ascii")[:n_bytes], dtype=np.uint8)
+
+
+class CharCorpus:
+    """Bytes plus a byte -> token id table. Backed by a memory map for files, an array for generated text."""
+
+    def __init__(self, data: np.ndarray, source: str, path: Path | None = None) -> None:
+        self.data = data
+        self.source = source
+        self.path = path
+        counts = np.zeros(256, dtype=np.int64)
+        for start in range(0, len(data), _SCAN_CHUNK):  # chunked, so a memory-mapped file is never loaded whole
+            counts += np.bincount(data[start : start + _SCAN_CHUNK], minlength=256)
+        present = np.flatnonzero(counts)
+        self.vocab_size = int(len(present))
+        self.lookup = np.zeros(256, dtype=np.int64)
+        self.lookup[present] = np.arange(len(present))
+
+    @classmethod
+    def generated(cls) -> CharCorpus:
+        return cls(generate_corpus(), source=f"generated (seeded play-like text, {SEED_CORPUS_BYTES} bytes)")
+
+    @classmethod
+    def from_file(cls, path: Path) -> CharCorpus:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"--data {path}: no such file; give a text file, or omit --data for the generated corpus")
+        if path.stat().st_size < 2:
+            raise ConfigError(f"--data {path}: the file is empty; a corpus needs at least block size + 1 bytes")
+        return cls(np.memmap(path, dtype=np.uint8, mode="r"), source="file", path=path)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class RandomWindows:
+    """The seed study's sampler: each epoch, ceil(N / (block + 1)) windows at random offsets, split over ranks."""
+
+    def __init__(
+        self, corpus: CharCorpus, block_size: int, batch_size: int, seed: int, max_steps: int | None = None
+    ) -> None:
+        if len(corpus) < block_size + 2:
+            raise ConfigError(
+                f"corpus of {len(corpus)} bytes is shorter than block size + 1 ({block_size + 1}); "
+                "use a smaller --block-size or a larger --data file"
+            )
+        self.corpus = corpus
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.max_steps = max_steps
+        self.samples_per_epoch = math.ceil(len(corpus) / (block_size + 1))
+        self._offsets = np.arange(block_size + 1, dtype=np.int64)
+
+    def _rank_samples(self, rank: int, world_size: int) -> int:
+        # like DistributedSampler: every rank gets ceil(N / world) samples
+        return math.ceil(self.samples_per_epoch / world_size)
+
+    def steps(self, rank: int = 0, world_size: int = 1) -> int:
+        steps = math.ceil(self._rank_samples(rank, world_size) / self.batch_size)
+        return min(steps, self.max_steps) if self.max_steps else steps
+
+    def batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        rng = np.random.default_rng([self.seed, epoch, rank])
+        n = self._rank_samples(rank, world_size)
+        starts = rng.integers(0, len(self.corpus) - self.block_size - 1, size=n)
+        lookup, data, offsets = self.corpus.lookup, self.corpus.data, self._offsets
+        for step in range(self.steps(rank, world_size)):
+            idx = starts[step * self.batch_size : (step + 1) * self.batch_size]
+            windows = torch.from_numpy(lookup[data[idx[:, None] + offsets]])
+            yield windows[:, :-1], windows[:, 1:]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.corpus.source,
+            "path": str(self.corpus.path) if self.corpus.path else None,
+            "bytes": len(self.corpus),
+            "vocab_size": self.corpus.vocab_size,
+            "block_size": self.block_size,
+            "samples_per_epoch": self.samples_per_epoch,
+            "sampling": "random windows of block+1 bytes; epoch = ceil(bytes / (block + 1)) samples",
+            "steps_per_epoch_cap": self.max_steps,
+        }

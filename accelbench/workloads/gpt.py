@@ -1,0 +1,212 @@
+"""The GPT reference workload: a GPT-2 family model, trained character-level as in the seed study.
+
+Configuration-compatible with minGPT's model table, written for speed the way a tuned loop is: fused
+scaled-dot-product attention (flash / memory-efficient kernels where the device has them), PyTorch's
+exact GELU kernel, pre-norm blocks, the LM head tied to the token embedding, a fused AdamW, and optional
+``torch.compile`` (``--compile``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accelbench.config import RunConfig
+from accelbench.errors import ConfigError
+from accelbench.workloads import TrainingJob
+from accelbench.workloads.chardata import CharCorpus, RandomWindows
+
+# layers, heads, embedding (minGPT's table and the seed study's larger sizes and IPU sizes)
+MODEL_SIZES: dict[str, tuple[int, int, int]] = {
+    "gpt-nano": (3, 3, 48),
+    "gpt-micro": (4, 4, 128),
+    "gpt-mini": (6, 6, 192),
+    "gopher-44m": (8, 16, 512),
+    "gpt2": (12, 12, 768),
+    "gpt2-medium": (24, 16, 1024),
+    "gpt2-large": (36, 20, 1280),
+    "gpt2-xl": (48, 25, 1600),
+    "gpt2-xxl": (96, 25, 1600),
+    "gpt2-xxxl": (100, 30, 1920),
+    "gpt2-4xl": (190, 30, 1920),
+    "ipu-384": (12, 12, 384),
+    "ipu-768": (12, 12, 768),
+}
+
+FLOPS_FORMULA = "6N + 12*l*d*s per token (PaLM appendix B; N = parameters without position embeddings)"
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int
+    vocab_size: int
+    dropout: float = 0.1
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        # one fused kernel instead of minGPT's masked softmax(QK^T)V
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.gelu = nn.GELU()  # exact GELU: one kernel, unlike minGPT's hand-written tanh formula
+        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(self.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """forward(inputs, targets) -> mean cross-entropy loss. Submodules: ``wte``, ``wpe``, ``blocks``, ``ln_f``,
+    ``lm_head`` (tied to ``wte``), so strategies that split the model (pipelines, FSDP units) can find them.
+    """
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # GPT-2's scaled init of residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # the tied head/embedding counts once
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self) -> float:
+        c = self.cfg
+        return 6.0 * self.num_parameters(non_embedding=True) + 12.0 * c.n_layer * c.n_embd * c.block_size
+
+
+def configure_adamw(model: nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:
+    """minGPT's AdamW: decay on matmul weights only, betas (0.9, 0.95), weight decay 0.1; fused where possible."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    params = list(model.parameters())  # shared (tied) parameters appear once
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in params if p.dim() < 2 or id(p) in embeddings]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device.type in _fused_adamw_devices()
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True)
+
+
+def _fused_adamw_devices() -> set[str]:
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return set(_get_fused_kernels_supported_devices())
+    except ImportError:  # older torch: the devices that had fused AdamW
+        return {"cuda", "xpu", "cpu", "mps"}
+
+
+def resolve_size(config: RunConfig) -> tuple[int, int, int]:
+    if config.model == "custom":
+        assert config.n_layer and config.n_head and config.n_embd  # RunConfig validated this
+        return config.n_layer, config.n_head, config.n_embd
+    if config.model not in MODEL_SIZES:
+        raise ConfigError(
+            f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}, "
+            "or --model custom --layers L --heads H --embd D"
+        )
+    return MODEL_SIZES[config.model]
+
+
+class GPTWorkload:
+    """Registered by the core as workload ``gpt``."""
+
+    name = "gpt"
+    description = "GPT-2 family, character-level, random windows (the seed study's lightning-GPT setup)"
+
+    def model_names(self) -> list[str]:
+        return [*MODEL_SIZES, "custom"]
+
+    def build(self, config: RunConfig) -> TrainingJob:
+        n_layer, n_head, n_embd = resolve_size(config)
+        corpus = CharCorpus.from_file(config.data) if config.data else CharCorpus.generated()
+        data = RandomWindows(corpus, config.block_size, config.batch_size, config.seed, config.steps_per_epoch)
+        torch.manual_seed(config.seed)
+        cfg = GPTConfig(n_layer, n_head, n_embd, config.block_size, corpus.vocab_size, config.dropout)
+        model = GPT(cfg)
+        lr = config.learning_rate
+        return TrainingJob(
+            model=model,
+            data=data,
+            make_optimizer=lambda m, device: configure_adamw(m, device, lr),
+            flops_per_sample=model.flops_per_token() * config.block_size,
+            flops_formula=FLOPS_FORMULA,
+            tokens_per_sample=config.block_size,
+            grad_clip_norm=1.0,
+            summary={
+                "name": config.model,
+                "n_layer": n_layer,
+                "n_head": n_head,
+                "n_embd": n_embd,
+                "block_size": config.block_size,
+                "vocab_size": corpus.vocab_size,
+                "dropout": config.dropout,
+                "parameters": model.num_parameters(),
+                "flops_per_token": model.flops_per_token(),
+                "attention": "torch scaled_dot_product_attention (causal)",
+                "tied_embedding_head": True,
+            },
+        )
