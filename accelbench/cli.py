@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accelbench import __version__
@@ -36,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train the reference workload and write a result record")
     run.add_argument("--backend", help="backend name (default: detect; see `accelbench plugins`)")
     run.add_argument("--workload", default="gpt", help="workload name (default: gpt)")
-    run.add_argument("--model", default="gpt-nano", help="model size, e.g. gpt-nano, gpt2, gpt2-medium, or custom")
+    run.add_argument(
+        "--model", default="gpt-nano", help="model size, e.g. gpt-nano, gpt2, gpt2-medium, or custom"
+    )
     run.add_argument("--layers", type=int, help="custom size: transformer layers (with --model custom)")
     run.add_argument("--heads", type=int, help="custom size: attention heads")
     run.add_argument("--embd", type=int, help="custom size: embedding width")
@@ -53,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     run.add_argument("--compile", action="store_true", help="torch.compile the model (compile timed apart)")
     run.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
-    run.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per device for MFU (overrides the table)")
+    run.add_argument(
+        "--peak-tflops", type=float, help="peak TFLOP/s per device for MFU (overrides the table)"
+    )
     run.add_argument("--output-dir", type=Path, default=Path("results"), help="where result records go")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display or summary")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
@@ -72,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     err = Console(stderr=True)
     try:
-        handler = {"run": cmd_run, "info": cmd_info, "plugins": cmd_plugins, "schema": cmd_schema}[args.command]
+        handler = {"run": cmd_run, "info": cmd_info, "plugins": cmd_plugins, "schema": cmd_schema}[
+            args.command
+        ]
         return handler(args, err)
     except AccelbenchError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -172,22 +179,22 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    table = Table(title="accelbench plugins")
-    for col in ("plugin", "distribution", "status", "backend", "devices", "hooks"):
-        table.add_column(col)
+    out = Console()
     for row in rows:
-        status = "[green]active[/]" if row["status"] == "active" else f"[red]failed[/]: {row['error']}"
+        dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "no distribution"
+        if row["status"] == "active":
+            status = "[green]active[/]"
+        else:
+            status = f"[bold red]failed[/]: {escape(row['error'])}"
+        out.print(f"[bold]{row['name']}[/] ({dist}): {status}", highlight=False, soft_wrap=True)
+        if row["backend"]:
+            devices = ", ".join(d["name"] for d in row["devices"]) or "none detected"
+            out.print(f"  backend {row['backend']['name']}: {devices}", highlight=False, soft_wrap=True)
+        if row["hooks"]:
+            hooks = ", ".join(h.removeprefix("accelbench_") for h in row["hooks"])
+            out.print(f"  hooks: {hooks}", highlight=False, soft_wrap=True)
         for warning in row["warnings"]:
-            status += f"\n[yellow]warning[/]: {warning}"
-        table.add_row(
-            row["name"],
-            f"{row['distribution']} {row['version']}",
-            status,
-            row["backend"]["name"] if row["backend"] else "-",
-            "\n".join(d["name"] for d in row["devices"]) or "none",
-            "\n".join(h.removeprefix("accelbench_") for h in row["hooks"]),
-        )
-    Console().print(table)
+            out.print(f"  [yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

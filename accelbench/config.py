@@ -22,7 +22,9 @@ class RunConfig(BaseModel):
     n_embd: int | None = Field(default=None, gt=0)
     block_size: int = Field(default=128, gt=0)
     batch_size: int = Field(default=64, gt=0)
-    epochs: int = Field(default=2, gt=0, description="Epoch 1 is the warm-up; later epochs are the steady state.")
+    epochs: int = Field(
+        default=2, gt=0, description="Epoch 1 is the warm-up; later epochs are the steady state."
+    )
     steps_per_epoch: int | None = Field(
         default=None, gt=0, description="Cap on steps per epoch (quick runs); None = the full epoch."
     )

@@ -42,7 +42,9 @@ class DeviceInfo(_Record):
 class MemoryStats(_Record):
     """A memory reading since the last reset. Unknown figures are None, never guessed."""
 
-    peak_bytes: int | None = Field(description="The headline peak: allocator peak on GPUs, RSS high-water on CPU.")
+    peak_bytes: int | None = Field(
+        description="The headline peak: allocator peak on GPUs, RSS high-water on CPU."
+    )
     source: str = Field(description="What peak_bytes measures, e.g. 'torch allocator max_memory_allocated'.")
     peak_reserved_bytes: int | None = None
     device_used_bytes: int | None = Field(
@@ -56,4 +58,6 @@ class PeakFigures(_Record):
 
     flops_per_s: float = Field(description="Dense (no sparsity) peak FLOP/s for the math mode in use.")
     memory_bandwidth_bytes_per_s: float | None = None
-    source: str = Field(description="Where the figure comes from: 'vendor table: H100 SXM', 'user (--peak-tflops)'.")
+    source: str = Field(
+        description="Where the figure comes from: 'vendor table: H100 SXM', 'user (--peak-tflops)'."
+    )

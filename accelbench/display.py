@@ -73,16 +73,26 @@ def fmt_bytes(n: float | None) -> str:
 def summary_table(record: ResultRecord) -> Table:
     """The figures a reader wants first, from a result record."""
     c, m = record.config, record.metrics
-    table = Table(title=f"accelbench: {c.workload}/{c.model} on {record.backend.info.name}", show_header=False)
+    table = Table(
+        title=f"accelbench: {c.workload}/{c.model} on {record.backend.info.name}", show_header=False
+    )
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("outcome", record.outcome.status + (f": {record.outcome.message}" if record.outcome.message else ""))
-    table.add_row("device", f"{record.backend.devices_used} x {record.backend.devices[0].name} "
-                  f"({record.backend.info.device_unit})")
+    table.add_row(
+        "outcome", record.outcome.status + (f": {record.outcome.message}" if record.outcome.message else "")
+    )
+    table.add_row(
+        "device",
+        f"{record.backend.devices_used} x {record.backend.devices[0].name} "
+        f"({record.backend.info.device_unit})",
+    )
     if record.precision:
         table.add_row("precision", f"{record.precision.name} (matmul math: {record.precision.matmul_math})")
-    table.add_row("model", f"{record.workload.get('parameters', 0) / 1e6:.2f}M parameters, batch {c.batch_size}, "
-                  f"block {c.block_size}")
+    table.add_row(
+        "model",
+        f"{record.workload.get('parameters', 0) / 1e6:.2f}M parameters, batch {c.batch_size}, "
+        f"block {c.block_size}",
+    )
     if m is None:
         return table
     if m.compile_s is not None:
@@ -95,8 +105,12 @@ def summary_table(record: ResultRecord) -> Table:
         table.add_row("steady epoch (median)", f"{s.epoch_s_median:.3f} s over {s.epochs} epoch(s)")
         table.add_row("throughput", f"{s.samples_per_s:,.1f} samples/s, {s.tokens_per_s:,.0f} tokens/s")
         table.add_row("achieved", f"{s.achieved_flops_per_s / 1e12:.4f} TFLOP/s ({m.flops_formula})")
-        table.add_row("MFU", f"{s.mfu:.1%} of {m.peak.source}" if s.mfu is not None and m.peak else
-                      "unknown (no peak figure; give --peak-tflops)")
+        table.add_row(
+            "MFU",
+            f"{s.mfu:.1%} of {m.peak.source}"
+            if s.mfu is not None and m.peak
+            else "unknown (no peak figure; give --peak-tflops)",
+        )
     elif m.epochs:
         table.add_row("steady state", "needs at least 2 epochs (the first is the warm-up)")
     if m.peak_memory_max_bytes is not None:

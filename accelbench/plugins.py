@@ -59,7 +59,9 @@ class PluginRecord:
 class Backend:
     """Typed access to one backend's hooks: the selected plugin first, then the core defaults."""
 
-    def __init__(self, pm: pluggy.PluginManager, info: BackendInfo, plugin: object, others: list[object]) -> None:
+    def __init__(
+        self, pm: pluggy.PluginManager, info: BackendInfo, plugin: object, others: list[object]
+    ) -> None:
         self.info = info
         self.name = info.name
         self.plugin = plugin
@@ -114,7 +116,9 @@ class Backend:
         self.check_strategy(request.strategy)
         executor = self._call("accelbench_executor", request=request)
         if executor is None:
-            raise BackendError(f"backend {self.name!r} declared strategy {request.strategy!r} but built no executor")
+            raise BackendError(
+                f"backend {self.name!r} declared strategy {request.strategy!r} but built no executor"
+            )
         return executor
 
     def check_strategy(self, strategy: str) -> None:
@@ -176,7 +180,9 @@ class PluginHost:
     def _register(self, ep: EntryPoint) -> object:
         plugin = ep.load()
         if self.pm.is_registered(plugin):
-            raise PluginError(f"entry point {ep.name!r} points at an object another entry point already registered")
+            raise PluginError(
+                f"entry point {ep.name!r} points at an object another entry point already registered"
+            )
         try:
             self.pm.register(plugin, name=ep.name)  # raises PluginValidationError on a bad signature
         except Exception:
@@ -314,4 +320,3 @@ def get_host() -> PluginHost:
     if _HOST is None:
         _HOST = PluginHost()
     return _HOST
-

@@ -23,7 +23,9 @@ class PrecisionPlan(BaseModel):
 
     name: str = Field(description="The precision asked for: fp32, fp16-mixed, bf16-mixed, bf16-true.")
     param_dtype: str = Field(description="dtype of the model parameters: float32, bfloat16, ...")
-    autocast_dtype: str | None = Field(description="dtype of torch.autocast regions, None when autocast is off.")
+    autocast_dtype: str | None = Field(
+        description="dtype of torch.autocast regions, None when autocast is off."
+    )
     loss_scaling: Literal["dynamic", "none"] = "none"
     matmul_math: str = Field(
         description="The math mode really in effect for fp32 matmuls: 'ieee-fp32', 'tf32', 'bf16x3', 'bf32', ..."
@@ -45,14 +47,22 @@ def standard_plan(name: str, matmul_math: str) -> PrecisionPlan:
         return PrecisionPlan(name=name, param_dtype="float32", autocast_dtype=None, matmul_math=matmul_math)
     if name == "fp16-mixed":
         return PrecisionPlan(
-            name=name, param_dtype="float32", autocast_dtype="float16", loss_scaling="dynamic",
+            name=name,
+            param_dtype="float32",
+            autocast_dtype="float16",
+            loss_scaling="dynamic",
             matmul_math=matmul_math,
         )
     if name == "bf16-mixed":
-        return PrecisionPlan(name=name, param_dtype="float32", autocast_dtype="bfloat16", matmul_math=matmul_math)
+        return PrecisionPlan(
+            name=name, param_dtype="float32", autocast_dtype="bfloat16", matmul_math=matmul_math
+        )
     if name == "bf16-true":
         return PrecisionPlan(
-            name=name, param_dtype="bfloat16", autocast_dtype=None, matmul_math=matmul_math,
+            name=name,
+            param_dtype="bfloat16",
+            autocast_dtype=None,
+            matmul_math=matmul_math,
             notes="parameters, gradients and optimizer state in bfloat16",
         )
     raise ValueError(f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")

@@ -69,11 +69,15 @@ class SteadyState(_Model):
     samples_per_s: float
     tokens_per_s: float
     achieved_flops_per_s: float
-    mfu: float | None = Field(description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown.")
+    mfu: float | None = Field(
+        description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown."
+    )
 
 
 class Metrics(_Model):
-    compile_s: float | None = Field(description="Seconds in the executor's compile step; None if it has none.")
+    compile_s: float | None = Field(
+        description="Seconds in the executor's compile step; None if it has none."
+    )
     setup_s: float = Field(description="Model build, placement and optimizer set-up, seconds.")
     epochs: list[EpochMetrics]
     warmup: EpochMetrics | None = Field(description="The first epoch (includes lazy initialisation).")
@@ -154,7 +158,7 @@ def read_record(path: Path) -> ResultRecord:
     except json.JSONDecodeError as exc:
         raise ResultFileError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_NAME:
-        raise ResultFileError(f"{path}: not an accelbench result record (no \"schema\": \"{SCHEMA_NAME}\")")
+        raise ResultFileError(f'{path}: not an accelbench result record (no "schema": "{SCHEMA_NAME}")')
     version = raw.get("schema_version")
     if not isinstance(version, int):
         raise ResultFileError(f"{path}: schema_version missing or not an integer")

@@ -15,12 +15,27 @@ from accelbench import __version__
 from accelbench.backends.cpu import cpu_model, usable_cores
 
 # scheduler -> environment variable holding the job id
-_JOB_ID_VARS = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID", "lsf": "LSB_JOBID", "sge": "JOB_ID", "flux": "FLUX_JOB_ID"}
+_JOB_ID_VARS = {
+    "slurm": "SLURM_JOB_ID",
+    "pbs": "PBS_JOBID",
+    "lsf": "LSB_JOBID",
+    "sge": "JOB_ID",
+    "flux": "FLUX_JOB_ID",
+}
 # environment that changes performance and belongs in the record
 _RECORDED_ENV = (
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-    "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "NCCL_ALGO", "NCCL_PROTO", "SLURM_JOB_NODELIST",
-    "SLURM_NTASKS", "PYTORCH_CUDA_ALLOC_CONF",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+    "ZE_FLAT_DEVICE_HIERARCHY",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NTASKS",
+    "PYTORCH_CUDA_ALLOC_CONF",
 )
 
 
@@ -45,7 +60,9 @@ class SystemInfo(BaseModel):
 
 
 def collect_system_info() -> SystemInfo:
-    scheduler, job_id = next(((s, os.environ[v]) for s, v in _JOB_ID_VARS.items() if os.environ.get(v)), (None, None))
+    scheduler, job_id = next(
+        ((s, os.environ[v]) for s, v in _JOB_ID_VARS.items() if os.environ.get(v)), (None, None)
+    )
     return SystemInfo(
         host=socket.gethostname(),
         os=f"{platform.system()} {platform.release()}",

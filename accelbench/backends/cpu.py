@@ -7,6 +7,7 @@ Peak memory is the process's resident-set high-water mark (VmHWM), reset before 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -104,10 +105,8 @@ def accelbench_synchronize(device: torch.device) -> bool:
 
 @hookimpl
 def accelbench_reset_peak_memory(device: torch.device) -> bool:
-    try:
+    with contextlib.suppress(OSError):  # then memory_stats reports the lifetime peak, and says so
         _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS (VmHWM) of this process (Linux >= 4.0)
-    except OSError:
-        pass  # reported through the source string of memory_stats
     return True
 
 
@@ -116,13 +115,17 @@ def accelbench_memory_stats(device: torch.device) -> MemoryStats:
     total = psutil.virtual_memory().total
     hwm = _read_vmhwm()
     if hwm is not None and _CLEAR_REFS.exists():
-        return MemoryStats(peak_bytes=hwm, source="host RSS high-water mark (VmHWM, reset per epoch)", total_bytes=total)
+        return MemoryStats(
+            peak_bytes=hwm, source="host RSS high-water mark (VmHWM, reset per epoch)", total_bytes=total
+        )
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
     return MemoryStats(
-        peak_bytes=peak * scale, source="host RSS peak over the process lifetime (ru_maxrss)", total_bytes=total
+        peak_bytes=peak * scale,
+        source="host RSS peak over the process lifetime (ru_maxrss)",
+        total_bytes=total,
     )
 
 

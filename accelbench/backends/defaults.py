@@ -48,7 +48,9 @@ def accelbench_supported_precisions(device: torch.device) -> list[str]:
 @hookimpl(trylast=True)
 def accelbench_precision_plan(precision: str, device: torch.device) -> PrecisionPlan:
     highest = torch.get_float32_matmul_precision() == "highest"
-    return standard_plan(precision, matmul_math="ieee-fp32" if highest else f"reduced ({torch.get_float32_matmul_precision()})")
+    return standard_plan(
+        precision, matmul_math="ieee-fp32" if highest else f"reduced ({torch.get_float32_matmul_precision()})"
+    )
 
 
 @hookimpl(trylast=True)
@@ -72,12 +74,15 @@ def accelbench_synchronize(device: torch.device) -> bool:
 
 @hookimpl(trylast=True)
 def accelbench_reset_peak_memory(device: torch.device) -> bool:
-    torch.accelerator.memory.reset_peak_memory_stats(device)
+    if device.type != "cpu":
+        torch.accelerator.memory.reset_peak_memory_stats(device)
     return True
 
 
 @hookimpl(trylast=True)
 def accelbench_memory_stats(device: torch.device) -> MemoryStats:
+    if device.type == "cpu":  # torch keeps no allocator statistics for CPU tensors
+        return MemoryStats(peak_bytes=None, source="unknown (the backend implements no memory query)")
     memory = torch.accelerator.memory
     total = None
     if hasattr(memory, "get_memory_info"):

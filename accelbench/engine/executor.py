@@ -142,4 +142,3 @@ class TorchExecutor(Executor):
             "grad_clip_norm": self._clip,
             "loss_scaler": "GradScaler" if self._scaler is not None else None,
         }
-

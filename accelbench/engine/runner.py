@@ -31,7 +31,6 @@ from accelbench.results import (
     RankMetrics,
     ResultRecord,
     SteadyState,
-    Status,
     write_record,
 )
 from accelbench.system import collect_system_info
@@ -142,7 +141,9 @@ def prepare(config: RunConfig, host: PluginHost, world: World | None = None) -> 
         collective_backend=None,  # single process: no collectives
         runtime_versions=backend.runtime_versions(),
     )
-    return PreparedRun(config, backend, device, workload, executor, request, peak, backend_record, host.versions())
+    return PreparedRun(
+        config, backend, device, workload, executor, request, peak, backend_record, host.versions()
+    )
 
 
 @dataclass
@@ -187,7 +188,9 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
             start = time.perf_counter()
             for inputs, targets in job.data.batches(epoch, world.rank, world.world_size):
                 losses.append(
-                    executor.train_step(inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True))
+                    executor.train_step(
+                        inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                    )
                 )
                 samples += inputs.shape[0]
                 steps_done += 1
@@ -293,7 +296,7 @@ def build_metrics(
                 epoch_samples=log.epoch_samples,
                 peak_memory_bytes=peak_bytes,
             )
-            for log, peak_bytes in zip(logs, rank_peaks)
+            for log, peak_bytes in zip(logs, rank_peaks, strict=True)
         ],
         memory=memory,
         peak_memory_max_bytes=max(known) if known else None,
@@ -325,7 +328,11 @@ def find_stragglers(logs: list[RankLog]) -> list[int]:
     """Ranks whose median epoch time (after the warm-up) is >10% above the median over ranks."""
     if len(logs) < 2:
         return []
-    per_rank = {log.rank: statistics.median(log.epoch_wall_s[1:] or log.epoch_wall_s) for log in logs if log.epoch_wall_s}
+    per_rank = {
+        log.rank: statistics.median(log.epoch_wall_s[1:] or log.epoch_wall_s)
+        for log in logs
+        if log.epoch_wall_s
+    }
     if len(per_rank) < 2:
         return []
     typical = statistics.median(per_rank.values())

@@ -38,7 +38,9 @@ def generate_corpus(n_bytes: int = SEED_CORPUS_BYTES, seed: int = 1234) -> np.nd
     word_p /= word_p.sum()
     speakers = [w.upper() for w in words[:40] if len(w) > 2][:25]
     marks = [".", ".", ".", ",", "?", "!", ";", ":", "'s", " &", " 3", " $"]
-    parts: list[str] = [SHAKESPEARE_CHARSET.replace("\n", " ") + "\n\n"]  # every character occurs at least once
+    parts: list[str] = [
+        SHAKESPEARE_CHARSET.replace("\n", " ") + "\n\n"
+    ]  # every character occurs at least once
     size = len(parts[0])
     word_ids = iter(rng.choice(len(words), size=n_bytes, p=word_p))
     while size < n_bytes:
@@ -61,7 +63,9 @@ class CharCorpus:
         self.source = source
         self.path = path
         counts = np.zeros(256, dtype=np.int64)
-        for start in range(0, len(data), _SCAN_CHUNK):  # chunked, so a memory-mapped file is never loaded whole
+        for start in range(
+            0, len(data), _SCAN_CHUNK
+        ):  # chunked, so a memory-mapped file is never loaded whole
             counts += np.bincount(data[start : start + _SCAN_CHUNK], minlength=256)
         present = np.flatnonzero(counts)
         self.vocab_size = int(len(present))
@@ -76,9 +80,13 @@ class CharCorpus:
     def from_file(cls, path: Path) -> CharCorpus:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"--data {path}: no such file; give a text file, or omit --data for the generated corpus")
+            raise ConfigError(
+                f"--data {path}: no such file; give a text file, or omit --data for the generated corpus"
+            )
         if path.stat().st_size < 2:
-            raise ConfigError(f"--data {path}: the file is empty; a corpus needs at least block size + 1 bytes")
+            raise ConfigError(
+                f"--data {path}: the file is empty; a corpus needs at least block size + 1 bytes"
+            )
         return cls(np.memmap(path, dtype=np.uint8, mode="r"), source="file", path=path)
 
     def __len__(self) -> int:
@@ -112,7 +120,9 @@ class RandomWindows:
         steps = math.ceil(self._rank_samples(rank, world_size) / self.batch_size)
         return min(steps, self.max_steps) if self.max_steps else steps
 
-    def batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, epoch: int, rank: int = 0, world_size: int = 1
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rng = np.random.default_rng([self.seed, epoch, rank])
         n = self._rank_samples(rank, world_size)
         starts = rng.integers(0, len(self.corpus) - self.block_size - 1, size=n)

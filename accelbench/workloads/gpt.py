@@ -64,7 +64,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         # one fused kernel instead of minGPT's masked softmax(QK^T)V
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
         return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
 
 
@@ -183,7 +185,9 @@ class GPTWorkload:
     def build(self, config: RunConfig) -> TrainingJob:
         n_layer, n_head, n_embd = resolve_size(config)
         corpus = CharCorpus.from_file(config.data) if config.data else CharCorpus.generated()
-        data = RandomWindows(corpus, config.block_size, config.batch_size, config.seed, config.steps_per_epoch)
+        data = RandomWindows(
+            corpus, config.block_size, config.batch_size, config.seed, config.steps_per_epoch
+        )
         torch.manual_seed(config.seed)
         cfg = GPTConfig(n_layer, n_head, n_embd, config.block_size, corpus.vocab_size, config.dropout)
         model = GPT(cfg)

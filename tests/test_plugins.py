@@ -1,0 +1,212 @@
+"""Plugin loading through real entry points of real (test) distributions, installed on PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TINY, Site, accelbench
+
+from accelbench.plugins import PluginHost
+
+BROKEN_IMPORT = """
+import nonexistent_vendor_runtime  # the vendor library is missing on this machine
+"""
+
+MISSPELLED = """
+from accelbench import hookimpl
+
+@hookimpl
+def accelbench_detect_devcies():
+    return []
+"""
+
+BAD_SIGNATURE = """
+from accelbench import hookimpl
+
+@hookimpl
+def accelbench_memory_stats(device, stream):
+    return None
+"""
+
+UNDECORATED = """
+from accelbench import hookimpl
+from accelbench.devices import BackendInfo
+
+@hookimpl
+def accelbench_backend():
+    return BackendInfo(name="quiet", device_type="cpu", device_unit="test unit", priority=-5)
+
+def accelbench_detect_devices():  # forgot @hookimpl: pluggy would ignore it silently
+    return []
+"""
+
+# A complete third-party backend: runs on CPU tensors but is its own backend with its own rules.
+TESTDEV = """
+import torch
+from accelbench import hookimpl
+from accelbench.devices import BackendInfo, DeviceInfo
+
+CALLS = []
+
+@hookimpl
+def accelbench_backend():
+    return BackendInfo(name="testdev", device_type="cpu", device_unit="test device", priority=50)
+
+@hookimpl
+def accelbench_detect_devices():
+    return [DeviceInfo(index=0, name="Test Device 9000")]
+
+@hookimpl
+def accelbench_supported_precisions(device):
+    return ["fp32"]
+
+@hookimpl
+def accelbench_setup_device(device_type, local_rank):
+    return torch.device("cpu")
+
+@hookimpl
+def accelbench_synchronize(device):
+    return True
+
+@hookimpl
+def accelbench_reset_peak_memory(device):
+    return True
+"""
+
+DUPLICATE = """
+from accelbench import hookimpl
+from accelbench.devices import BackendInfo
+
+@hookimpl
+def accelbench_backend():
+    return BackendInfo(name="testdev", device_type="cpu", device_unit="another", priority=1)
+"""
+
+
+def plugins_json(site: Site, **env: str) -> dict[str, dict]:
+    proc = accelbench("plugins", "--json", env=site.env(**env))
+    assert proc.returncode == 0, proc.stderr
+    return {row["name"]: row for row in json.loads(proc.stdout)}
+
+
+def test_cpu_backend_is_an_entry_point_plugin_with_a_device() -> None:
+    host = PluginHost()
+    cpu = next(r for r in host.records if r.name == "cpu")
+    assert cpu.status == "active"
+    assert cpu.distribution == "accelbench"
+    assert "accelbench_detect_devices" in cpu.hooks
+    assert host.backends["cpu"].detect()[0].memory_bytes > 0
+
+
+def test_broken_plugins_are_reported_and_skipped(site: Site) -> None:
+    site.add_distribution("accelbench-broken", {"broken": "broken_plugin"}, {"broken_plugin": BROKEN_IMPORT})
+    site.add_distribution("accelbench-typo", {"typo": "typo_plugin"}, {"typo_plugin": MISSPELLED})
+    site.add_distribution("accelbench-badsig", {"badsig": "badsig_plugin"}, {"badsig_plugin": BAD_SIGNATURE})
+    rows = plugins_json(site)
+
+    assert rows["cpu"]["status"] == "active"
+    assert rows["cpu"]["devices"], "the CPU backend must still detect its device"
+    broken = rows["broken"]
+    assert (broken["status"], broken["distribution"]) == ("failed", "accelbench-broken")
+    assert "nonexistent_vendor_runtime" in broken["error"]
+    assert rows["typo"]["status"] == "failed"
+    assert "accelbench_detect_devcies" in rows["typo"]["error"]
+    assert "did you mean 'accelbench_detect_devices'" in rows["typo"]["error"]
+    assert rows["badsig"]["status"] == "failed"
+    assert "stream" in rows["badsig"]["error"]
+
+    # the human table shows them too, and a run still works with a broken plugin around
+    table = accelbench("plugins", env=site.env())
+    assert table.returncode == 0 and "failed" in table.stdout and "accelbench-broken" in table.stdout
+
+
+def test_strict_mode_makes_plugin_failures_fatal(site: Site) -> None:
+    site.add_distribution("accelbench-broken", {"broken": "broken_plugin"}, {"broken_plugin": BROKEN_IMPORT})
+    proc = accelbench("plugins", env=site.env(ACCELBENCH_STRICT_PLUGINS="1"))
+    assert proc.returncode == 2
+    assert "plugin 'broken' (distribution accelbench-broken) failed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_undecorated_hook_is_a_warning(site: Site) -> None:
+    site.add_distribution("accelbench-quiet", {"quiet": "quiet_plugin"}, {"quiet_plugin": UNDECORATED})
+    row = plugins_json(site)["quiet"]
+    assert row["status"] == "active"
+    assert any("accelbench_detect_devices is not decorated" in w for w in row["warnings"])
+
+
+def test_third_party_backend_selection_and_its_own_precision_rules(site: Site, tmp_path) -> None:
+    site.add_distribution("accelbench-testdev", {"testdev": "testdev_plugin"}, {"testdev_plugin": TESTDEV})
+    env = site.env()
+    out = tmp_path / "out"
+    # detection by priority picks testdev (50) over cpu (0)
+    proc = accelbench(
+        "run",
+        *TINY,
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "2",
+        "--output-dir",
+        str(out),
+        "--json",
+        "-q",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["backend"]["info"]["name"] == "testdev"
+    assert record["backend"]["devices"][0]["name"] == "Test Device 9000"
+    assert record["backend"]["distribution"] == "accelbench-testdev"
+    # its declared precisions apply to it and not to cpu: the cpu plugin's own hooks are not consulted
+    refused = accelbench("run", *TINY, "--precision", "bf16-mixed", "--output-dir", str(out), env=env)
+    assert refused.returncode == 2
+    assert "backend 'testdev' does not support precision 'bf16-mixed'" in refused.stderr
+    assert "it supports: fp32" in refused.stderr
+    # an explicit --backend always wins
+    proc = accelbench(
+        "run",
+        "--backend",
+        "cpu",
+        *TINY,
+        "--precision",
+        "bf16-mixed",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "2",
+        "--output-dir",
+        str(out),
+        "--json",
+        "-q",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["backend"]["info"]["name"] == "cpu"
+
+
+def test_duplicate_backend_name_fails_naming_both_distributions(site: Site) -> None:
+    site.add_distribution("accelbench-testdev", {"testdev": "testdev_plugin"}, {"testdev_plugin": TESTDEV})
+    site.add_distribution("accelbench-zzdup", {"zzdup": "dup_plugin"}, {"dup_plugin": DUPLICATE})
+    rows = plugins_json(site)
+    assert rows["testdev"]["status"] == "active"
+    assert rows["zzdup"]["status"] == "failed"
+    assert "already provided by distribution accelbench-testdev" in rows["zzdup"]["error"]
+
+
+def test_unknown_backend_lists_installed_ones(site: Site, tmp_path) -> None:
+    site.add_distribution("accelbench-broken", {"broken": "broken_plugin"}, {"broken_plugin": BROKEN_IMPORT})
+    proc = accelbench("run", "--backend", "tpu", "--output-dir", str(tmp_path), env=site.env())
+    assert proc.returncode == 2
+    assert "unknown backend 'tpu'" in proc.stderr and "installed backends: cpu" in proc.stderr
+    proc = accelbench("run", "--backend", "broken", "--output-dir", str(tmp_path), env=site.env())
+    assert "plugin 'broken' is installed but failed to load" in proc.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("hook", ["accelbench_backend", "accelbench_detect_devices", "accelbench_executor"])
+def test_every_hook_is_documented(hook: str) -> None:
+    from accelbench import hookspecs
+
+    assert len((getattr(hookspecs, hook).__doc__ or "").split()) > 10

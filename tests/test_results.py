@@ -1,0 +1,101 @@
+"""Result records: schema round-trip, atomic writes, and rejection of malformed, foreign and newer files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from accelbench.config import RunConfig
+from accelbench.engine.runner import run
+from accelbench.errors import ResultFileError
+from accelbench.plugins import get_host
+from accelbench.results import SCHEMA_VERSION, ResultRecord, json_schema, read_record, write_record
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[ResultRecord, Path]:
+    out = tmp_path_factory.mktemp("records")
+    config = RunConfig(
+        model="custom",
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=16,
+        batch_size=8,
+        epochs=2,
+        steps_per_epoch=2,
+        output_dir=out,
+    )
+    return run(config, get_host())
+
+
+def test_round_trip_is_lossless(recorded) -> None:
+    record, path = recorded
+    again = read_record(path)
+    assert again == record
+    raw = json.loads(path.read_text())
+    assert raw["schema"] == "accelbench.result" and raw["schema_version"] == SCHEMA_VERSION
+    assert raw["config"]["n_embd"] == 16
+
+
+def test_schema_is_published_and_describes_the_record() -> None:
+    schema = json_schema()
+    assert schema["properties"]["schema"]["const"] == "accelbench.result"
+    assert {"outcome", "config", "system", "backend", "precision", "metrics"} <= set(schema["required"])
+
+
+def _write(tmp_path: Path, content: str | dict) -> Path:
+    path = tmp_path / "record.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_truncated_file_is_rejected_with_its_position(recorded, tmp_path) -> None:
+    text = recorded[1].read_text()
+    with pytest.raises(ResultFileError, match=r"record.json: not JSON \(line \d+, column \d+"):
+        read_record(_write(tmp_path, text[: len(text) // 2]))
+
+
+def test_foreign_json_is_rejected(tmp_path) -> None:
+    with pytest.raises(ResultFileError, match="not an accelbench result record"):
+        read_record(_write(tmp_path, {"name": "some other tool", "results": []}))
+    with pytest.raises(ResultFileError, match="not an accelbench result record"):
+        read_record(_write(tmp_path, [1, 2, 3]))
+
+
+def test_newer_schema_asks_for_an_upgrade(recorded, tmp_path) -> None:
+    raw = json.loads(recorded[1].read_text())
+    raw["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(ResultFileError, match=f"schema v{SCHEMA_VERSION + 1}, newer .* upgrade accelbench"):
+        read_record(_write(tmp_path, raw))
+
+
+def test_invalid_fields_are_named(recorded, tmp_path) -> None:
+    raw = json.loads(recorded[1].read_text())
+    raw["outcome"]["status"] = "great"
+    del raw["system"]["host"]
+    raw["metrics"]["epochs"][0]["wall_s"] = "fast"
+    with pytest.raises(ResultFileError) as info:
+        read_record(_write(tmp_path, raw))
+    message = str(info.value)
+    assert "outcome.status" in message and "system.host" in message and "metrics.epochs.0.wall_s" in message
+
+
+def test_unknown_fields_are_rejected(recorded, tmp_path) -> None:
+    raw = json.loads(recorded[1].read_text())
+    raw["metrics"]["secret_sauce"] = 1
+    with pytest.raises(ResultFileError, match="metrics.secret_sauce"):
+        read_record(_write(tmp_path, raw))
+
+
+def test_a_failed_write_leaves_no_file(recorded, tmp_path, monkeypatch) -> None:
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_record(recorded[0], tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,263 @@
+"""Real short training runs on the CPU backend, through the CLI, checked through their result records."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pty
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY, accelbench
+
+from accelbench.cli import main
+from accelbench.config import RunConfig
+from accelbench.engine.runner import run
+from accelbench.plugins import get_host
+from accelbench.results import EpochMetrics, read_record
+
+
+def only_record(directory: Path):
+    files = sorted(directory.glob("*.json"))
+    assert len(files) == 1, files
+    assert not list(directory.glob(".tmp-*")), "a temporary file was left behind"
+    return read_record(files[0])
+
+
+def test_cpu_run_writes_a_complete_record(tmp_path: Path) -> None:
+    code = main(
+        ["run", *TINY, "--epochs", "3", "--steps-per-epoch", "6", "--output-dir", str(tmp_path), "-q"]
+    )
+    assert code == 0
+    record = only_record(tmp_path)
+    m = record.metrics
+    assert record.outcome.status == "ok"
+    assert record.backend.info.name == "cpu" and record.backend.devices_used == 1
+    assert record.precision.name == "fp32" and record.precision.matmul_math == "ieee-fp32"
+    assert record.system.torch_version.startswith("2.")
+    assert record.plugins["accelbench"]
+    # three epochs of six steps of eight samples, epoch 0 reported apart as the warm-up
+    assert [e.steps for e in m.epochs] == [6, 6, 6]
+    assert all(e.samples == 48 and e.tokens == 48 * 16 for e in m.epochs)
+    assert m.warmup == m.epochs[0]
+    assert m.steady.epochs == 2
+    walls = [e.wall_s for e in m.epochs[1:]]
+    assert m.steady.epoch_s_median == pytest.approx(sum(walls) / 2)
+    assert m.steady.samples_per_s == pytest.approx(statistics.median(48 / w for w in walls))
+    assert m.steady.tokens_per_s == pytest.approx(m.steady.samples_per_s * 16)
+    assert m.steady.achieved_flops_per_s == pytest.approx(m.steady.samples_per_s * m.flops_per_sample)
+    assert m.steady.mfu is None and m.peak is None  # no CPU peak table: unknown, not invented
+    assert m.peak_memory_max_bytes > 10 * 2**20  # the process RSS holds at least torch itself
+    assert "VmHWM" in m.memory.source
+    assert all(math.isfinite(e.loss) for e in m.epochs)
+    # the model that was recorded is the one that trained: 1 layer of width 16 over the 65-character corpus
+    assert record.workload["parameters"] == sum([65 * 16, 16 * 16, 12 * 16 * 16 + 13 * 16, 2 * 16])
+    assert record.data["vocab_size"] == 65 and record.data["samples_per_epoch"] == math.ceil(
+        round(4.4 * 2**20) / 17
+    )
+    assert record.executor["fused_optimizer"] is True
+
+
+def test_training_really_learns_a_file(tmp_path: Path) -> None:
+    text = tmp_path / "abc.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 400)
+    out = tmp_path / "out"
+    code = main(
+        ["run", *TINY, "--data", str(text), "--lr", "3e-3", "--epochs", "3", "--output-dir", str(out), "-q"]
+    )
+    assert code == 0
+    record = only_record(out)
+    losses = [e.loss for e in record.metrics.epochs]
+    assert record.data["vocab_size"] == len(set("the quick brown fox jumps over the lazy dog\n"))
+    assert record.data["path"] == str(text)
+    assert losses[-1] < 0.6 * losses[0], losses  # a repeated sentence is easy to learn
+
+
+@pytest.mark.parametrize(
+    ("precision", "param", "autocast", "scaling"),
+    [
+        ("bf16-mixed", "float32", "bfloat16", "none"),
+        ("bf16-true", "bfloat16", None, "none"),
+        ("fp16-mixed", "float32", "float16", "dynamic"),
+    ],
+)
+def test_precision_plans_are_applied_and_recorded(tmp_path, precision, param, autocast, scaling) -> None:
+    config = RunConfig(
+        model="custom",
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=16,
+        batch_size=8,
+        epochs=2,
+        steps_per_epoch=3,
+        precision=precision,
+        output_dir=tmp_path,
+    )
+    record, path = run(config, get_host())
+    assert record.outcome.status == "ok", record.outcome
+    plan = record.precision
+    assert (plan.name, plan.param_dtype, plan.autocast_dtype, plan.loss_scaling) == (
+        precision,
+        param,
+        autocast,
+        scaling,
+    )
+    assert record.executor["loss_scaler"] == ("GradScaler" if scaling == "dynamic" else None)
+    assert read_record(path) == record
+
+
+class InterruptAt:
+    """A progress display that presses Ctrl-C at a given epoch and step."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self.target, self.epoch, self.steps = (epoch, step), 0, 0
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:
+        self.epoch, self.steps = epoch, 0
+
+    def step(self) -> None:
+        self.steps += 1
+        if (self.epoch, self.steps) == self.target:
+            raise KeyboardInterrupt
+
+    def end_epoch(self, metrics: EpochMetrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_ctrl_c_keeps_the_completed_epochs(tmp_path: Path) -> None:
+    config = RunConfig(
+        model="custom",
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=16,
+        batch_size=8,
+        epochs=4,
+        steps_per_epoch=5,
+        output_dir=tmp_path,
+    )
+    record, path = run(config, get_host(), InterruptAt(epoch=2, step=3))
+    assert record.outcome.status == "interrupted"
+    assert "epoch 2 after 3 steps; 2 completed epoch(s) kept" in record.outcome.message
+    assert [e.epoch for e in record.metrics.epochs] == [0, 1]
+    assert record.metrics.steady.epochs == 1
+    assert read_record(path).outcome.status == "interrupted"
+
+
+def test_sigint_and_sigterm_to_a_running_process_write_an_interrupted_record(tmp_path: Path) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        out = tmp_path / sig.name
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelbench.cli",
+                "run",
+                *TINY,
+                "--epochs",
+                "50",
+                "--output-dir",
+                str(out),
+                "-q",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(8)  # imports, corpus, model: training is under way by now
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        record = only_record(out)
+        assert record.outcome.status == "interrupted"
+        assert ("Ctrl-C" if sig == signal.SIGINT else "SIGTERM") in record.outcome.message
+
+
+def test_out_of_memory_is_an_outcome_not_a_crash(tmp_path: Path) -> None:
+    def cap_memory() -> None:  # a 3 GiB address-space cap: a huge batch cannot fit
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelbench.cli",
+            "run",
+            "--model",
+            "gpt-nano",
+            "--batch-size",
+            "40000",
+            "--epochs",
+            "1",
+            "--output-dir",
+            str(tmp_path),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=cap_memory,
+        timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr
+    record = only_record(tmp_path)
+    assert record.outcome.status == "oom"
+    assert "can't allocate memory" in record.outcome.message
+    assert record.config.batch_size == 40000
+
+
+def test_progress_display_on_a_terminal_and_quiet_otherwise(tmp_path: Path) -> None:
+    quiet = accelbench("run", *TINY, "--epochs", "1", "--steps-per-epoch", "2", "--output-dir", str(tmp_path))
+    assert quiet.returncode == 0
+    assert "epoch 1/1" not in quiet.stderr  # not a terminal: no progress bar
+    assert "result record:" in quiet.stderr  # but the summary is there
+    assert (
+        json.loads(Path(quiet.stderr.split("result record:")[1].split()[0]).read_text())["outcome"]["status"]
+        == "ok"
+    )
+
+
+def test_progress_display_when_stderr_is_a_terminal(tmp_path: Path) -> None:
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "accelbench.cli",
+            "run",
+            *TINY,
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "3",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    assert proc.wait(timeout=120) == 0
+    text = screen.decode(errors="replace")
+    assert "epoch 1/2 (warm-up)" in text and "epoch 2/2" in text
+    assert "samples/s" in text and "3/3" in text
