@@ -7,7 +7,6 @@ Peak memory is the process's resident-set high-water mark (VmHWM), reset before 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import sys
@@ -22,6 +21,7 @@ from accelbench.precision import PrecisionPlan, standard_plan
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+_peak_resettable = False  # set by the last reset: whether VmHWM now measures since that reset
 
 
 @hookimpl
@@ -105,8 +105,12 @@ def accelbench_synchronize(device: torch.device) -> bool:
 
 @hookimpl
 def accelbench_reset_peak_memory(device: torch.device) -> bool:
-    with contextlib.suppress(OSError):  # then memory_stats reports the lifetime peak, and says so
+    global _peak_resettable
+    try:
         _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS (VmHWM) of this process (Linux >= 4.0)
+        _peak_resettable = True
+    except OSError:  # not Linux, or /proc is read-only: memory_stats then reports the lifetime peak
+        _peak_resettable = False
     return True
 
 
@@ -114,7 +118,7 @@ def accelbench_reset_peak_memory(device: torch.device) -> bool:
 def accelbench_memory_stats(device: torch.device) -> MemoryStats:
     total = psutil.virtual_memory().total
     hwm = _read_vmhwm()
-    if hwm is not None and _CLEAR_REFS.exists():
+    if hwm is not None and _peak_resettable:
         return MemoryStats(
             peak_bytes=hwm, source="host RSS high-water mark (VmHWM, reset per epoch)", total_bytes=total
         )
