@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accelbench import __version__
-from accelbench.config import RunConfig
+from accelbench.config import RunConfig, RunOption
 from accelbench.errors import AccelbenchError
 from accelbench.precision import PRECISIONS
 
@@ -27,7 +27,7 @@ _EXIT_BY_STATUS = {"ok": EXIT_OK, "error": EXIT_ERROR, "oom": EXIT_OOM, "interru
 _FIELD_OF = {"layers": "n_layer", "heads": "n_head", "embd": "n_embd", "lr": "learning_rate"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelbench", description="Benchmark AI training on any accelerator, with honest numbers."
     )
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", type=Path, default=Path("results"), help="where result records go")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display or summary")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
+    _add_plugin_options(run, plugin_options)
 
     info = sub.add_parser("info", help="the system as accelbench sees it (what goes into result records)")
     info.add_argument("--json", action="store_true")
@@ -73,9 +74,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TYPES = {"str": str, "int": int, "float": float}
+
+
+def _add_plugin_options(parser: argparse.ArgumentParser, options: Sequence[RunOption]) -> None:
+    if not options:
+        return
+    group = parser.add_argument_group("backend options (from plugins)")
+    for option in options:
+        flag = "--" + option.name.replace("_", "-")
+        dest = "backend_option:" + option.name.replace("-", "_")
+        text = f"[{option.backend}] {option.help}"
+        if option.type == "bool":
+            group.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=option.default, help=text
+            )
+        else:
+            group.add_argument(flag, dest=dest, type=_TYPES[option.type], default=option.default, help=text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     err = Console(stderr=True)
+    try:
+        from accelbench.plugins import get_host
+
+        argv = list(sys.argv[1:] if argv is None else argv)
+        options = get_host().run_options() if argv[:1] == ["run"] else []
+    except AccelbenchError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+    args = build_parser(options).parse_args(argv)
     try:
         handler = {"run": cmd_run, "info": cmd_info, "plugins": cmd_plugins, "schema": cmd_schema}[
             args.command
@@ -89,6 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = set(RunConfig.model_fields)
     values: dict[str, Any] = {}
+    backend_options = {
+        key.removeprefix("backend_option:"): value
+        for key, value in vars(args).items()
+        if key.startswith("backend_option:") and value is not None
+    }
+    if backend_options:
+        values["backend_options"] = backend_options
     for key, value in vars(args).items():
         field = _FIELD_OF.get(key, key)
         if field in names and value is not None:

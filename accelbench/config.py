@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,6 +42,10 @@ class RunConfig(BaseModel):
         default=None, gt=0.0, description="Peak TFLOP/s per device for MFU, overriding the backend's table."
     )
     output_dir: Path = Path("results")
+    backend_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Options declared by plugins (accelbench_run_options), e.g. IPU replication; by option name.",
+    )
 
     @field_validator("precision")
     @classmethod
@@ -59,3 +64,16 @@ class RunConfig(BaseModel):
         if self.n_head and self.n_embd and self.n_embd % self.n_head:
             raise ValueError(f"embedding {self.n_embd} is not divisible by heads {self.n_head}")
         return self
+
+
+class RunOption(BaseModel):
+    """A ``run`` option a plugin adds (``accelbench_run_options``): ``--NAME VALUE`` lands in
+    ``RunConfig.backend_options[NAME]`` (with ``-`` in NAME as ``_``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Flag name without dashes, e.g. 'replicas' for --replicas.")
+    type: Literal["str", "int", "float", "bool"] = "str"
+    default: str | int | float | bool | None = None
+    help: str = ""
+    backend: str = Field(description="The backend that reads it; shown in --help.")

@@ -8,6 +8,7 @@ A backend plugin is an ordinary module (or object) registered under the ``accelb
 
     # accelbench_mydevice/plugin.py
     from accelbench import hookimpl
+    from accelbench.config import RunOption
     from accelbench.devices import BackendInfo
 
     @hookimpl
@@ -40,6 +41,7 @@ from accelbench import hookspec
 if TYPE_CHECKING:
     import torch
 
+    from accelbench.config import RunOption
     from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
     from accelbench.engine.executor import Executor, ExecutorRequest
     from accelbench.precision import PrecisionPlan
@@ -65,6 +67,16 @@ def accelbench_register_workloads(register: Callable[[Workload], None]) -> None:
     """Register workloads by calling ``register(workload)`` for each (see ``accelbench.workloads.Workload``).
 
     Called once on every plugin. Duplicate workload names are an error naming both plugins.
+    """
+
+
+@hookspec
+def accelbench_run_options() -> list[RunOption] | None:
+    """Declare extra ``accelbench run`` options this plugin reads (e.g. the IPU's replication factor).
+
+    Called on every plugin when the command line is built. Values arrive in ``RunConfig.backend_options``
+    (and so in ``ExecutorRequest.config``), are recorded with the config, and are ``None``-free: an option the
+    user did not give is absent unless it has a default. Names must not clash with core options.
     """
 
 
@@ -185,6 +197,15 @@ def accelbench_reset_peak_memory(device: torch.device) -> bool | None:
 def accelbench_memory_stats(device: torch.device) -> MemoryStats | None:
     """Peak memory since the last reset, and the device total. Unknown figures are None, never estimated.
     First result.
+    """
+
+
+@hookspec(firstresult=True)
+def accelbench_device_telemetry(device: torch.device) -> dict[str, float] | None:
+    """Device readings worth recording after each epoch, from the vendor's management library: e.g.
+    ``power_w``, ``utilization_pct``, ``temperature_c``, ``pcie_rx_bytes_per_s``, ``pcie_tx_bytes_per_s``,
+    ``clock_sm_mhz``. Called after an epoch's closing synchronisation, outside the timed region. Return None
+    (the default) when the backend has no such library; never raise for a missing library. First result.
     """
 
 

@@ -17,6 +17,7 @@ import torch
 
 from accelbench import PROJECT, hookspecs
 from accelbench.backends import defaults
+from accelbench.config import RunOption
 from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
 from accelbench.engine.executor import Executor, ExecutorRequest
 from accelbench.errors import BackendError, ConfigError, PluginError
@@ -137,6 +138,9 @@ class Backend:
 
     def memory_stats(self, device: torch.device) -> MemoryStats:
         return self._call("accelbench_memory_stats", device=device)
+
+    def telemetry(self, device: torch.device) -> dict[str, float]:
+        return dict(self._call("accelbench_device_telemetry", device=device) or {})
 
     def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return self._call("accelbench_peak_figures", device=device, precision=precision)
@@ -286,6 +290,19 @@ class PluginHost:
     @property
     def workloads(self) -> dict[str, Workload]:
         return {name: w for name, (w, _) in sorted(self._workloads.items())}
+
+    def run_options(self) -> list[RunOption]:
+        """Options plugins add to `accelbench run`; a plugin whose hook fails is reported and skipped."""
+        options: list[RunOption] = []
+        for impl in self.pm.hook.accelbench_run_options.get_hookimpls():
+            try:
+                options.extend(impl.function() or [])
+            except Exception as exc:
+                record = next((r for r in self.records if r.name == impl.plugin_name), None)
+                if record is None:
+                    raise
+                self._fail(record, exc)
+        return options
 
     def versions(self) -> dict[str, str]:
         """Distribution versions of the active plugins, for result records."""

@@ -49,6 +49,10 @@ class EpochMetrics(_Model):
     tokens_per_s: float
     loss: float | None = Field(description="Mean training loss over the epoch's steps (rank 0).")
     peak_memory_bytes: int | None = Field(description="Max over ranks of the backend's peak for this epoch.")
+    telemetry: dict[str, float] = Field(
+        default_factory=dict,
+        description="Rank 0's device readings after the epoch (power, utilisation, PCIe).",
+    )
 
 
 class RankMetrics(_Model):

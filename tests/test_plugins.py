@@ -45,9 +45,12 @@ def accelbench_detect_devices():  # forgot @hookimpl: pluggy would ignore it sil
 TESTDEV = """
 import torch
 from accelbench import hookimpl
+from accelbench.config import RunOption
 from accelbench.devices import BackendInfo, DeviceInfo
 
-CALLS = []
+@hookimpl
+def accelbench_run_options():
+    return [RunOption(name="tiles_per_card", type="int", default=1, help="tiles per card", backend="testdev")]
 
 @hookimpl
 def accelbench_backend():
@@ -141,21 +144,11 @@ def test_third_party_backend_selection_and_its_own_precision_rules(site: Site, t
     env = site.env()
     out = tmp_path / "out"
     # detection by priority picks testdev (50) over cpu (0)
-    proc = accelbench(
-        "run",
-        *TINY,
-        "--epochs",
-        "1",
-        "--steps-per-epoch",
-        "2",
-        "--output-dir",
-        str(out),
-        "--json",
-        "-q",
-        env=env,
-    )
+    args = [*TINY, "--epochs", "1", "--steps-per-epoch", "2", "--output-dir", str(out), "--json", "-q"]
+    proc = accelbench("run", *args, "--tiles-per-card", "2", env=env)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout)
+    assert record["config"]["backend_options"] == {"tiles_per_card": 2}  # a plugin's own run option
     assert record["backend"]["info"]["name"] == "testdev"
     assert record["backend"]["devices"][0]["name"] == "Test Device 9000"
     assert record["backend"]["distribution"] == "accelbench-testdev"

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from accelbench.config import RunConfig
 from accelbench.precision import PrecisionPlan
 from accelbench.workloads import TrainingJob
 
@@ -33,12 +34,15 @@ class World:
 class ExecutorRequest:
     """What a strategy mapping needs to build an executor."""
 
-    strategy: str
+    config: RunConfig  # the whole run: devices, batch size, backend_options, ...
     device: torch.device
     precision: PrecisionPlan
     world: World
     synchronize: Callable[[torch.device], None]  # the backend's device synchronisation (timing hook)
-    compile: bool = False
+
+    @property
+    def strategy(self) -> str:
+        return self.config.strategy
 
 
 class Executor(ABC):
@@ -100,10 +104,12 @@ class TorchExecutor(Executor):
         self.model = model.train()
         self.optimizer = job.make_optimizer(self.model, self.device)
         self._clip = job.grad_clip_norm
-        self._step_model: torch.nn.Module = torch.compile(self.model) if self.request.compile else self.model
+        self._step_model: torch.nn.Module = (
+            torch.compile(self.model) if self.request.config.compile else self.model
+        )
 
     def compile(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
-        if not self.request.compile:
+        if not self.request.config.compile:
             return None
         start = time.perf_counter()
         with self._autocast:
@@ -136,7 +142,7 @@ class TorchExecutor(Executor):
         defaults = getattr(optimizer, "defaults", {})
         return {
             "executor": type(self).__name__,
-            "torch_compile": self.request.compile,
+            "torch_compile": self.request.config.compile,
             "optimizer": type(optimizer).__name__ if optimizer else None,
             "fused_optimizer": bool(defaults.get("fused")),
             "grad_clip_norm": self._clip,

@@ -75,6 +75,7 @@ class RankLog:
     epoch_steps: list[int] = field(default_factory=list)
     epoch_peak_bytes: list[int | None] = field(default_factory=list)
     epoch_loss: list[float] = field(default_factory=list)
+    epoch_telemetry: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -123,12 +124,7 @@ def prepare(config: RunConfig, host: PluginHost, world: World | None = None) -> 
             f"choose one of: {', '.join(workload.model_names())}"
         )
     request = ExecutorRequest(
-        strategy=config.strategy,
-        device=device,
-        precision=plan,
-        world=world,
-        synchronize=backend.synchronize,
-        compile=config.compile,
+        config=config, device=device, precision=plan, world=world, synchronize=backend.synchronize
     )
     executor = backend.executor(request)
     record = next(r for r in host.records if r.backend is not None and r.backend.name == backend.name)
@@ -203,6 +199,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
             log.epoch_steps.append(steps_done)
             log.epoch_peak_bytes.append(memory.peak_bytes)
             log.epoch_loss.append(torch.stack(losses).float().mean().item())
+            log.epoch_telemetry.append(backend.telemetry(device))
             progress.end_epoch(_epoch_metrics(epoch, [log], job.tokens_per_sample))
     except ConfigError:
         raise
@@ -321,6 +318,7 @@ def _epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> E
         tokens_per_s=samples * tokens_per_sample / wall,
         loss=logs[0].epoch_loss[epoch],
         peak_memory_bytes=_max_known(log.epoch_peak_bytes[epoch] for log in logs),
+        telemetry=logs[0].epoch_telemetry[epoch],
     )
 
 
