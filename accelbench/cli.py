@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import signal
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,12 @@ def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentP
     run.add_argument("--backend", help="backend name (default: detect; see `accelbench plugins`)")
     run.add_argument("--workload", default="gpt", help="workload name (default: gpt)")
     run.add_argument(
+        "--engine",
+        choices=["native", "lightning"],
+        default="native",
+        help="native: accelbench's loop; lightning: the same workload through Lightning Fabric",
+    )
+    run.add_argument(
         "--model", default="gpt-nano", help="model size, e.g. gpt-nano, gpt2, gpt2-medium, or custom"
     )
     run.add_argument("--layers", type=int, help="custom size: transformer layers (with --model custom)")
@@ -49,7 +56,20 @@ def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentP
     run.add_argument("--steps-per-epoch", type=int, help="cap the steps of each epoch (quick runs)")
     run.add_argument("--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)} (default: fp32)")
     run.add_argument("--strategy", default="single", help="distribution strategy (default: single)")
-    run.add_argument("--devices", type=int, default=1, help="devices to use (default: 1)")
+    run.add_argument(
+        "--devices",
+        type=int,
+        help="devices (one worker process each) per node; default 1, or what srun/mpirun started",
+    )
+    run.add_argument("--nnodes", type=int, help="nodes in the job (as torchrun's --nnodes)")
+    run.add_argument("--node-rank", type=int, help="this node's rank (as torchrun's --node-rank)")
+    run.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous on the first node (multi-node)")
+    run.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a rank waits for its peers (default: 600)",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--data", type=Path, help="text file to train on (default: generated 4.4 MiB corpus)")
     run.add_argument("--dropout", type=float, default=0.1)
@@ -71,6 +91,14 @@ def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentP
     plugins.add_argument("--json", action="store_true")
 
     sub.add_parser("schema", help="print the JSON Schema of result records")
+
+    from accelbench.compare import add_compare_arguments
+    from accelbench.report import add_report_arguments
+    from accelbench.sweep import add_sweep_arguments
+
+    add_compare_arguments(sub.add_parser("compare", help="result records from many systems, side by side"))
+    add_report_arguments(sub.add_parser("report", help="a self-contained HTML report with figures"))
+    add_sweep_arguments(sub.add_parser("sweep", help="run a grid of points (or a built-in suite), resumably"))
     return parser
 
 
@@ -78,19 +106,21 @@ _TYPES = {"str": str, "int": int, "float": float}
 
 
 def _add_plugin_options(parser: argparse.ArgumentParser, options: Sequence[RunOption]) -> None:
+    """Plugin options are stored only when given: the plugin applies its own default, and records what ran."""
     if not options:
         return
     group = parser.add_argument_group("backend options (from plugins)")
     for option in options:
         flag = "--" + option.name.replace("_", "-")
         dest = "backend_option:" + option.name.replace("-", "_")
-        text = f"[{option.backend}] {option.help}"
+        default = f" (default: {option.default})" if option.default is not None else ""
+        text = f"[{option.backend}] {option.help}{default}"
         if option.type == "bool":
             group.add_argument(
-                flag, dest=dest, action=argparse.BooleanOptionalAction, default=option.default, help=text
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
             )
         else:
-            group.add_argument(flag, dest=dest, type=_TYPES[option.type], default=option.default, help=text)
+            group.add_argument(flag, dest=dest, type=_TYPES[option.type], default=None, help=text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,10 +134,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
     args = build_parser(options).parse_args(argv)
+    args.argv = argv
     try:
-        handler = {"run": cmd_run, "info": cmd_info, "plugins": cmd_plugins, "schema": cmd_schema}[
-            args.command
-        ]
+        handler = {
+            "run": cmd_run,
+            "info": cmd_info,
+            "plugins": cmd_plugins,
+            "schema": cmd_schema,
+            "compare": cmd_compare,
+            "report": cmd_report,
+            "sweep": cmd_sweep,
+        }[args.command]
         return handler(args, err)
     except AccelbenchError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -142,24 +179,74 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def cmd_run(args: argparse.Namespace, err: Console) -> int:
     from accelbench.display import LiveProgress, summary_table
-    from accelbench.engine.runner import NoProgress, RunInterrupted, run
+    from accelbench.engine.runner import NoProgress, install_sigterm_handler, preflight, run
+    from accelbench.launch import check_launch, detect_launch
     from accelbench.plugins import get_host
 
+    launch = detect_launch()
+    if launch.launcher != "none":  # a worker of torchrun, srun or mpirun: the job's shape comes from there
+        check_launch(launch, args.devices, args.nnodes)
+        args.devices, args.nnodes, args.node_rank = launch.local_world_size, launch.nnodes, None
     config = config_from_args(args)
     host = get_host()
+    install_sigterm_handler()
+    needs_workers = launch.launcher == "none" and config.devices * config.nnodes > 1
+    if needs_workers and preflight(config, host).collective != "none":  # IPUs replicate in one process
+        return launch_and_wait(args, config, err)
+    live = not args.quiet and err.is_terminal and launch.rank == 0
+    with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
+        record, path, status = run(config, host, LiveProgress(err) if live else NoProgress(), launch)
+    if record is not None:
+        if args.json:
+            print(record.to_json(), flush=True)
+        if not args.quiet:
+            err.print(summary_table(record))
+            err.print(f"result record: {path}", highlight=False, soft_wrap=True)
+    return _EXIT_BY_STATUS[status]
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise RunInterrupted()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    live = not args.quiet and err.is_terminal
-    record, path = run(config, host, LiveProgress(err) if live else NoProgress())
-    if args.json:
-        print(record.to_json())
-    if not args.quiet:
-        err.print(summary_table(record))
-        err.print(f"result record: {path}", highlight=False, soft_wrap=True)
-    return _EXIT_BY_STATUS[record.outcome.status]
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout (by libraries, even from C++) to stderr while it lasts."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def launch_and_wait(args: argparse.Namespace, config: RunConfig, err: Console) -> int:
+    """Start this same command as one worker per device through torch.distributed's launcher, and wait."""
+    from accelbench.launch import launch_workers
+    from accelbench.results import read_record, write_record
+
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    run_id, failures = launch_workers(
+        argv, config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint
+    )
+    if config.node_rank != 0:
+        return EXIT_ERROR if failures else EXIT_OK
+    found = sorted(config.output_dir.glob(f"*_{run_id[:8]}.json"))
+    if found:
+        record = read_record(found[-1])
+        if failures and record.outcome.status != "ok":  # add what only the launcher saw: exit codes
+            seen = "; ".join(f"rank {r} exited with code {code}" for r, (code, _) in sorted(failures.items()))
+            message = f"{record.outcome.message} [launcher: {seen}]"
+            record = record.model_copy(
+                update={"outcome": record.outcome.model_copy(update={"message": message})}
+            )
+            write_record(record, config.output_dir, path=found[-1])
+        return _EXIT_BY_STATUS[record.outcome.status]
+    for rank, (code, message) in sorted(failures.items()):
+        err.print(
+            f"[bold red]rank {rank} failed[/] (exit code {code}): {message}", highlight=False, soft_wrap=True
+        )
+    err.print("[bold red]error:[/] no result record was written (rank 0 ended before it could write one)")
+    return EXIT_ERROR
 
 
 def cmd_info(args: argparse.Namespace, err: Console) -> int:
@@ -238,6 +325,24 @@ def cmd_schema(args: argparse.Namespace, err: Console) -> int:
 
     print(json.dumps(json_schema(), indent=2))
     return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.compare import compare_command
+
+    return compare_command(args, err)
+
+
+def cmd_report(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.report import report_command
+
+    return report_command(args, err)
+
+
+def cmd_sweep(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.sweep import sweep_command
+
+    return sweep_command(args, err)
 
 
 if __name__ == "__main__":

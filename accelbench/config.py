@@ -17,6 +17,10 @@ class RunConfig(BaseModel):
 
     backend: str | None = Field(default=None, description="Backend name; None = detect by priority.")
     workload: str = "gpt"
+    engine: Literal["native", "lightning"] = Field(
+        default="native",
+        description="'native': accelbench's loop; 'lightning': the same through Lightning Fabric.",
+    )
     model: str = Field(default="gpt-nano", description="Size name from the workload's table, or 'custom'.")
     n_layer: int | None = Field(default=None, gt=0)
     n_head: int | None = Field(default=None, gt=0)
@@ -31,7 +35,15 @@ class RunConfig(BaseModel):
     )
     precision: str = "fp32"
     strategy: str = "single"
-    devices: int = Field(default=1, gt=0)
+    devices: int = Field(default=1, gt=0, description="Devices (worker processes) per node.")
+    nnodes: int = Field(default=1, gt=0, description="Nodes in the job.")
+    node_rank: int = Field(default=0, ge=0)
+    rdzv_endpoint: str | None = Field(default=None, description="HOST:PORT of the rendezvous (multi-node).")
+    collective_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a collective may wait for a peer before the run ends with an error.",
+    )
     seed: int = 0
     data: Path | None = Field(default=None, description="Text file to train on; None = the generated corpus.")
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)

@@ -111,7 +111,7 @@ class ResultRecord(_Model):
     schema_version: int = SCHEMA_VERSION
     run_id: str
     created_at: datetime
-    engine: str = Field(default="native", description="'native' (accelbench's loop); later 'lightning'.")
+    engine: str = Field(default="native", description="'native' (accelbench's loop) or 'lightning' (Fabric).")
     outcome: Outcome
     config: RunConfig
     system: SystemInfo
@@ -121,8 +121,11 @@ class ResultRecord(_Model):
     data: dict[str, Any]
     executor: dict[str, Any]
     plugins: dict[str, str]
-    world_size: int = 1
-    launcher: str = "none"
+    world_size: int = Field(
+        default=1, description="Processes in the job (one per device, or one for an IPU host)."
+    )
+    nodes: int = 1
+    launcher: str = Field(default="none", description="none, torchrun, slurm, openmpi, mpich.")
     metrics: Metrics | None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -131,13 +134,17 @@ class ResultRecord(_Model):
         return self.model_dump_json(by_alias=True, indent=2)
 
 
-def write_record(record: ResultRecord, directory: Path) -> Path:
-    """Write ``record`` atomically (temporary file in the same directory, fsync, rename) and return its path."""
+def write_record(record: ResultRecord, directory: Path, path: Path | None = None) -> Path:
+    """Write ``record`` atomically (temporary file in the same directory, fsync, rename) and return its path.
+
+    The file is named after the run (time, host, backend, model, precision, run id) unless ``path`` is given.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    c = record.config
-    stamp = record.created_at.strftime("%Y%m%dT%H%M%S")
-    name = f"{stamp}_{record.system.host}_{record.backend.info.name}_{c.model}_{c.precision}_{record.run_id[:8]}.json"
-    path = directory / _safe_name(name)
+    if path is None:
+        c = record.config
+        stamp = record.created_at.strftime("%Y%m%dT%H%M%S")
+        parts = (stamp, record.system.host, record.backend.info.name, c.model, c.precision, record.run_id[:8])
+        path = directory / _safe_name("_".join(parts) + ".json")
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

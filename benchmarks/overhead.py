@@ -49,7 +49,7 @@ def hand_written_epochs(config: RunConfig) -> list[float]:
 
 
 def engine_epochs(config: RunConfig) -> list[float]:
-    record, _ = run(config, get_host())
+    record, _, _ = run(config, get_host())
     assert record.outcome.status == "ok", record.outcome
     return [e.wall_s for e in record.metrics.epochs]
 

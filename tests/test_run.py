@@ -101,7 +101,7 @@ def test_precision_plans_are_applied_and_recorded(tmp_path, precision, param, au
         precision=precision,
         output_dir=tmp_path,
     )
-    record, path = run(config, get_host())
+    record, path, _ = run(config, get_host())
     assert record.outcome.status == "ok", record.outcome
     plan = record.precision
     assert (plan.name, plan.param_dtype, plan.autocast_dtype, plan.loss_scaling) == (
@@ -147,7 +147,8 @@ def test_ctrl_c_keeps_the_completed_epochs(tmp_path: Path) -> None:
         steps_per_epoch=5,
         output_dir=tmp_path,
     )
-    record, path = run(config, get_host(), InterruptAt(epoch=2, step=3))
+    record, path, status = run(config, get_host(), InterruptAt(epoch=2, step=3))
+    assert status == "interrupted"
     assert record.outcome.status == "interrupted"
     assert "epoch 2 after 3 steps; 2 completed epoch(s) kept" in record.outcome.message
     assert [e.epoch for e in record.metrics.epochs] == [0, 1]

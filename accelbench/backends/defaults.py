@@ -10,11 +10,12 @@ import torch
 
 from accelbench import hookimpl
 from accelbench.devices import MemoryStats
-from accelbench.engine.executor import Executor, ExecutorRequest, TorchExecutor
+from accelbench.engine.distributed import executor_for
+from accelbench.engine.executor import Executor, ExecutorRequest
 from accelbench.precision import PRECISIONS, PrecisionPlan, standard_plan
 from accelbench.workloads import Workload
 
-STRATEGIES = ["single"]
+STRATEGIES = ["single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]
 
 
 @hookimpl(trylast=True)
@@ -60,9 +61,7 @@ def accelbench_supported_strategies() -> list[str]:
 
 @hookimpl(trylast=True)
 def accelbench_executor(request: ExecutorRequest) -> Executor | None:
-    if request.strategy == "single":
-        return TorchExecutor(request)
-    return None
+    return executor_for(request)
 
 
 @hookimpl(trylast=True)

@@ -74,6 +74,11 @@ class Executor(ABC):
         """What really ran (compiled or not, fused optimizer, ...), for the result record."""
         return {}
 
+    def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
+        """The precision that really runs, recorded in place of the request (an engine with its own mixed
+        precision, such as DeepSpeed's bf16 mode, keeps bf16 parameters with fp32 master weights)."""
+        return requested
+
     def close(self) -> None:
         """Release the device (detach IPUs, destroy process groups the executor created)."""
 
@@ -101,12 +106,18 @@ class TorchExecutor(Executor):
 
     def setup(self, job: TrainingJob) -> None:
         model = job.model.to(device=self.device, dtype=self.request.precision.torch_param_dtype)
-        self.model = model.train()
-        self.optimizer = job.make_optimizer(self.model, self.device)
+        self.model = self.wrap(model.train())
+        self.optimizer = job.make_optimizer(
+            self.model, self.device
+        )  # after wrapping: sharding replaces params
         self._clip = job.grad_clip_norm
         self._step_model: torch.nn.Module = (
             torch.compile(self.model) if self.request.config.compile else self.model
         )
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The distribution strategy: DDP, FSDP, ... subclasses wrap or shard the placed model here."""
+        return model
 
     def compile(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
         if not self.request.config.compile:

@@ -7,6 +7,8 @@ error, Ctrl-C, SIGTERM from a scheduler) produces a record that keeps every comp
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 import time
 import traceback
@@ -18,10 +20,21 @@ from typing import Protocol
 
 import torch
 
+from accelbench.backends.cpu import usable_cores
 from accelbench.config import RunConfig
-from accelbench.devices import MemoryStats, PeakFigures
+from accelbench.devices import DeviceInfo, MemoryStats, PeakFigures
+from accelbench.engine.distributed import (
+    announce_decision,
+    await_decision,
+    collect_statuses,
+    destroy_process_group,
+    gather_logs,
+    init_process_group,
+    report_status,
+)
 from accelbench.engine.executor import Executor, ExecutorRequest, World
 from accelbench.errors import BackendError, ConfigError
+from accelbench.launch import RUN_ID_ENV, LaunchEnv
 from accelbench.plugins import Backend, PluginHost
 from accelbench.results import (
     BackendRecord,
@@ -30,6 +43,7 @@ from accelbench.results import (
     Outcome,
     RankMetrics,
     ResultRecord,
+    Status,
     SteadyState,
     write_record,
 )
@@ -41,6 +55,21 @@ STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median 
 
 class RunInterrupted(BaseException):  # noqa: N818 - an interruption, not an error
     """Raised by the SIGTERM handler (schedulers send SIGTERM at a time limit); handled like Ctrl-C."""
+
+
+_measuring = False  # SIGTERM interrupts training; once measuring is over, the record is written regardless
+
+
+def install_sigterm_handler() -> None:
+    """Turn SIGTERM (a scheduler's time limit, or torchrun stopping the survivors of a failed rank) into
+    ``RunInterrupted`` while training, so the epochs measured so far are written. Afterwards it is ignored,
+    so the record being written is never cut short."""
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if _measuring:
+            raise RunInterrupted()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class Progress(Protocol):
@@ -91,25 +120,85 @@ class PreparedRun:
     peak: PeakFigures | None
     backend_record: BackendRecord
     plugins: dict[str, str]
+    launch: LaunchEnv
 
 
-def prepare(config: RunConfig, host: PluginHost, world: World | None = None) -> PreparedRun:
-    """Resolve and check everything; raise ConfigError/BackendError before anything is measured."""
-    world = world or World()
+@dataclass(frozen=True)
+class Preflight:
+    """What a run needs that can be checked without touching a device (the launcher checks it before launching)."""
+
+    backend: Backend
+    devices: list[DeviceInfo]
+    workload: Workload
+    collective: str  # "none" where the backend replicates without torch.distributed
+
+
+def preflight(config: RunConfig, host: PluginHost) -> Preflight:
+    """Check the request against the installed backends and workloads; raise ConfigError/BackendError."""
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
         reason = f" (detection failed: {backend.detect_error})" if backend.detect_error else ""
         raise BackendError(f"backend {backend.name!r} found no device on this host{reason}")
-    if config.devices > 1 or config.strategy != "single":
-        backend.check_strategy(config.strategy)
+    backend.check_strategy(config.strategy)
+    owners = {option.name.replace("-", "_"): option.backend for option in host.run_options()}
+    for name in config.backend_options:
+        if owners.get(name, backend.name) != backend.name:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} is an option of backend {owners[name]!r}, not of {backend.name!r}; "
+                f"drop it or add --backend {owners[name]}"
+            )
+    if config.strategy.startswith("deepspeed-"):
+        from accelbench.engine.deepspeed import require_deepspeed
+
+        require_deepspeed()
+    if config.engine == "lightning":
+        from accelbench.engine.lightning import require_lightning
+
+        require_lightning()
+    kind = torch.device(backend.info.device_type)
+    collective = backend.collective_backend(kind)
+    world = config.devices * config.nnodes
+    if world > 1 and config.strategy == "single" and collective != "none":
         raise ConfigError(
-            f"--devices {config.devices} with strategy {config.strategy!r}: multi-device runs are not available "
-            "in this version of accelbench; use --devices 1 --strategy single"
+            f"strategy 'single' trains on one device, but {world} were asked for; choose a multi-device strategy: "
+            f"{', '.join(s for s in backend.supported_strategies() if s != 'single')}"
+        )
+    # A CPU "device" is a process sharing the host's cores, so any count works; accelerators are counted.
+    if backend.info.device_type != "cpu" and config.devices > len(devices):
+        raise ConfigError(
+            f"--devices {config.devices}, but backend {backend.name!r} detected {len(devices)} on this node"
+        )
+    supported = backend.supported_precisions(kind)
+    if config.precision not in supported:
+        raise ConfigError(
+            f"backend {backend.name!r} does not support precision {config.precision!r}; "
+            f"it supports: {', '.join(supported)}"
         )
     workload = host.workload(config.workload)
+    if hasattr(workload, "model_names") and config.model not in workload.model_names():
+        raise ConfigError(
+            f"unknown model {config.model!r} for workload {workload.name!r}; "
+            f"choose one of: {', '.join(workload.model_names())}"
+        )
+    if config.data is not None and not config.data.is_file():
+        raise ConfigError(
+            f"--data {config.data}: no such file; give a text file, or omit --data for the generated corpus"
+        )
+    return Preflight(backend, devices, workload, collective)
+
+
+def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None) -> PreparedRun:
+    """Resolve and check everything, bind the device and join the process group; nothing is measured yet."""
+    launch = launch or LaunchEnv("none")
+    checked = preflight(config, host)
+    backend = checked.backend
+    world = World(rank=launch.rank, local_rank=launch.local_rank, world_size=launch.world_size)
     if config.threads:
         torch.set_num_threads(config.threads)
+    elif backend.info.device_type == "cpu" and launch.local_world_size > 1:
+        # processes on one host share its cores; one thread pool each over all cores would oversubscribe them
+        torch.set_num_threads(max(1, usable_cores() // launch.local_world_size))
     device = backend.setup_device(world.local_rank)
     plan = backend.precision_plan(config.precision, device)
     if config.peak_tflops:
@@ -117,28 +206,40 @@ def prepare(config: RunConfig, host: PluginHost, world: World | None = None) -> 
             flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"
         )
     else:
-        peak = backend.peak_figures(devices[0], plan)
-    if hasattr(workload, "model_names") and config.model not in workload.model_names():
-        raise ConfigError(
-            f"unknown model {config.model!r} for workload {workload.name!r}; "
-            f"choose one of: {', '.join(workload.model_names())}"
-        )
+        peak = backend.peak_figures(checked.devices[0], plan)
+    collective = None
+    if config.strategy != "single" and checked.collective != "none":
+        collective = backend.collective_backend(device)
+        init_process_group(launch, collective, device, config.collective_timeout)
     request = ExecutorRequest(
         config=config, device=device, precision=plan, world=world, synchronize=backend.synchronize
     )
-    executor = backend.executor(request)
+    try:
+        executor = backend.executor(request)
+    except BaseException:
+        destroy_process_group()
+        raise
     record = next(r for r in host.records if r.backend is not None and r.backend.name == backend.name)
     backend_record = BackendRecord(
         info=backend.info,
         distribution=record.distribution,
         version=record.version,
-        devices=devices,
-        devices_used=config.devices,
-        collective_backend=None,  # single process: no collectives
+        devices=checked.devices,
+        devices_used=config.devices * config.nnodes,
+        collective_backend=collective,
         runtime_versions=backend.runtime_versions(),
     )
     return PreparedRun(
-        config, backend, device, workload, executor, request, peak, backend_record, host.versions()
+        config,
+        backend,
+        device,
+        checked.workload,
+        executor,
+        request,
+        peak,
+        backend_record,
+        host.versions(),
+        launch,
     )
 
 
@@ -163,7 +264,9 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     result = Measurement(job=None, log=RankLog(rank=world.rank, host=host_name), outcome=Outcome(status="ok"))
     log = result.log
     epoch, steps_done = 0, 0
+    global _measuring
     try:
+        _measuring = True
         start = time.perf_counter()
         job = result.job = run.workload.build(config)
         executor.setup(job)
@@ -204,6 +307,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     except ConfigError:
         raise
     except (KeyboardInterrupt, RunInterrupted) as exc:
+        _measuring = False
         what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         result.outcome = Outcome(
             status="interrupted",
@@ -211,41 +315,108 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
             f"{len(log.epoch_wall_s)} completed epoch(s) kept",
         )
     except Exception as exc:
+        _measuring = False
         result.outcome = Outcome(
             status="oom" if is_out_of_memory(exc) else "error",
             message=f"{type(exc).__name__}: {exc}".strip()[:2000],
             traceback=traceback.format_exc(limit=8),
         )
     finally:
+        _measuring = False
         progress.close()
         executor.close()
     return result
 
 
-def run(config: RunConfig, host: PluginHost, progress: Progress | None = None) -> tuple[ResultRecord, Path]:
-    """Prepare, measure, and write the result record. Returns the record and its path."""
-    run_ = prepare(config, host)
+def run(
+    config: RunConfig, host: PluginHost, progress: Progress | None = None, launch: LaunchEnv | None = None
+) -> tuple[ResultRecord | None, Path | None, Status]:
+    """Prepare, measure and, on rank 0, write the result record.
+
+    Returns the record and its path on rank 0 (None, None on other ranks) and this process's outcome status.
+    """
+    run_ = prepare(config, host, launch)
+    launch = run_.launch
     system = collect_system_info()
     created = datetime.now(timezone.utc)
-    m = measure(run_, progress or NoProgress(), system.host)
-    memory = run_.backend.memory_stats(run_.device) if m.log.epoch_wall_s else None
+    rank0 = launch.rank == 0
+    try:
+        m = measure(run_, (progress or NoProgress()) if rank0 else NoProgress(), system.host)
+        memory = run_.backend.memory_stats(run_.device) if m.log.epoch_wall_s else None
+        logs, outcome = [m.log], m.outcome
+        if run_.backend_record.collective_backend is not None and launch.world_size > 1:
+            logs, outcome = exchange(m, launch.rank, launch.world_size, config.collective_timeout)
+    finally:
+        destroy_process_group()
+    if not rank0:
+        return None, None, m.outcome.status
     record = ResultRecord(
-        run_id=uuid.uuid4().hex,
+        run_id=os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex,
         created_at=created,
-        outcome=m.outcome,
+        engine=config.engine,
+        outcome=outcome,
         config=config,
         system=system,
         backend=run_.backend_record,
-        precision=run_.request.precision,
+        precision=run_.executor.effective_precision(run_.request.precision),
         workload=m.job.summary if m.job else {},
         data=m.job.data.describe() if m.job else {},
         executor=run_.executor.describe() if m.job else {},
         plugins=run_.plugins,
-        metrics=build_metrics([m.log], m.job, run_.peak, config.devices, m.setup_s, m.compile_s, memory)
+        world_size=launch.world_size,
+        nodes=launch.nnodes,
+        launcher=launch.launcher,
+        metrics=build_metrics(
+            logs, m.job, run_.peak, run_.backend_record.devices_used, m.setup_s, m.compile_s, memory
+        )
         if m.job
         else None,
     )
-    return record, write_record(record, config.output_dir)
+    return record, write_record(record, config.output_dir), record.outcome.status
+
+
+def exchange(m: Measurement, rank: int, world_size: int, timeout_s: float) -> tuple[list[RankLog], Outcome]:
+    """Bring every rank's log to rank 0, or, when some rank failed, the names and reasons of the failed ranks.
+
+    Ranks report how they ended through the process group's store (which survives a broken collective); rank 0
+    gathers logs only when all reported "ok", so no rank waits on a collective that a dead rank will never join.
+    """
+    report_status(rank, m.outcome.status, m.outcome.message)
+    if rank != 0:
+        if m.outcome.status == "ok" and await_decision(timeout_s) == "gather":
+            gather_logs(m.log)
+        return [], m.outcome
+    # a healthy rank 0 waits as long as a collective would; a failed one only briefly for the others' reasons
+    wait_s = timeout_s if m.outcome.status == "ok" else min(timeout_s, 10.0)
+    statuses = collect_statuses(world_size, wait_s)
+    failed = {r: s for r, s in statuses.items() if r != 0 and (s is None or s["status"] != "ok")}
+    if not failed and m.outcome.status == "ok":
+        announce_decision("gather")
+        try:
+            return gather_logs(m.log), m.outcome
+        except Exception as exc:
+            return [m.log], Outcome(status="error", message=f"gathering per-rank metrics failed: {exc}")
+    announce_decision("abort")
+    reasons = [
+        f"rank {r}: " + (f"sent no status within {wait_s:.0f} s (it died or hangs)" if s is None
+                         else f"{s['status']}: {s['message']}")
+        for r, s in sorted(failed.items())
+    ]  # fmt: skip
+    if m.outcome.status != "ok":
+        reasons.insert(0, f"rank 0: {m.outcome.status}: {m.outcome.message}")
+    statuses_seen = {s["status"] for s in failed.values() if s} | {m.outcome.status}
+    status: Status = (
+        "oom"
+        if "oom" in statuses_seen
+        else "interrupted"
+        if statuses_seen <= {"ok", "interrupted"}
+        else "error"
+    )
+    return [m.log], Outcome(
+        status=status,
+        message="; ".join(reasons) + " (metrics below are rank 0's only)",
+        traceback=m.outcome.traceback,
+    )
 
 
 def build_metrics(

@@ -1,0 +1,99 @@
+"""The same workload through PyTorch Lightning (Fabric), as the seed study trained it (``--engine lightning``).
+
+Lightning owns the strategy wrapping, precision and gradient clipping here; the runner times it exactly as it times
+the native engine, so the difference between the two records is the framework's overhead.
+(optional: ``pip install 'accelbench[lightning]'``)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from accelbench.engine.executor import Executor, ExecutorRequest
+from accelbench.errors import ConfigError
+from accelbench.workloads import TrainingJob
+
+PRECISION = {
+    "fp32": "32-true",
+    "fp16-mixed": "16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "bf16-true": "bf16-true",
+}
+STRATEGY = {
+    "single": "auto",
+    "ddp": "ddp",
+    "fsdp": "fsdp",
+    "deepspeed-zero1": "deepspeed_stage_1",
+    "deepspeed-zero2": "deepspeed_stage_2",
+    "deepspeed-zero3": "deepspeed_stage_3",
+}
+ACCELERATOR = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}  # Lightning's own accelerators
+
+
+def require_lightning() -> None:
+    if importlib.util.find_spec("lightning") is None:
+        raise ConfigError("--engine lightning needs PyTorch Lightning: pip install 'accelbench[lightning]'")
+
+
+class LightningExecutor(Executor):
+    """Trains through ``lightning.Fabric`` with the matching Lightning strategy and precision."""
+
+    def __init__(self, request: ExecutorRequest) -> None:
+        require_lightning()
+        device_type = request.device.type
+        if device_type not in ACCELERATOR:
+            raise ConfigError(
+                f"Lightning has no built-in accelerator for device type {device_type!r}; "
+                f"use --engine native (Lightning supports: {', '.join(ACCELERATOR)})"
+            )
+        if request.strategy not in STRATEGY:
+            raise ConfigError(
+                f"strategy {request.strategy!r} has no Lightning equivalent; with --engine lightning use one of: "
+                f"{', '.join(STRATEGY)}"
+            )
+        if request.strategy == "fsdp" and device_type == "cpu":
+            raise ConfigError("Lightning's FSDP strategy refuses CPU; use --engine native for fsdp on CPU")
+        self.request = request
+        self.fabric: Any = None
+
+    def setup(self, job: TrainingJob) -> None:
+        from lightning.fabric import Fabric
+
+        request = self.request
+        world = request.world
+        self.fabric = Fabric(
+            accelerator=ACCELERATOR[request.device.type],
+            devices=max(1, world.world_size // request.config.nnodes),
+            num_nodes=request.config.nnodes,
+            strategy=STRATEGY[request.strategy],
+            precision=PRECISION[request.precision.name],
+        )
+        self.fabric.launch()  # joins the process group the launcher's environment describes; starts nothing
+        model = job.model.train()
+        optimizer = job.make_optimizer(model.to(request.device), request.device)
+        self.model, self.optimizer = self.fabric.setup(model, optimizer)
+        self._clip = job.grad_clip_norm
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.model(inputs, targets)
+        self.fabric.backward(loss)
+        if self._clip is not None:
+            self.fabric.clip_gradients(self.model, self.optimizer, max_norm=self._clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def describe(self) -> dict[str, Any]:
+        import lightning
+
+        return {
+            "executor": type(self).__name__,
+            "engine": "lightning",
+            "lightning_version": lightning.__version__,
+            "lightning_strategy": STRATEGY[self.request.strategy],
+            "lightning_precision": PRECISION[self.request.precision.name],
+            "strategy": self.request.strategy,
+        }

@@ -1,0 +1,218 @@
+"""How this process was launched, and launching N local workers through PyTorch's own launcher.
+
+accelbench never starts remote processes itself. A multi-process run is either
+- started by ``accelbench run --devices N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]``, which hands the
+  same command to ``torch.distributed.run`` (torchrun's engine, ``elastic_launch``) on this node; or
+- started by torchrun, Slurm's srun, or MPI (Open MPI, Intel MPI / MPICH), recognised from their environment.
+Either way each worker ends up with the variables torch.distributed wants: RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from accelbench.errors import ConfigError
+
+RUN_ID_ENV = (
+    "ACCELBENCH_RUN_ID"  # shared by the workers of one launched run, so they agree on the record name
+)
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """This process's place in a job, as its launcher described it."""
+
+    launcher: str  # "none", "torchrun", "slurm", "openmpi", "mpich"
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    nnodes: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables torch.distributed's env:// initialisation reads."""
+        env = {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+        }
+        if self.master_addr:
+            env["MASTER_ADDR"] = self.master_addr
+        if self.master_port:
+            env["MASTER_PORT"] = str(self.master_port)
+        return env
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for name in names:
+        if env.get(name, "").strip():
+            try:
+                return int(env[name])
+            except ValueError:
+                raise ConfigError(f"launcher variable {name}={env[name]!r} is not an integer") from None
+    if default is None:
+        raise ConfigError(f"launcher variable {' or '.join(names)} is missing")
+    return default
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Recognise torchrun, srun and mpirun from the environment. Explicit MASTER_ADDR/MASTER_PORT always win."""
+    env = os.environ if env is None else env
+    addr = env.get("MASTER_ADDR") or None
+    port = _int(env, "MASTER_PORT", default=0) or None
+    if "TORCHELASTIC_RUN_ID" in env or {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= env.keys():
+        world = _int(env, "WORLD_SIZE")
+        local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
+        return LaunchEnv(
+            "torchrun", _int(env, "RANK"), _int(env, "LOCAL_RANK"), world, local_world,
+            max(1, world // max(1, local_world)), addr, port,
+        )  # fmt: skip
+    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:  # inside an srun step, not the batch script
+        world = _int(env, "SLURM_STEP_NUM_TASKS")
+        nnodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", default=1)
+        # "4" or "4(x2)": tasks on the first node, which is this node's count in a homogeneous job
+        per_node = re.match(
+            r"\d+", env.get("SLURM_STEP_TASKS_PER_NODE", "") or env.get("SLURM_TASKS_PER_NODE", "")
+        )
+        local_world = int(per_node.group()) if per_node else max(1, world // nnodes)
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+        return LaunchEnv(
+            "slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", default=0), world,
+            local_world, nnodes,
+            addr or (first_host(nodelist) if nodelist else None), port or _port_from_job(env),
+        )  # fmt: skip
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        world = _int(env, "OMPI_COMM_WORLD_SIZE")
+        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
+        return LaunchEnv(
+            "openmpi", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0),
+            world, local_world, max(1, world // local_world), addr or _single_node_addr(world, local_world), port,
+        )  # fmt: skip
+    if "PMI_SIZE" in env and "PMI_RANK" in env:  # Intel MPI, MPICH (hydra)
+        world = _int(env, "PMI_SIZE")
+        local_world = _int(env, "MPI_LOCALNRANKS", default=world)
+        return LaunchEnv(
+            "mpich", _int(env, "PMI_RANK"), _int(env, "MPI_LOCALRANKID", default=0), world, local_world,
+            max(1, world // local_world), addr or _single_node_addr(world, local_world), port,
+        )  # fmt: skip
+    return LaunchEnv("none")
+
+
+def _single_node_addr(world: int, local_world: int) -> str | None:
+    return "127.0.0.1" if world == local_world else None  # all ranks here: no need to ask the user
+
+
+def _port_from_job(env: Mapping[str, str]) -> int | None:
+    """A per-job port, so two Slurm jobs sharing a node do not collide (10000-19999)."""
+    job = env.get("SLURM_JOB_ID", "")
+    return 10000 + int(job) % 10000 if job.isdigit() else None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: 'gpu[003-005,010],cpu01' -> 'gpu003'."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ConfigError(
+            f"cannot read the Slurm node list {nodelist!r}; set MASTER_ADDR to the first node's name"
+        )
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def check_launch(env: LaunchEnv, devices: int | None, nnodes: int | None) -> None:
+    """Refuse a job whose shape disagrees with what the user asked, before anything trains."""
+    if devices is not None and devices != env.local_world_size:
+        raise ConfigError(
+            f"--devices {devices}, but {env.launcher} started {env.local_world_size} process(es) on this node; "
+            f"one process drives one device: drop --devices or make them agree"
+        )
+    if nnodes is not None and nnodes != env.nnodes:
+        raise ConfigError(
+            f"--nnodes {nnodes}, but {env.launcher} reports {env.nnodes} node(s); make the node counts agree"
+        )
+    if env.distributed and not (env.master_addr and env.master_port):
+        raise ConfigError(
+            f"{env.launcher} started {env.world_size} ranks across nodes but MASTER_ADDR/MASTER_PORT are not set; "
+            "export MASTER_ADDR=<first node> MASTER_PORT=<free port> for every rank"
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    """The rendezvous port must be free on the node that hosts it; say so before starting workers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host if host not in ("localhost",) else "127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(
+                f"rendezvous port {port} on {host} is not available ({exc.strerror}); "
+                "choose another with --rdzv-endpoint HOST:PORT, or omit it on a single node"
+            ) from None
+
+
+def launch_workers(
+    argv: Sequence[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+) -> tuple[str, dict[int, tuple[int, str]]]:
+    """Run ``accelbench <argv>`` as ``nproc_per_node`` workers through torch.distributed's elastic launcher.
+
+    Returns the run id the workers share and, for workers that failed, ``{global rank: (exit code, message)}``.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    run_id = uuid.uuid4().hex
+    if rdzv_endpoint is None:
+        if nnodes > 1:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        rdzv_endpoint = f"127.0.0.1:{free_port()}"
+    elif node_rank == 0:
+        host, _, port = rdzv_endpoint.rpartition(":")
+        if not port.isdigit():
+            raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} is not HOST:PORT")
+        if host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()):
+            check_port_free(host, int(port))
+    config = LaunchConfig(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        run_id=os.environ.get("SLURM_JOB_ID", run_id) if nnodes > 1 else run_id,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_backend="c10d",
+        max_restarts=0,  # a benchmark point that fails is a result, not something to retry silently
+        monitor_interval=0.2,
+        start_method="spawn",
+    )
+    os.environ[RUN_ID_ENV] = run_id
+    try:
+        elastic_launch(config, sys.executable)("-m", "accelbench.cli", *argv)
+    except ChildFailedError as exc:
+        return run_id, {rank: (f.exitcode, f.message) for rank, f in exc.failures.items()}
+    finally:
+        os.environ.pop(RUN_ID_ENV, None)
+    return run_id, {}
