@@ -201,7 +201,8 @@ def launch_workers(
         min_nodes=nnodes,
         max_nodes=nnodes,
         nproc_per_node=nproc_per_node,
-        run_id=os.environ.get("SLURM_JOB_ID", run_id) if nnodes > 1 else run_id,
+        # the rendezvous id must be the same on every node (torchrun's default is "none")
+        run_id=os.environ.get("SLURM_JOB_ID", "none") if nnodes > 1 else run_id,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_backend="c10d",
         max_restarts=0,  # a benchmark point that fails is a result, not something to retry silently

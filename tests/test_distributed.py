@@ -281,3 +281,42 @@ def test_lightning_fsdp_on_cpu_is_refused_up_front(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "Lightning's FSDP strategy refuses CPU" in proc.stderr
+
+
+def test_two_nodes_with_a_rendezvous_endpoint(tmp_path: Path) -> None:
+    """Two "nodes" on this host, each started with the same torchrun-style command and its own --node-rank."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelbench.cli",
+                "run",
+                *SHORT,
+                "--strategy",
+                "ddp",
+                "--devices",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--output-dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outs = [node.communicate(timeout=180) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    record = only_record(tmp_path)
+    assert (record.world_size, record.nodes, record.launcher) == (2, 2, "torchrun")
+    assert [r.rank for r in record.metrics.ranks] == [0, 1]
