@@ -142,12 +142,15 @@ def accelbench_supported_precisions(device: torch.device) -> list[str] | None:
 
 
 @hookspec(firstresult=True)
-def accelbench_precision_plan(precision: str, device: torch.device) -> PrecisionPlan | None:
+def accelbench_precision_plan(
+    precision: str, device: torch.device, options: dict[str, str | int | float | bool]
+) -> PrecisionPlan | None:
     """The plan for a supported precision: parameter and autocast dtypes, loss scaling and, above all, the
     matmul math really in effect (TF32 for "fp32" on NVIDIA when enabled, BF32 on Intel, ...).
 
-    Apply any global switch the plan implies (e.g. ``torch.backends.cuda.matmul.fp32_precision``) here, so
-    what is recorded is what runs. First result.
+    ``options`` are the run's plugin options (``RunConfig.backend_options``, e.g. a TF32 policy flag); a hook that
+    needs none simply leaves the parameter out. Apply any global switch the plan implies (e.g. torch's TF32
+    flags) here, so what is recorded is what runs. First result.
     """
 
 

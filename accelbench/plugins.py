@@ -100,14 +100,18 @@ class Backend:
     def supported_precisions(self, device: torch.device) -> list[str]:
         return list(self._call("accelbench_supported_precisions", device=device))
 
-    def precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
+    def precision_plan(
+        self, precision: str, device: torch.device, options: dict[str, str | int | float | bool] | None = None
+    ) -> PrecisionPlan:
         supported = self.supported_precisions(device)
         if precision not in supported:
             raise ConfigError(
                 f"backend {self.name!r} does not support precision {precision!r} on {device}; "
                 f"it supports: {', '.join(supported)}"
             )
-        return self._call("accelbench_precision_plan", precision=precision, device=device)
+        return self._call(
+            "accelbench_precision_plan", precision=precision, device=device, options=dict(options or {})
+        )
 
     # strategies -------------------------------------------------------------------------------------------
     def supported_strategies(self) -> list[str]:

@@ -200,7 +200,7 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
         # processes on one host share its cores; one thread pool each over all cores would oversubscribe them
         torch.set_num_threads(max(1, usable_cores() // launch.local_world_size))
     device = backend.setup_device(world.local_rank)
-    plan = backend.precision_plan(config.precision, device)
+    plan = backend.precision_plan(config.precision, device, config.backend_options)
     if config.peak_tflops:
         peak: PeakFigures | None = PeakFigures(
             flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"

@@ -1,0 +1,363 @@
+"""The backend contract: one pytest class every backend plugin subclasses (see :mod:`accelbench.testing`).
+
+Everything goes through the real :class:`~accelbench.plugins.PluginHost` and the real ``accelbench`` command, so
+what passes here is what users get. Tests that need the device skip, with the reason
+"no <backend> device on this machine", when detection finds none.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from accelbench import PROJECT
+from accelbench.config import RunConfig, RunOption
+from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
+from accelbench.engine.executor import Executor, ExecutorRequest, World
+from accelbench.errors import ConfigError
+from accelbench.plugins import Backend, PluginHost, PluginRecord
+from accelbench.precision import PRECISIONS, PrecisionPlan
+from accelbench.results import read_record
+
+DETECT_BUDGET_S = 30.0  # "cheap": a probe subprocess fits easily, a hung driver does not
+
+# The dtype a precision name promises (a "-mixed" plan may run it by autocast or by casting the model).
+_SIXTEEN_BIT = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}
+
+_RUNTIME_CHECK = """
+import json, sys
+from accelbench.plugins import PluginHost
+import torch
+backend = PluginHost(strict=False).backends[sys.argv[1]]
+probe = getattr(getattr(torch, backend.info.device_type, None), "is_initialized", None)
+before = probe() if callable(probe) else None
+devices = backend.detect()
+after = probe() if callable(probe) else None
+print(json.dumps({"devices": len(devices), "error": backend.detect_error, "before": before, "after": after}))
+"""
+
+
+class BackendContract:
+    """The contract suite. Subclass it as ``Test<Name>Contract`` and set :attr:`backend`.
+
+    Class attributes a backend may adjust: :attr:`run_args` (the short training run's size, e.g. a batch size
+    an IPU pipeline accepts), :attr:`run_precision` (default: fp32 when supported, else the first supported)
+    and :attr:`run_timeout_s`.
+    """
+
+    backend: ClassVar[str] = ""
+    run_args: ClassVar[tuple[str, ...]] = (
+        *("--model", "custom", "--layers", "1", "--heads", "2", "--embd", "16"),
+        *(
+            "--block-size",
+            "16",
+            "--batch-size",
+            "8",
+            "--dropout",
+            "0",
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "2",
+        ),
+    )
+    run_precision: ClassVar[str | None] = None
+    run_timeout_s: ClassVar[float] = 600.0
+
+    # fixtures -------------------------------------------------------------------------------------------------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def contract_host(cls) -> PluginHost:
+        if not cls.backend:
+            pytest.fail(f"{cls.__name__} must set `backend` to the backend name it checks")
+        return PluginHost(strict=False)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def contract_record(cls, contract_host: PluginHost) -> PluginRecord:
+        for record in contract_host.records:
+            if record.backend is not None and record.backend.name == cls.backend:
+                return record
+        failed = "; ".join(f"{r.name} ({r.distribution}): {r.error}" for r in contract_host.failed) or "none"
+        pytest.fail(
+            f"no installed plugin provides backend {cls.backend!r} (plugins that failed to load: {failed}); "
+            "install the plugin's distribution, e.g. `pip install -e .`"
+        )
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def contract_backend(cls, contract_host: PluginHost, contract_record: PluginRecord) -> Backend:
+        return contract_host.backends[cls.backend]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def contract_devices(cls, contract_backend: Backend) -> list[DeviceInfo]:
+        devices = contract_backend.detect()
+        if not devices:
+            pytest.skip(f"no {cls.backend} device on this machine")
+        return devices
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def contract_device(cls, contract_backend: Backend, contract_devices: list[DeviceInfo]) -> torch.device:
+        return contract_backend.setup_device(0)
+
+    # loading and documentation --------------------------------------------------------------------------------
+    def test_plugin_is_installed_and_active(self, contract_record: PluginRecord) -> None:
+        assert contract_record.status == "active", contract_record.error
+        assert contract_record.distribution, "the plugin must be registered by an installed distribution"
+        assert not contract_record.warnings, contract_record.warnings
+
+    def test_every_hook_is_a_documented_spec_and_decorated(
+        self, contract_host: PluginHost, contract_backend: Backend
+    ) -> None:
+        plugin = contract_backend.plugin
+        assert inspect.getdoc(plugin), "the plugin module needs a docstring saying what it implements"
+        names = [n for n in dir(plugin) if n.startswith("accelbench_") and callable(getattr(plugin, n))]
+        assert "accelbench_backend" in names and "accelbench_detect_devices" in names, names
+        for name in names:
+            caller = getattr(contract_host.pm.hook, name, None)
+            assert caller is not None and caller.spec is not None, (
+                f"{name} is not a hook in accelbench.hookspecs"
+            )
+            assert inspect.getdoc(caller.spec.function), f"the spec of {name} has no docstring"
+            impl = getattr(plugin, name)
+            assert hasattr(impl, PROJECT + "_impl"), f"{name} is not decorated with @accelbench.hookimpl"
+            extra = set(inspect.signature(impl).parameters) - set(caller.spec.argnames)
+            assert not extra, f"{name} takes {sorted(extra)}, which the spec does not pass"
+
+    def test_backend_info_names_a_torch_device_type(self, contract_backend: Backend) -> None:
+        info = contract_backend.info
+        assert isinstance(info, BackendInfo) and info.name == self.backend
+        torch.device(info.device_type)  # raises for a device type torch does not know
+        assert info.device_unit.strip(), "say what one device is (GPU, GCD, tile, IPU, ...)"
+
+    def test_run_options_are_well_formed(self, contract_host: PluginHost, contract_backend: Backend) -> None:
+        from accelbench.cli import build_parser
+
+        caller = contract_host.pm.hook.accelbench_run_options
+        mine = [impl for impl in caller.get_hookimpls() if impl.plugin is contract_backend.plugin]
+        for impl in mine:
+            for option in impl.function() or []:
+                assert isinstance(option, RunOption), option
+                assert option.backend == self.backend, (
+                    f"--{option.name} says it is read by {option.backend!r}"
+                )
+                assert option.help.strip(), f"--{option.name} needs a help text"
+        build_parser(contract_host.run_options())  # argparse raises if an option clashes with another
+
+    # detection ------------------------------------------------------------------------------------------------
+    def test_detection_returns_devices_without_raising(self, contract_backend: Backend) -> None:
+        start = time.perf_counter()
+        devices = contract_backend.detect()
+        elapsed = time.perf_counter() - start
+        assert contract_backend.detect_error is None, f"detection raised: {contract_backend.detect_error}"
+        assert isinstance(devices, list) and all(isinstance(d, DeviceInfo) for d in devices), devices
+        indices = [d.index for d in devices]
+        assert len(set(indices)) == len(indices) and all(i >= 0 for i in indices), indices
+        assert elapsed < DETECT_BUDGET_S, f"detection took {elapsed:.1f} s; it must be cheap"
+        assert contract_backend.detect() == devices, "detection must give the same answer twice"
+
+    def test_detection_initialises_no_device_runtime(self) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-c", _RUNTIME_CHECK, self.backend],
+            capture_output=True,
+            text=True,
+            env=_child_env(),
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert answer["error"] is None, f"detection raised: {answer['error']}"
+        if answer["before"] is None:
+            pytest.skip("torch has no is_initialized() for this device type: nothing to check")
+        if answer["before"]:
+            pytest.skip("torch reports this device type initialised before detection (CPU): nothing to check")
+        assert answer["after"] is False, "detection initialised the device runtime in the calling process"
+
+    # with a device --------------------------------------------------------------------------------------------
+    def test_device_binds_to_the_declared_type(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        assert isinstance(contract_device, torch.device)
+        assert contract_device.type == contract_backend.info.device_type
+
+    def test_runtime_versions_are_text(
+        self, contract_backend: Backend, contract_devices: list[DeviceInfo]
+    ) -> None:
+        versions = contract_backend.runtime_versions()
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()), versions
+
+    def test_declared_precisions_make_consistent_plans(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        supported = contract_backend.supported_precisions(contract_device)
+        assert supported, "a backend must support at least one precision"
+        assert len(set(supported)) == len(supported), supported
+        assert set(supported) <= set(PRECISIONS), (
+            f"unknown precision names: {set(supported) - set(PRECISIONS)}"
+        )
+        # the launcher asks before any device is bound, with an index-less device of the backend's type
+        unbound = contract_backend.supported_precisions(torch.device(contract_backend.info.device_type))
+        assert set(unbound) <= set(supported), (unbound, supported)
+        for name in supported:
+            plan = contract_backend.precision_plan(name, contract_device)
+            assert isinstance(plan, PrecisionPlan) and plan.name == name, plan
+            assert plan.matmul_math.strip(), f"{name}: say which math fp32 matmuls really use"
+            if name == "fp32":
+                assert (plan.param_dtype, plan.autocast_dtype) == ("float32", None), plan
+            elif name == "bf16-true":
+                assert (plan.param_dtype, plan.autocast_dtype) == ("bfloat16", None), plan
+            else:
+                want = _SIXTEEN_BIT[name]
+                assert want in (plan.autocast_dtype, plan.param_dtype), f"{name} runs no {want}: {plan}"
+
+    def test_undeclared_precision_is_refused(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        missing = [p for p in PRECISIONS if p not in contract_backend.supported_precisions(contract_device)]
+        if not missing:
+            pytest.skip("the device supports every precision accelbench knows")
+        with pytest.raises(ConfigError, match="does not support precision"):
+            contract_backend.precision_plan(missing[0], contract_device)
+
+    def test_declared_strategies_build_executors(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        strategies = contract_backend.supported_strategies()
+        assert strategies and len(set(strategies)) == len(strategies), strategies
+        # Each builds an executor, or is refused up front with a ConfigError saying what is missing on this
+        # installation (the core refuses DeepSpeed strategies that way when DeepSpeed is not installed).
+        plan = contract_backend.precision_plan(
+            self._precision(contract_backend, contract_device), contract_device
+        )
+        refused: dict[str, str] = {}
+        for strategy in strategies:
+            request = ExecutorRequest(
+                config=self._config(strategy=strategy),
+                device=contract_device,
+                precision=plan,
+                world=World(),
+                synchronize=contract_backend.synchronize,
+            )
+            try:
+                executor = contract_backend.executor(request)
+            except (
+                ConfigError
+            ) as exc:  # an optional engine not installed here (DeepSpeed): refused, and says why
+                assert str(exc).strip(), f"strategy {strategy!r} was refused without a reason"
+                refused[strategy] = str(exc)
+                continue
+            assert isinstance(executor, Executor), f"strategy {strategy!r} built {type(executor).__name__}"
+            executor.close()
+        assert len(refused) < len(strategies), f"no declared strategy builds an executor here: {refused}"
+
+    def test_undeclared_strategy_is_refused(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        with pytest.raises(ConfigError, match="does not support strategy"):
+            contract_backend.check_strategy("no-such-strategy")
+
+    def test_memory_query_shape(self, contract_backend: Backend, contract_device: torch.device) -> None:
+        contract_backend.reset_peak_memory(contract_device)
+        contract_backend.synchronize(contract_device)
+        stats = contract_backend.memory_stats(contract_device)
+        assert isinstance(stats, MemoryStats), stats
+        assert stats.source.strip(), "say what peak_bytes measures"
+        for field in ("peak_bytes", "peak_reserved_bytes", "device_used_bytes", "total_bytes"):
+            value = getattr(stats, field)
+            assert value is None or (isinstance(value, int) and value >= 0), (field, value)
+        if stats.peak_bytes is not None and stats.total_bytes:
+            assert stats.peak_bytes <= stats.total_bytes, stats
+
+    def test_telemetry_is_finite_numbers(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        contract_backend.reset_peak_memory(contract_device)  # the runner's "an epoch starts now"
+        contract_backend.synchronize(contract_device)
+        readings = contract_backend.telemetry(contract_device)
+        for key, value in readings.items():
+            assert isinstance(key, str) and isinstance(value, (int, float)) and not isinstance(value, bool), (
+                key,
+                value,
+            )
+            assert math.isfinite(value), (key, value)
+
+    def test_peak_figures_are_positive_or_unknown(
+        self, contract_backend: Backend, contract_device: torch.device, contract_devices: list[DeviceInfo]
+    ) -> None:
+        for name in contract_backend.supported_precisions(contract_device):
+            plan = contract_backend.precision_plan(name, contract_device)
+            peak = contract_backend.peak_figures(contract_devices[0], plan)
+            if peak is None:
+                continue
+            assert isinstance(peak, PeakFigures) and peak.flops_per_s > 0 and peak.source.strip(), peak
+            assert peak.memory_bandwidth_bytes_per_s is None or peak.memory_bandwidth_bytes_per_s > 0, peak
+
+    def test_short_training_run(
+        self, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
+    ) -> None:
+        precision = self._precision(contract_backend, contract_device)
+        command = [sys.executable, "-m", "accelbench.cli", "run", "--backend", self.backend, *self.run_args]
+        command += ["--precision", precision, "--output-dir", str(tmp_path), "--quiet"]
+        proc = subprocess.run(
+            command, capture_output=True, text=True, env=_child_env(), timeout=self.run_timeout_s, check=False
+        )
+        assert proc.returncode == 0, f"`{' '.join(command[2:])}` failed:\n{proc.stderr[-3000:]}"
+        files = sorted(tmp_path.glob("*.json"))
+        assert len(files) == 1, files
+        record = read_record(files[0])
+        assert record.outcome.status == "ok", record.outcome
+        assert record.backend.info.name == self.backend and record.precision is not None
+        assert record.precision.name == precision
+        epochs = record.metrics.epochs if record.metrics else []
+        expected = _expected_epochs(self.run_args)
+        assert len(epochs) == expected[0] and all(e.steps == expected[1] for e in epochs), epochs
+        assert all(e.loss is not None and math.isfinite(e.loss) for e in epochs), [e.loss for e in epochs]
+
+    # helpers --------------------------------------------------------------------------------------------------
+    def _precision(self, backend: Backend, device: torch.device) -> str:
+        if self.run_precision is not None:
+            return self.run_precision
+        supported = backend.supported_precisions(device)
+        return "fp32" if "fp32" in supported else supported[0]
+
+    def _config(self, **values: Any) -> RunConfig:
+        return RunConfig(
+            backend=self.backend,
+            model="custom",
+            n_layer=1,
+            n_head=2,
+            n_embd=16,
+            block_size=16,
+            batch_size=8,
+            dropout=0.0,
+            **values,
+        )
+
+
+def _child_env() -> dict[str, str]:
+    """This interpreter's environment and import path, so a child process loads the same plugins."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def _expected_epochs(args: tuple[str, ...]) -> tuple[int, int]:
+    """(epochs, steps per epoch) the run arguments ask for."""
+
+    def value(flag: str, default: int) -> int:
+        return int(args[args.index(flag) + 1]) if flag in args else default
+
+    return value("--epochs", 2), value("--steps-per-epoch", 2)

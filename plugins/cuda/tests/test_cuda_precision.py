@@ -1,0 +1,126 @@
+"""Precisions by compute capability and the explicit TF32 policy: what the plan records is what runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from accelbench_cuda.precision import apply_tf32, make_plan, supported_precisions, tf32_policy
+from cuda_standins import a100, install_gpus, v100
+
+from accelbench.errors import ConfigError
+from accelbench.plugins import PluginHost
+
+ALL = ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
+
+
+@pytest.fixture(autouse=True)
+def restore_tf32_switches() -> Iterator[None]:
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [
+        ((5, 0), ["fp32"]),
+        ((6, 0), ["fp32", "fp16-mixed"]),  # P100: native half, no tensor cores
+        ((7, 0), ["fp32", "fp16-mixed"]),  # V100: fp16 tensor cores, bf16 only emulated
+        ((7, 5), ["fp32", "fp16-mixed"]),
+        ((8, 0), ALL),
+        ((9, 0), ALL),
+    ],
+)
+def test_precisions_follow_the_compute_capability(capability: tuple[int, int], expected: list[str]) -> None:
+    assert supported_precisions(capability) == expected
+
+
+def test_tf32_policy_is_off_unless_asked_for() -> None:
+    assert tf32_policy({}) is False
+    assert tf32_policy({"ACCELBENCH_TF32": "off"}) is False
+    assert tf32_policy({"ACCELBENCH_TF32": " ON "}) is True
+
+
+def test_a_policy_that_is_neither_on_nor_off_is_refused_with_the_choices() -> None:
+    with pytest.raises(
+        ConfigError, match=r"ACCELBENCH_TF32='yes' is not a TF32 policy: set it to 'on' .* or 'off'"
+    ):
+        tf32_policy({"ACCELBENCH_TF32": "yes"})
+
+
+def test_applying_the_policy_sets_both_switches_and_keeps_torch_readable() -> None:
+    apply_tf32(True)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.get_float32_matmul_precision() == "high"  # libraries that still ask get an answer
+    apply_tf32(False)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
+def test_plans_record_the_math_in_effect() -> None:
+    on = make_plan("fp32", (8, 0), tf32=True)
+    assert on.matmul_math == "tf32" and "TF32 policy on" in on.notes
+    off = make_plan("fp32", (9, 0), tf32=False)
+    assert off.matmul_math == "ieee-fp32" and "TF32 policy off" in off.notes
+    volta = make_plan("fp32", (7, 0), tf32=True)
+    assert volta.matmul_math == "ieee-fp32" and "sm_70 has no TF32" in volta.notes
+
+
+def test_sixteen_bit_plans_keep_the_standard_meaning_and_say_what_differs() -> None:
+    fp16 = make_plan("fp16-mixed", (6, 0), tf32=False)
+    assert (fp16.autocast_dtype, fp16.loss_scaling) == ("float16", "dynamic")
+    assert "sm_60 has no tensor cores" in fp16.notes
+    bf16 = make_plan("bf16-true", (8, 0), tf32=False)
+    assert bf16.param_dtype == "bfloat16" and bf16.notes.startswith(
+        "parameters, gradients and optimizer state"
+    )
+
+
+def test_the_plan_hook_applies_the_policy_it_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_gpus(monkeypatch, [a100(0)])
+    monkeypatch.setenv("ACCELBENCH_TF32", "on")
+    backend = PluginHost().backends["cuda"]
+    device = backend.setup_device(0)
+    plan = backend.precision_plan("fp32", device)
+    assert plan.matmul_math == "tf32" and torch.backends.cuda.matmul.allow_tf32
+    monkeypatch.setenv("ACCELBENCH_TF32", "off")
+    assert backend.precision_plan("fp32", device).matmul_math == "ieee-fp32"
+    assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_the_tf32_run_option_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_gpus(monkeypatch, [a100(0)])
+    monkeypatch.setenv("ACCELBENCH_TF32", "off")
+    host = PluginHost()
+    assert any(o.name == "tf32" and o.backend == "cuda" for o in host.run_options())
+    backend = host.backends["cuda"]
+    device = backend.setup_device(0)
+    assert backend.precision_plan("fp32", device, {"tf32": "on"}).matmul_math == "tf32"
+    assert torch.backends.cuda.matmul.allow_tf32
+    assert backend.precision_plan("fp32", device, {"tf32": "off"}).matmul_math == "ieee-fp32"
+    with pytest.raises(ConfigError, match="'maybe' is not a TF32 policy"):
+        backend.precision_plan("fp32", device, {"tf32": "maybe"})
+
+
+def test_a_volta_gpu_refuses_bf16_naming_what_it_supports(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_gpus(monkeypatch, [v100(0)])
+    backend = PluginHost().backends["cuda"]
+    device = backend.setup_device(0)
+    with pytest.raises(
+        ConfigError, match="does not support precision 'bf16-mixed'.*it supports: fp32, fp16-mixed"
+    ):
+        backend.precision_plan("bf16-mixed", device)
+
+
+def test_before_cuda_starts_precisions_come_from_detection_for_the_weakest_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, cuda = install_gpus(monkeypatch, [a100(0), v100(1)])
+    backend = PluginHost().backends["cuda"]
+    # the launcher's preflight asks with an index-less device, before any process binds a GPU
+    assert backend.supported_precisions(torch.device("cuda")) == ["fp32", "fp16-mixed"]
+    assert cuda.current is None, "asking must not bind (and so initialise) a GPU"
+    assert backend.supported_precisions(backend.setup_device(0)) == ALL

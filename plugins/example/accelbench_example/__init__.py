@@ -1,0 +1,8 @@
+"""accelbench-example: an accelbench backend plugin. The hooks are in :mod:`accelbench_example.plugin`."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("accelbench-example")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,0 +1,9 @@
+"""accelbench-example against the conformance kit every backend runs (accelbench.testing)."""
+
+from __future__ import annotations
+
+from accelbench.testing import BackendContract
+
+
+class TestExampleContract(BackendContract):
+    backend = "example"

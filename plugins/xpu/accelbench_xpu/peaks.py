@@ -1,0 +1,36 @@
+"""Dense peak FLOP/s and bandwidth of Intel Data Center GPUs, per card or per tile as the device unit says.
+
+Max 1550 (two stacks, 1.6 GHz): bf16/fp16 ~839 TFLOP/s per card, fp32 ~52, 3.28 TB/s; a tile (stack) is half.
+Measured figures on real systems are lower (one site measured bf16 273 TFLOP/s): MFU against these peaks says so.
+"""
+
+from __future__ import annotations
+
+from accelbench.devices import DeviceInfo, PeakFigures
+from accelbench.precision import PrecisionPlan
+
+T = 1e12
+MAX_1550_CARD = {"bf16": 839 * T, "fp16": 839 * T, "fp32": 52 * T, "bandwidth": 3.28e12}
+
+
+def peak_for(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
+    """The peak for the math ``plan`` uses on ``device`` (card or tile from ``details["device_unit"]``)."""
+    if " ".join(device.name.lower().split()) != "intel(r) data center gpu max 1550":
+        return None
+    unit = device.details.get("device_unit", "")
+    if unit.startswith("tile"):
+        share, label = 0.5, "Max 1550, one tile (stack)"
+    elif unit.startswith("card"):
+        share, label = 1.0, "Max 1550, whole card (two stacks)"
+    else:
+        return None  # card or tile unknown: no figure rather than one off by two
+    sixteen = plan.autocast_dtype or (plan.param_dtype if plan.param_dtype != "float32" else None)
+    kind = {"bfloat16": "bf16", "float16": "fp16"}.get(sixteen or "", "fp32")
+    if kind == "fp32" and plan.matmul_math != "ieee-fp32":
+        return None  # TF32/BF32 matmul peaks are not in the table
+    math = f"dense {kind} XMX" if kind != "fp32" else "fp32"
+    return PeakFigures(
+        flops_per_s=MAX_1550_CARD[kind] * share,
+        memory_bandwidth_bytes_per_s=MAX_1550_CARD["bandwidth"] * share,
+        source=f"accelbench-xpu table: {label}, {math}",
+    )
