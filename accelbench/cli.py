@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         options = get_host().run_options() if argv[:1] == ["run"] else []
     except AccelbenchError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
     args = build_parser(options).parse_args(argv)
     args.argv = argv
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }[args.command]
         return handler(args, err)
     except AccelbenchError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
 
 
@@ -310,7 +310,8 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
             status = f"[bold red]failed[/]: {escape(row['error'])}"
         out.print(f"[bold]{row['name']}[/] ({dist}): {status}", highlight=False, soft_wrap=True)
         if row["backend"]:
-            devices = ", ".join(d["name"] for d in row["devices"]) or "none detected"
+            about = f" ({row['backend']['description']})" if row["backend"]["description"] else ""
+            devices = ", ".join(d["name"] for d in row["devices"]) or f"none detected{about}"
             out.print(f"  backend {row['backend']['name']}: {devices}", highlight=False, soft_wrap=True)
         if row["hooks"]:
             hooks = ", ".join(h.removeprefix("accelbench_") for h in row["hooks"])

@@ -64,11 +64,16 @@ def accelbench_detect_devices() -> list[DeviceInfo]:
         DeviceInfo(
             index=0,
             name=cpu_model(),
-            arch=f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
+            arch=f"{platform.machine()} {_cpu_capability()}",
             memory_bytes=psutil.virtual_memory().total,
             details=details,
         )
     ]
+
+
+def _cpu_capability() -> str:
+    get = getattr(torch.backends.cpu, "get_cpu_capability", None)  # torch >= 2.1
+    return get() if get else "unknown vector ISA"
 
 
 @hookimpl
@@ -88,7 +93,9 @@ def accelbench_supported_precisions(device: torch.device) -> list[str]:
 @hookimpl
 def accelbench_precision_plan(precision: str, device: torch.device) -> PrecisionPlan:
     # oneDNN may run fp32 matmuls in bf16 when asked; record the setting that is really in force.
-    fp32_mode = torch.backends.mkldnn.matmul.fp32_precision
+    fp32_mode = getattr(
+        getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none"
+    )  # torch >= 2.9
     math = "ieee-fp32" if fp32_mode in ("none", "ieee") else f"oneDNN fp32 matmuls as {fp32_mode}"
     return standard_plan(precision, matmul_math=math)
 

@@ -12,8 +12,22 @@ from accelbench import hookimpl
 from accelbench.devices import MemoryStats
 from accelbench.engine.distributed import executor_for
 from accelbench.engine.executor import Executor, ExecutorRequest
+from accelbench.errors import BackendError
 from accelbench.precision import PRECISIONS, PrecisionPlan, standard_plan
 from accelbench.workloads import Workload
+
+
+def _accelerator():  # type: ignore[no-untyped-def]
+    """``torch.accelerator`` (torch >= 2.6 with its memory API from 2.8). Backends for older torch builds (poptorch
+    pins torch 2.0) implement these hooks themselves; reaching this default on such a build is a clear error."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not hasattr(accelerator, "memory"):
+        raise BackendError(
+            f"torch {torch.__version__} has no torch.accelerator memory API (torch >= 2.8); upgrade torch, "
+            "or use a backend plugin that implements device setup, synchronisation and memory hooks itself"
+        )
+    return accelerator
+
 
 STRATEGIES = ["single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]
 
@@ -30,7 +44,7 @@ def accelbench_register_workloads(register) -> None:  # type: ignore[no-untyped-
 def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device:
     if device_type == "cpu":
         return torch.device("cpu")
-    torch.accelerator.set_device_index(local_rank)
+    _accelerator().set_device_index(local_rank)
     return torch.device(device_type, local_rank)
 
 
@@ -38,7 +52,9 @@ def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device:
 def accelbench_collective_backend(device: torch.device) -> str:
     import torch.distributed as dist
 
-    return dist.get_default_backend_for_device(device)
+    if hasattr(dist, "get_default_backend_for_device"):  # torch >= 2.6
+        return dist.get_default_backend_for_device(device)
+    return {"cpu": "gloo", "cuda": "nccl"}.get(device.type, "gloo")
 
 
 @hookimpl(trylast=True)
@@ -67,14 +83,14 @@ def accelbench_executor(request: ExecutorRequest) -> Executor | None:
 @hookimpl(trylast=True)
 def accelbench_synchronize(device: torch.device) -> bool:
     if device.type != "cpu":
-        torch.accelerator.synchronize(device)
+        _accelerator().synchronize(device)
     return True
 
 
 @hookimpl(trylast=True)
 def accelbench_reset_peak_memory(device: torch.device) -> bool:
     if device.type != "cpu":
-        torch.accelerator.memory.reset_peak_memory_stats(device)
+        _accelerator().memory.reset_peak_memory_stats(device)
     return True
 
 
@@ -82,7 +98,7 @@ def accelbench_reset_peak_memory(device: torch.device) -> bool:
 def accelbench_memory_stats(device: torch.device) -> MemoryStats:
     if device.type == "cpu":  # torch keeps no allocator statistics for CPU tensors
         return MemoryStats(peak_bytes=None, source="unknown (the backend implements no memory query)")
-    memory = torch.accelerator.memory
+    memory = _accelerator().memory
     total = None
     if hasattr(memory, "get_memory_info"):
         total = int(memory.get_memory_info(device)[1])

@@ -58,16 +58,21 @@ class RunInterrupted(BaseException):  # noqa: N818 - an interruption, not an err
 
 
 _measuring = False  # SIGTERM interrupts training; once measuring is over, the record is written regardless
+_record_due = (
+    False  # set once measuring starts: from then on a record is owed, so SIGTERM cannot cut it short
+)
 
 
 def install_sigterm_handler() -> None:
-    """Turn SIGTERM (a scheduler's time limit, or torchrun stopping the survivors of a failed rank) into
-    ``RunInterrupted`` while training, so the epochs measured so far are written. Afterwards it is ignored,
-    so the record being written is never cut short."""
+    """SIGTERM (a scheduler's time limit, a sweep's point timeout, torchrun stopping the survivors of a failed rank):
+    before training it ends the process at once (exit 130, nothing measured, no record); while training it raises
+    ``RunInterrupted`` so the epochs measured so far are written; while the record is written it is ignored."""
 
     def on_sigterm(signum: int, frame: object) -> None:
         if _measuring:
             raise RunInterrupted()
+        if not _record_due:
+            raise SystemExit(130)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -139,7 +144,8 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
     devices = backend.detect()
     if not devices:
         reason = f" (detection failed: {backend.detect_error})" if backend.detect_error else ""
-        raise BackendError(f"backend {backend.name!r} found no device on this host{reason}")
+        about = f"; {backend.info.description}" if backend.info.description else ""
+        raise BackendError(f"backend {backend.name!r} found no device on this host{reason}{about}")
     backend.check_strategy(config.strategy)
     owners = {option.name.replace("-", "_"): option.backend for option in host.run_options()}
     for name in config.backend_options:
@@ -201,12 +207,6 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
         torch.set_num_threads(max(1, usable_cores() // launch.local_world_size))
     device = backend.setup_device(world.local_rank)
     plan = backend.precision_plan(config.precision, device, config.backend_options)
-    if config.peak_tflops:
-        peak: PeakFigures | None = PeakFigures(
-            flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"
-        )
-    else:
-        peak = backend.peak_figures(checked.devices[0], plan)
     collective = None
     if config.strategy != "single" and checked.collective != "none":
         collective = backend.collective_backend(device)
@@ -219,6 +219,12 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
     except BaseException:
         destroy_process_group()
         raise
+    if config.peak_tflops:
+        peak: PeakFigures | None = PeakFigures(
+            flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"
+        )
+    else:  # the peak of the math that really runs (an executor may refine the plan)
+        peak = backend.peak_figures(checked.devices[0], executor.effective_precision(plan))
     record = next(r for r in host.records if r.backend is not None and r.backend.name == backend.name)
     backend_record = BackendRecord(
         info=backend.info,
@@ -264,9 +270,9 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     result = Measurement(job=None, log=RankLog(rank=world.rank, host=host_name), outcome=Outcome(status="ok"))
     log = result.log
     epoch, steps_done = 0, 0
-    global _measuring
+    global _measuring, _record_due
     try:
-        _measuring = True
+        _measuring = _record_due = True
         start = time.perf_counter()
         job = result.job = run.workload.build(config)
         executor.setup(job)
@@ -509,7 +515,8 @@ def find_stragglers(logs: list[RankLog]) -> list[int]:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # torch < 2.5
+    if isinstance(exc, (oom_type, MemoryError)):
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)

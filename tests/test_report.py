@@ -1,0 +1,226 @@
+"""`accelbench report`: one self-contained HTML file with the seed study's views, from real CPU records (and
+copies of them changed where a CPU cannot produce the data: device counts, strategies, an IPU's compile step)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import TINY, accelbench
+from test_compare import derived
+
+from accelbench.cli import main
+from accelbench.compare import compare, load_records
+
+pytest.importorskip(
+    "matplotlib", reason="accelbench report needs matplotlib (pip install 'accelbench[report]')"
+)
+
+from accelbench.report import build_report, write_report  # noqa: E402
+
+HOSTILE_HOST = '<script>alert("host")</script> $x_1$ & co'
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real records of two precisions on this CPU, plus derived records for the views a CPU cannot fill."""
+    root = tmp_path_factory.mktemp("report-results")
+    for precision in ("fp32", "bf16-mixed"):
+        proc = accelbench(
+            "run",
+            *TINY,
+            "--precision",
+            precision,
+            "--epochs",
+            "3",
+            "--steps-per-epoch",
+            "3",
+            "--output-dir",
+            str(root / "real"),
+            "-q",
+        )
+        assert proc.returncode == 0, proc.stderr
+    fp32 = next(
+        json.loads(p.read_text())
+        for p in (root / "real").glob("*.json")
+        if json.loads(p.read_text())["config"]["precision"] == "fp32"
+    )
+    derived_dir = root / "derived"
+    derived_dir.mkdir()
+
+    def write(name: str, record: dict) -> None:
+        (derived_dir / f"{name}.json").write_text(json.dumps(record))
+
+    def as_model(model: str, parameters: int, **changes: object) -> dict:
+        return derived(
+            fp32,
+            config__model=model,
+            config__n_layer=None,
+            config__n_head=None,
+            config__n_embd=None,
+            workload__parameters=parameters,
+            **changes,
+        )
+
+    def scaled(record: dict, time: float = 1.0, memory: float = 1.0) -> dict:
+        """Epoch times x ``time`` (throughput / ``time``), peak memory x ``memory``: a plausible other result."""
+        m = record["metrics"]
+        epochs = [
+            dict(
+                e,
+                wall_s=e["wall_s"] * time,
+                samples_per_s=e["samples_per_s"] / time,
+                tokens_per_s=e["tokens_per_s"] / time,
+            )
+            for e in m["epochs"]
+        ]
+        steady = dict(m["steady"])
+        for name in ("epoch_s_median", "epoch_s_min", "epoch_s_max"):
+            steady[name] *= time
+        for name in ("samples_per_s", "tokens_per_s", "achieved_flops_per_s"):
+            steady[name] /= time
+        metrics = dict(m, epochs=epochs, warmup=epochs[0], steady=steady)
+        metrics["peak_memory_max_bytes"] = int(m["peak_memory_max_bytes"] * memory)
+        return dict(record, metrics=metrics)
+
+    def oom(record: dict) -> dict:
+        record = dict(record, metrics=None)
+        record["outcome"] = {"status": "oom", "message": "CUDA <out of memory> & more", "traceback": None}
+        return record
+
+    # a hostile host name: everything from records must be escaped in HTML and be plain text in figures
+    write("hostile", derived(fp32, system__host=HOSTILE_HOST))
+    # a scaling series on 1, 2 and 4 devices (DDP), two batch sizes
+    for devices in (1, 2, 4):
+        for batch in (8, 16):
+            record = derived(
+                fp32,
+                system__host="gpu-node",
+                config__strategy="ddp",
+                config__devices=devices,
+                config__batch_size=batch,
+                backend__devices_used=devices,
+            )
+            efficiency = 0.9 ** (devices.bit_length() - 1)
+            time = (0.7 if batch == 16 else 1.0) / (devices * efficiency)
+            write(f"ddp-{devices}-{batch}", scaled(record, time, 1.5 if batch == 16 else 1.0))
+    # strategies across model sizes; the largest model does not fit with DDP
+    for strategy, time, memory in (("ddp", 1.0, 1.0), ("fsdp", 0.85, 0.8), ("deepspeed-zero3", 2.4, 0.6)):
+        small = as_model("gpt-nano", 100_000, system__host="gpu-node", config__strategy=strategy)
+        write(f"{strategy}-nano", scaled(small, time, memory))
+        big = as_model("gpt2-medium", 300_000_000, system__host="gpu-node", config__strategy=strategy)
+        write(f"{strategy}-medium", oom(big) if strategy == "ddp" else scaled(big, 3 * time, 3.5 * memory))
+    # IPU strategies with a compile step, on 1, 2 and 4 IPUs
+    for strategy, compile_s, exponent in (("pipelined", 40.0, 0.8), ("sharded", 30.0, 0.05)):
+        for devices in (1, 2, 4):
+            record = derived(
+                fp32,
+                system__host="ipu-pod",
+                backend__info__name="ipu",
+                backend__info__device_unit="IPU",
+                config__backend="ipu",
+                config__strategy=strategy,
+                config__devices=devices,
+                backend__devices_used=devices,
+                metrics__compile_s=compile_s * (1 + devices.bit_length() / 4),
+            )
+            write(f"ipu-{strategy}-{devices}", scaled(record, 3.0 / devices**exponent))
+    return root
+
+
+def test_the_report_has_every_view_with_figures_and_escapes_record_strings(results: Path) -> None:
+    comparison = compare(load_records([results]), label_by=("host", "backend"))
+    report = build_report(comparison, title="CPU & friends <test>")
+    page = report.html
+
+    titles = [f.title for f in report.figures]
+    for expected in (
+        "Epoch time: gpt custom 1L/2H/16E, single",
+        "Epoch time: gpt custom 1L/2H/16E, ddp",
+        "Scaling: custom 1L/2H/16E fp32 ddp on gpu-node · cpu",
+        "Scaling: custom 1L/2H/16E fp32 pipelined on ipu-pod · ipu",
+        "Peak memory against batch size: custom 1L/2H/16E ddp",
+        "Peak memory against model size: fp32 ddp batch 8",
+        "Strategies on 1 device(s): gpu-node · cpu",
+        "Compile time and epoch time per strategy: custom 1L/2H/16E on ipu-pod · ipu",
+    ):
+        assert any(t.startswith(expected) for t in titles), (expected, titles)
+    assert "No records for this view." not in page  # every view found its data
+
+    # each figure is embedded as an SVG data URI: the file stands alone
+    images = re.findall(r'<img alt="[^"]*" src="data:image/svg\+xml;base64,([^"]+)">', page)
+    assert len(images) == len(report.figures)
+    for data in images:
+        svg = base64.b64decode(data).decode("utf-8")
+        assert "<svg" in svg and "</svg>" in svg
+    assert "http://" not in re.sub(r'xmlns(:\w+)?="http://[^"]+"|https?://www\.w3\.org[^"\s]*', "", page)
+
+    # the largest-model table of the strategies that met an OOM
+    assert "Largest model that fits" in page and "<td>out of memory</td>" in page
+
+    # escaping: record strings never become markup
+    assert "<script>" not in page and "&lt;script&gt;alert(&quot;host&quot;)&lt;/script&gt;" in page
+    assert "CUDA &lt;out of memory&gt; &amp; more" in page
+    assert "<title>CPU &amp; friends &lt;test&gt;</title>" in page
+    # the hostile host is a system; its label reached a figure as plain text, mathtext off
+    hostile_figure = next(
+        f for f in report.figures if f.title.startswith("Epoch time") and "· single ·" in f.caption
+    )
+    assert "$x_1$" in hostile_figure.encode("svg").decode("utf-8").replace("&amp;", "&")
+
+
+def test_the_command_writes_html_and_figure_files(results: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report.html"
+    figures = tmp_path / "figures"
+    code = main(["report", str(results), "-o", str(out), "--figures", str(figures), "--figure-format", "png"])
+    assert code == 0, capsys.readouterr().err
+    files = sorted(figures.iterdir())
+    assert len(files) >= 6 and all(f.suffix == ".png" for f in files)
+    assert all(f.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for f in files)
+    page = out.read_text()
+    assert page.count('src="data:image/png;base64,') == len(files)
+    assert "report written to" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium to render the report headless")
+def test_the_report_renders_in_a_headless_browser(results: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    comparison = compare(load_records([results]), label_by=("host", "backend"))
+    page = tmp_path / "report.html"
+    write_report(build_report(comparison), page, None, "svg")
+    shot = tmp_path / "report.png"
+    proc = subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1400,3000",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists(), proc.stderr
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1400, 3000)
+    # a rendered page with tables and plots, not a blank or error page: many colours (the figures' lines and
+    # bars), and ink over a good part of the page
+    colours = image.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 200
+    non_white = sum(count for count, rgb in colours if sum(rgb) < 3 * 245)
+    assert non_white > 0.03 * 1400 * 3000
