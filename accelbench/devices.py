@@ -6,7 +6,14 @@ so they are pydantic models (validated, JSON-serialisable) rather than free-form
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from accelbench.errors import BackendError
 
 
 class _Record(BaseModel):
@@ -61,3 +68,37 @@ class PeakFigures(_Record):
     source: str = Field(
         description="Where the figure comes from: 'vendor table: H100 SXM', 'user (--peak-tflops)'."
     )
+
+
+def probe_in_subprocess(
+    script: str, *, label: str, hang_hint: str, args: tuple[str, ...] = (), timeout: float = 60.0
+) -> list[dict[str, Any]]:
+    """Run a device-query ``script`` in a child interpreter and return the JSON list it prints last.
+
+    For detection hooks: asking a vendor runtime for device properties initialises it, and a process that has done so
+    cannot fork workers that use the device. The child inherits the visible-device variables, so it sees what a run
+    would. ``label`` names the vendor in errors ("CUDA"); ``hang_hint`` says what to check if the child hangs.
+    """
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BackendError(
+            f"the {label} device probe gave no answer within {timeout:.0f} s: {hang_hint}"
+        ) from exc
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackendError(f"the {label} device probe failed (exit status {proc.returncode}): {last}")
+    try:
+        devices = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise BackendError(f"the {label} device probe printed no device list: {lines[-1][:200]!r}") from exc
+    if not isinstance(devices, list):
+        raise BackendError(f"the {label} device probe printed {type(devices).__name__}, not a device list")
+    return devices

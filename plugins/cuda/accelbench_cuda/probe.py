@@ -7,11 +7,7 @@ The child inherits the environment, so CUDA_VISIBLE_DEVICES (including MIG insta
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from accelbench.errors import BackendError
+from accelbench.devices import probe_in_subprocess
 
 TIMEOUT_S = 60.0
 
@@ -28,23 +24,9 @@ print(json.dumps(devices))
 
 def run_probe(script: str = SCRIPT, timeout: float = TIMEOUT_S) -> list[dict]:
     """Run ``script`` in a child interpreter and return the JSON list it prints last."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BackendError(
-            f"the CUDA device probe gave no answer within {timeout:.0f} s: a GPU or its driver may be hung "
-            "(check `nvidia-smi`)"
-        ) from exc
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendError(f"the CUDA device probe failed (exit status {proc.returncode}): {last}")
-    try:
-        devices = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise BackendError(f"the CUDA device probe printed no device list: {lines[-1][:200]!r}") from exc
-    if not isinstance(devices, list):
-        raise BackendError(f"the CUDA device probe printed {type(devices).__name__}, not a device list")
-    return devices
+    return probe_in_subprocess(
+        script,
+        label="CUDA",
+        hang_hint="a GPU or its driver may be hung (check `nvidia-smi`)",
+        timeout=timeout,
+    )

@@ -6,11 +6,7 @@ the GPU; so a short-lived child interpreter asks, with a timeout. It inherits th
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from accelbench.errors import BackendError
+from accelbench.devices import probe_in_subprocess
 
 TIMEOUT_S = 60.0
 
@@ -27,23 +23,9 @@ print(json.dumps(devices))
 
 def run_probe(script: str = SCRIPT, timeout: float = TIMEOUT_S) -> list[dict]:
     """Run ``script`` in a child interpreter and return the JSON list it prints last."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BackendError(
-            f"the ROCm device probe gave no answer within {timeout:.0f} s: a GPU or the amdgpu driver may be "
-            "hung (check `amd-smi list` or `rocm-smi`)"
-        ) from exc
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendError(f"the ROCm device probe failed (exit status {proc.returncode}): {last}")
-    try:
-        devices = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise BackendError(f"the ROCm device probe printed no device list: {lines[-1][:200]!r}") from exc
-    if not isinstance(devices, list):
-        raise BackendError(f"the ROCm device probe printed {type(devices).__name__}, not a device list")
-    return devices
+    return probe_in_subprocess(
+        script,
+        label="ROCm",
+        hang_hint="a GPU or the amdgpu driver may be hung (check `amd-smi list` or `rocm-smi`)",
+        timeout=timeout,
+    )

@@ -5,11 +5,7 @@ legacy path, and inherits ZE_AFFINITY_MASK and ZE_FLAT_DEVICE_HIERARCHY, so it s
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from accelbench.errors import BackendError
+from accelbench.devices import probe_in_subprocess
 
 TIMEOUT_S = 60.0
 
@@ -32,27 +28,10 @@ print(json.dumps(devices))
 
 def run_probe(device_path: str, script: str = SCRIPT, timeout: float = TIMEOUT_S) -> list[dict]:
     """Run ``script`` for ``device_path`` ("torch.xpu" or "ipex") in a child interpreter; the JSON list it prints."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script, device_path],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BackendError(
-            f"the XPU device probe gave no answer within {timeout:.0f} s: a GPU or its driver may be hung "
-            "(check `xpu-smi discovery` or `sycl-ls`)"
-        ) from exc
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendError(f"the XPU device probe failed (exit status {proc.returncode}): {last}")
-    try:
-        devices = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise BackendError(f"the XPU device probe printed no device list: {lines[-1][:200]!r}") from exc
-    if not isinstance(devices, list):
-        raise BackendError(f"the XPU device probe printed {type(devices).__name__}, not a device list")
-    return devices
+    return probe_in_subprocess(
+        script,
+        label="XPU",
+        hang_hint="a GPU or its driver may be hung (check `xpu-smi discovery` or `sycl-ls`)",
+        args=(device_path,),
+        timeout=timeout,
+    )
