@@ -8,27 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from accelbench.config import RunConfig
 from accelbench.engine.runner import run
 from accelbench.errors import ResultFileError
 from accelbench.plugins import get_host
 from accelbench.results import SCHEMA_VERSION, ResultRecord, json_schema, read_record, write_record
+from accelbench.testing import tiny_config
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[ResultRecord, Path]:
     out = tmp_path_factory.mktemp("records")
-    config = RunConfig(
-        model="custom",
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        block_size=16,
-        batch_size=8,
-        epochs=2,
-        steps_per_epoch=2,
-        output_dir=out,
-    )
+    config = tiny_config(epochs=2, steps_per_epoch=2, output_dir=out)
     record, path, _ = run(config, get_host())
     return record, path
 

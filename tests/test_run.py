@@ -18,10 +18,10 @@ import pytest
 from conftest import TINY, accelbench
 
 from accelbench.cli import main
-from accelbench.config import RunConfig
 from accelbench.engine.runner import run
 from accelbench.plugins import get_host
 from accelbench.results import EpochMetrics, read_record
+from accelbench.testing import tiny_config
 
 
 def only_record(directory: Path):
@@ -89,18 +89,7 @@ def test_training_really_learns_a_file(tmp_path: Path) -> None:
     ],
 )
 def test_precision_plans_are_applied_and_recorded(tmp_path, precision, param, autocast, scaling) -> None:
-    config = RunConfig(
-        model="custom",
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        block_size=16,
-        batch_size=8,
-        epochs=2,
-        steps_per_epoch=3,
-        precision=precision,
-        output_dir=tmp_path,
-    )
+    config = tiny_config(epochs=2, steps_per_epoch=3, precision=precision, output_dir=tmp_path)
     record, path, _ = run(config, get_host())
     assert record.outcome.status == "ok", record.outcome
     plan = record.precision
@@ -136,17 +125,7 @@ class InterruptAt:
 
 
 def test_ctrl_c_keeps_the_completed_epochs(tmp_path: Path) -> None:
-    config = RunConfig(
-        model="custom",
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        block_size=16,
-        batch_size=8,
-        epochs=4,
-        steps_per_epoch=5,
-        output_dir=tmp_path,
-    )
+    config = tiny_config(epochs=4, steps_per_epoch=5, output_dir=tmp_path)
     record, path, status = run(config, get_host(), InterruptAt(epoch=2, step=3))
     assert status == "interrupted"
     assert record.outcome.status == "interrupted"

@@ -26,9 +26,9 @@ from __future__ import annotations
 import pytest
 
 from accelbench.plugins import PluginHost
-from accelbench.testing.contract import BackendContract
+from accelbench.testing.contract import BackendContract, tiny_config
 
-__all__ = ["BackendContract", "accelbench_host"]
+__all__ = ["BackendContract", "accelbench_host", "tiny_config"]
 
 
 @pytest.fixture

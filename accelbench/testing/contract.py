@@ -334,17 +334,16 @@ class BackendContract:
         return "fp32" if "fp32" in supported else supported[0]
 
     def _config(self, **values: Any) -> RunConfig:
-        return RunConfig(
-            backend=self.backend,
-            model="custom",
-            n_layer=1,
-            n_head=2,
-            n_embd=16,
-            block_size=16,
-            batch_size=8,
-            dropout=0.0,
-            **values,
-        )
+        return tiny_config(backend=self.backend, **values)
+
+
+def tiny_config(**values: Any) -> RunConfig:
+    """A one-layer, 16-wide GPT on 16-character windows, batch 8: a real training run in seconds on any device.
+    ``values`` override or add RunConfig fields (epochs, steps_per_epoch, precision, output_dir, ...)."""
+    size: dict[str, Any] = dict(
+        model="custom", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=8, dropout=0.0
+    )
+    return RunConfig(**{**size, **values})
 
 
 def _child_env() -> dict[str, str]:
