@@ -100,15 +100,18 @@ class Backend:
     def supported_precisions(self, device: torch.device) -> list[str]:
         return list(self._call("accelbench_supported_precisions", device=device))
 
-    def precision_plan(
-        self, precision: str, device: torch.device, options: dict[str, str | int | float | bool] | None = None
-    ) -> PrecisionPlan:
+    def check_precision(self, precision: str, device: torch.device) -> None:
         supported = self.supported_precisions(device)
         if precision not in supported:
             raise ConfigError(
                 f"backend {self.name!r} does not support precision {precision!r} on {device}; "
                 f"it supports: {', '.join(supported)}"
             )
+
+    def precision_plan(
+        self, precision: str, device: torch.device, options: dict[str, str | int | float | bool] | None = None
+    ) -> PrecisionPlan:
+        self.check_precision(precision, device)
         return self._call(
             "accelbench_precision_plan", precision=precision, device=device, options=dict(options or {})
         )

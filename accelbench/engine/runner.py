@@ -175,12 +175,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         raise ConfigError(
             f"--devices {config.devices}, but backend {backend.name!r} detected {len(devices)} on this node"
         )
-    supported = backend.supported_precisions(kind)
-    if config.precision not in supported:
-        raise ConfigError(
-            f"backend {backend.name!r} does not support precision {config.precision!r}; "
-            f"it supports: {', '.join(supported)}"
-        )
+    backend.check_precision(config.precision, kind)
     workload = host.workload(config.workload)
     if hasattr(workload, "model_names") and config.model not in workload.model_names():
         raise ConfigError(
