@@ -7,6 +7,7 @@ import math
 import os
 import pty
 import resource
+import select
 import signal
 import statistics
 import subprocess
@@ -138,30 +139,36 @@ def test_ctrl_c_keeps_the_completed_epochs(tmp_path: Path) -> None:
 def test_sigint_and_sigterm_to_a_running_process_write_an_interrupted_record(tmp_path: Path) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         out = tmp_path / sig.name
+        leader, follower = pty.openpty()  # on a terminal the progress display says when training has started
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "accelbench.cli",
-                "run",
-                *TINY,
-                "--epochs",
-                "50",
-                "--output-dir",
-                str(out),
-                "-q",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(8)  # imports, corpus, model: training is under way by now
+            [sys.executable, "-m", "accelbench.cli", "run", *TINY, "--epochs", "50", "--output-dir", str(out)],
+            stdout=subprocess.DEVNULL, stderr=follower, env={**os.environ, "COLUMNS": "120"},
+        )  # fmt: skip
+        os.close(follower)
+        screen = read_until(leader, b"epoch 1/50", timeout=120)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 130, err
+        read_until(leader, b"\x00", timeout=60)  # drain until the child closes the terminal
+        assert proc.wait(timeout=60) == 130, screen[-2000:]
         record = only_record(out)
         assert record.outcome.status == "interrupted"
         assert ("Ctrl-C" if sig == signal.SIGINT else "SIGTERM") in record.outcome.message
+
+
+def read_until(fd: int, marker: bytes, timeout: float) -> bytes:
+    """Read a pseudo-terminal until ``marker`` shows up, the child closes it, or ``timeout`` passes."""
+    screen, deadline = b"", time.monotonic() + timeout
+    while marker not in screen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    return screen
 
 
 def test_out_of_memory_is_an_outcome_not_a_crash(tmp_path: Path) -> None:
@@ -228,15 +235,7 @@ def test_progress_display_when_stderr_is_a_terminal(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "120"},
     )
     os.close(follower)
-    screen = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        screen += chunk
+    screen = read_until(leader, b"\x00", timeout=120)  # everything until the child closes the terminal
     assert proc.wait(timeout=120) == 0
     text = screen.decode(errors="replace")
     assert "epoch 1/2 (warm-up)" in text and "epoch 2/2" in text
