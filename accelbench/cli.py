@@ -120,7 +120,10 @@ def _add_plugin_options(parser: argparse.ArgumentParser, options: Sequence[RunOp
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
             )
         else:
-            group.add_argument(flag, dest=dest, type=_TYPES[option.type], default=None, help=text)
+            metavar = option.name.upper()
+            group.add_argument(
+                flag, dest=dest, metavar=metavar, type=_TYPES[option.type], default=None, help=text
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
