@@ -69,6 +69,8 @@ class Backend:
         self._pm = pm
         self._others = others
         self._callers: dict[str, pluggy.HookCaller] = {}
+        self._devices: list[DeviceInfo] | None = None
+        self.detect_error: str | None = None
 
     def _call(self, hook: str, **kwargs: Any) -> Any:
         caller = self._callers.get(hook)
@@ -78,13 +80,18 @@ class Backend:
 
     # detection ------------------------------------------------------------------------------------------
     def detect(self) -> list[DeviceInfo]:
-        """Devices present; [] when none or when detection itself failed (the failure is kept in ``detect_error``)."""
-        self.detect_error: str | None = None
-        try:
-            return list(self._call("accelbench_detect_devices") or [])
-        except Exception as exc:  # detection must never break a command
-            self.detect_error = f"{type(exc).__name__}: {exc}"
-            return []
+        """Devices present; [] when none or when detection itself failed (the failure is kept in ``detect_error``).
+
+        Detected once per Backend: backend selection, preflight and the record all ask, and a probe may cost a
+        subprocess.
+        """
+        if self._devices is None:
+            try:
+                self._devices = list(self._call("accelbench_detect_devices") or [])
+            except Exception as exc:  # detection must never break a command
+                self.detect_error = f"{type(exc).__name__}: {exc}"
+                self._devices = []
+        return list(self._devices)
 
     def runtime_versions(self) -> dict[str, str]:
         return dict(self._call("accelbench_runtime_versions") or {})
@@ -165,6 +172,7 @@ class PluginHost:
         self._backends: dict[str, Backend] = {}
         self._workloads: dict[str, tuple[Workload, str]] = {}
         self._plugin_of: dict[str, object] = {}  # entry-point name -> registered plugin object
+        self._run_options: list[RunOption] | None = None
         self._load_entry_points()
         self._collect_backends()
         self._collect_workloads()
@@ -299,7 +307,10 @@ class PluginHost:
         return {name: w for name, (w, _) in sorted(self._workloads.items())}
 
     def run_options(self) -> list[RunOption]:
-        """Options plugins add to `accelbench run`; a plugin whose hook fails is reported and skipped."""
+        """Options plugins add to `accelbench run`; a plugin whose hook fails is reported and skipped.
+        Collected once: the command line and the preflight check both need them."""
+        if self._run_options is not None:
+            return list(self._run_options)
         options: list[RunOption] = []
         for impl in self.pm.hook.accelbench_run_options.get_hookimpls():
             try:
@@ -309,7 +320,8 @@ class PluginHost:
                 if record is None:
                     raise
                 self._fail(record, exc)
-        return options
+        self._run_options = options
+        return list(options)
 
     def versions(self) -> dict[str, str]:
         """Distribution versions of the active plugins, for result records."""
