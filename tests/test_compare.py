@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import TINY, accelbench
+from core_support import TINY, accelbench
 
 from accelbench.cli import main
 from accelbench.compare import (

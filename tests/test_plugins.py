@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY, Site, accelbench
+from core_support import TINY, Site, accelbench
 
 from accelbench.plugins import PluginHost
 

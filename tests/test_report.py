@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TINY, accelbench
+from core_support import TINY, accelbench
 from test_compare import derived
 
 from accelbench.cli import main

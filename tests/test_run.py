@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, accelbench
+from core_support import TINY, accelbench
 
 from accelbench.cli import main
 from accelbench.engine.runner import run

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import accelbench
+from core_support import accelbench
 
 from accelbench.cli import main
 from accelbench.config import RunConfig, RunOption

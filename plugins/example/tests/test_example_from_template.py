@@ -35,8 +35,8 @@ def files(root: Path) -> dict[str, str]:
         str(p.relative_to(root)): p.read_text()
         for p in sorted(root.rglob("*"))
         if p.is_file()
-        and not {"__pycache__", "build"}
-        & set(p.relative_to(root).parts)  # what builds leave (git ignores it)
+        and not {"__pycache__", "build", ".pytest_cache", ".ruff_cache"}
+        & set(p.relative_to(root).parts)  # what builds and tools leave (git ignores it)
         and ".egg-info" not in str(p)
         and p.name != Path(__file__).name
     }

@@ -1,0 +1,70 @@
+"""Helpers for the core tests: real installed test distributions, and running the CLI as a user does.
+
+A module of its own (not conftest.py) so that test modules import it by a name no plugin's tests share.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+# A tiny custom model and short epochs: real training, a few seconds on two cores.
+TINY = [
+    "--model",
+    "custom",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--embd",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--dropout",
+    "0",
+]
+
+
+@dataclass
+class Site:
+    """A directory on PYTHONPATH holding installed distributions (``*.dist-info``), as pip would leave them."""
+
+    path: Path
+
+    def add_distribution(
+        self, name: str, entry_points: dict[str, str], modules: dict[str, str], version: str = "0.1.0"
+    ) -> None:
+        dist_info = self.path / f"{name.replace('-', '_')}-{version}.dist-info"
+        dist_info.mkdir(parents=True)
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        lines = "\n".join(f"{k} = {v}" for k, v in entry_points.items())
+        (dist_info / "entry_points.txt").write_text(f"[accelbench]\n{lines}\n")
+        for module, source in modules.items():
+            (self.path / f"{module}.py").write_text(textwrap.dedent(source))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.path), env.get("PYTHONPATH")]))
+        env.pop("ACCELBENCH_STRICT_PLUGINS", None)
+        env.update(extra)
+        return env
+
+
+def accelbench(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed `accelbench` command in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "accelbench.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
