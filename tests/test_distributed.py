@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, Site, accelbench
+from core_support import TINY, Site, accelbench
 
 from accelbench.results import read_record
 
@@ -284,37 +284,32 @@ def test_lightning_fsdp_on_cpu_is_refused_up_front(tmp_path: Path) -> None:
 
 
 def test_two_nodes_with_a_rendezvous_endpoint(tmp_path: Path) -> None:
-    """Two "nodes" on this host, each started with the same torchrun-style command and its own --node-rank."""
+    """Two "nodes" on this host, each started with the same torchrun-style command and its own --node-rank.
+
+    Node 0 starts first and hosts the rendezvous, as on a cluster; on one host a node 1 that started first
+    would take the rendezvous port itself, which node 0's port check then (rightly) refuses.
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    nodes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "accelbench.cli",
-                "run",
-                *SHORT,
-                "--strategy",
-                "ddp",
-                "--devices",
-                "1",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(rank),
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                "--output-dir",
-                str(tmp_path),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+
+    def start(rank: int) -> subprocess.Popen[str]:
+        args = [*SHORT, "--strategy", "ddp", "--devices", "1", "--nnodes", "2", "--node-rank", str(rank),
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--output-dir", str(tmp_path)]  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "accelbench.cli", "run", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        for rank in (0, 1)
-    ]
+
+    nodes = [start(0)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until node 0's rendezvous store listens
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert nodes[0].poll() is None, nodes[0].communicate()[1][-2000:]
+        time.sleep(0.2)
+    nodes.append(start(1))
     outs = [node.communicate(timeout=180) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     record = only_record(tmp_path)
