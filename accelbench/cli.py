@@ -75,6 +75,25 @@ def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentP
     run.add_argument("--dropout", type=float, default=0.1)
     run.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     run.add_argument("--compile", action="store_true", help="torch.compile the model (compile timed apart)")
+    run.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        default="default",
+        help="torch.compile mode with --compile; reduce-overhead replays steps as CUDA graphs (default: default)",
+    )
+    run.add_argument(
+        "--data-placement",
+        choices=["auto", "host", "device"],
+        default="auto",
+        help="device: corpus on the accelerator, batches gathered there; host: numpy batches copied each "
+        "step; auto: device on accelerators for corpora up to 2 GiB (default: auto)",
+    )
+    run.add_argument(
+        "--vocab-multiple",
+        type=int,
+        default=64,
+        help="pad embedding/head rows to a multiple of this for aligned matmuls; 1 = no padding (default: 64)",
+    )
     run.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
     run.add_argument(
         "--peak-tflops", type=float, help="peak TFLOP/s per device for MFU (overrides the table)"
@@ -267,6 +286,7 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
                 "devices": [d.model_dump() for d in devices],
                 "detect_error": backend.detect_error,
                 "runtime_versions": backend.runtime_versions() if devices else {},
+                "peaks": _peaks(backend, devices[0]) if devices else {},
             }
         )
     data = {"system": system.model_dump(), "backends": backends, "plugins": host.versions()}
@@ -276,19 +296,49 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
     out = Console()
     table = Table(title="system", show_header=False)
     for key, value in system.model_dump().items():
-        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+        shown = _gib(value) if key == "memory_bytes" and value else value
+        table.add_row(key, json.dumps(shown) if isinstance(shown, dict) else str(shown))
     out.print(table)
     devices = Table(title="backends and devices (highest detection priority first)")
-    for col in ("backend", "device unit", "devices", "runtime"):
+    for col in ("backend", "device unit", "devices", "peak (dense, per device)", "runtime"):
         devices.add_column(col)
     for b in backends:
-        names = "\n".join(f"[{d['index']}] {d['name']}" for d in b["devices"]) or (
+        names = "\n".join(_device_line(d) for d in b["devices"]) or (
             f"none ({b['detect_error']})" if b["detect_error"] else "none"
         )
+        peaks = "\n".join(
+            f"{name}: {p['flops_per_s'] / 1e12:g} TFLOP/s" for name, p in b["peaks"].items() if p
+        )
+        source = next((p["source"].split(",")[0] for p in b["peaks"].values() if p), "")
+        bandwidth = next((p["memory_bandwidth_bytes_per_s"] for p in b["peaks"].values() if p), None)
+        peaks += f"\nmemory {bandwidth / 1e12:g} TB/s" if bandwidth else ""
+        peaks += f"\n({source})" if source else "" if peaks else "unknown"
         runtime = ", ".join(f"{k} {v}" for k, v in b["runtime_versions"].items())
-        devices.add_row(b["backend"]["name"], b["backend"]["device_unit"], names, runtime)
+        devices.add_row(b["backend"]["name"], b["backend"]["device_unit"], names, peaks, runtime)
     out.print(devices)
     return EXIT_OK
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _device_line(device: dict[str, Any]) -> str:
+    extra = [device["arch"]] if device.get("arch") else []
+    if device.get("memory_bytes"):
+        extra.append(_gib(device["memory_bytes"]))
+    return f"[{device['index']}] {device['name']}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _peaks(backend: Any, device: Any) -> dict[str, dict[str, Any] | None]:
+    """The backend's peak figures for the first device, per math: what MFU is measured against."""
+    from accelbench.precision import standard_plan
+
+    out: dict[str, dict[str, Any] | None] = {}
+    for label, precision in (("bf16", "bf16-mixed"), ("fp16", "fp16-mixed"), ("fp32", "fp32")):
+        peak = backend.peak_figures(device, standard_plan(precision, matmul_math="ieee-fp32"))
+        out[label] = peak.model_dump() if peak else None
+    return out
 
 
 def cmd_plugins(args: argparse.Namespace, err: Console) -> int:

@@ -49,6 +49,22 @@ class RunConfig(BaseModel):
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     learning_rate: float = Field(default=3e-4, gt=0.0)
     compile: bool = Field(default=False, description="torch.compile the model; compile time is timed apart.")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        default="default",
+        description="torch.compile mode (with --compile); reduce-overhead replays the step as CUDA graphs.",
+    )
+    data_placement: Literal["auto", "host", "device"] = Field(
+        default="auto",
+        description="Where batches are made: 'device' keeps the corpus on the accelerator and gathers windows "
+        "there (no copy per step); 'host' gathers with numpy and copies each batch; 'auto' = device on "
+        "accelerators for corpora up to 2 GiB.",
+    )
+    vocab_multiple: int = Field(
+        default=64,
+        gt=0,
+        description="Pad the embedding and head rows to a multiple of this (aligned tensor-core shapes); the "
+        "padded logits are dropped before the loss, so the model computes the same function.",
+    )
     threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (CPU).")
     peak_tflops: float | None = Field(
         default=None, gt=0.0, description="Peak TFLOP/s per device for MFU, overriding the backend's table."
@@ -75,6 +91,8 @@ class RunConfig(BaseModel):
             raise ValueError("--layers/--heads/--embd describe a custom size: use them with --model custom")
         if self.n_head and self.n_embd and self.n_embd % self.n_head:
             raise ValueError(f"embedding {self.n_embd} is not divisible by heads {self.n_head}")
+        if self.compile_mode != "default" and not self.compile:
+            raise ValueError(f"--compile-mode {self.compile_mode} needs --compile")
         return self
 
 

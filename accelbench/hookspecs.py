@@ -204,6 +204,14 @@ def accelbench_memory_stats(device: torch.device) -> MemoryStats | None:
 
 
 @hookspec(firstresult=True)
+def accelbench_release_memory(device: torch.device) -> bool | None:
+    """Return the allocator's cached, unused memory of ``device`` to the device; return True. Called when a run
+    has ended and its record's memory figures are read, so that the next run in the same process (an API user,
+    a run after an out-of-memory) starts from what it allocates itself. First result.
+    """
+
+
+@hookspec(firstresult=True)
 def accelbench_device_telemetry(device: torch.device) -> dict[str, float] | None:
     """Device readings worth recording after each epoch, from the vendor's management library: e.g.
     ``power_w``, ``utilization_pct``, ``temperature_c``, ``pcie_rx_bytes_per_s``, ``pcie_tx_bytes_per_s``,

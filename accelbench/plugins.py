@@ -153,6 +153,9 @@ class Backend:
     def memory_stats(self, device: torch.device) -> MemoryStats:
         return self._call("accelbench_memory_stats", device=device)
 
+    def release_memory(self, device: torch.device) -> None:
+        self._call("accelbench_release_memory", device=device)
+
     def telemetry(self, device: torch.device) -> dict[str, float]:
         return dict(self._call("accelbench_device_telemetry", device=device) or {})
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from core_support import TINY, accelbench
 
 from accelbench.cli import main
@@ -240,3 +241,102 @@ def test_progress_display_when_stderr_is_a_terminal(tmp_path: Path) -> None:
     text = screen.decode(errors="replace")
     assert "epoch 1/2 (warm-up)" in text and "epoch 2/2" in text
     assert "samples/s" in text and "3/3" in text
+
+
+class OutOfMemoryAtStep:
+    """A progress display that raises an out-of-memory error at step ``n``, as the allocator would."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:
+        pass
+
+    def step(self) -> None:
+        self.seen += 1
+        if self.seen == self.n:
+            raise MemoryError("can't allocate memory (stand-in for the device allocator)")
+
+    def end_epoch(self, metrics: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_cached_memory_is_released_after_every_run_oom_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an H200 an out-of-memory left 139 GiB in the allocator's cache, so the next run in the same process
+    recorded the whole GPU as in use. Every run now hands cached memory back once its figures are read."""
+    import weakref
+
+    from accelbench.plugins import Backend
+    from accelbench.workloads.gpt import GPTWorkload
+
+    models: list[weakref.ref] = []
+    build = GPTWorkload.build
+
+    def build_and_watch(self: GPTWorkload, config: object):  # type: ignore[no-untyped-def]
+        job = build(self, config)  # type: ignore[arg-type]
+        models.append(weakref.ref(job.model))
+        return job
+
+    released = []
+
+    def release(self: Backend, device: torch.device) -> None:
+        # by now nothing of the run may hold its model (and with it the device memory to hand back)
+        released.append([ref() is None for ref in models])
+
+    monkeypatch.setattr(GPTWorkload, "build", build_and_watch)
+    monkeypatch.setattr(Backend, "release_memory", release)
+    host = get_host()
+    config = tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=3)
+    record, _, status = run(config, host, OutOfMemoryAtStep(4))
+    assert status == "oom" and len(record.metrics.epochs) == 1  # the completed epoch is kept
+    assert released == [[True]]
+    record, _, status = run(config, host)  # the next run in the same process trains
+    assert status == "ok" and released == [[True], [True, True]]
+
+
+def test_data_placement_on_the_cpu_backend_stays_on_the_host(tmp_path: Path) -> None:
+    from accelbench.engine.runner import place_data
+    from accelbench.errors import ConfigError
+
+    config = tiny_config(output_dir=tmp_path, data_placement="device", epochs=1, steps_per_epoch=2)
+    record, _, _ = run(config, get_host())
+    assert record.data["placement"].startswith("host")  # a CPU tensor is already where it is used
+
+    class HostOnly:
+        samples_per_epoch = 1
+
+    with pytest.raises(ConfigError, match="has no device-resident form"):
+        place_data(HostOnly(), torch.device("meta"), "device")  # type: ignore[arg-type]
+    source = HostOnly()
+    assert place_data(source, torch.device("meta"), "auto") is source  # type: ignore[arg-type]
+
+
+def test_compile_mode_needs_compile() -> None:
+    code = main(["run", "--compile-mode", "reduce-overhead", "--epochs", "1"])
+    assert code == 2
+
+
+def test_graph_replaying_runs_record_the_reserved_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an H200, gpt2 at batch 512 with CUDA graphs recorded a 0.5 GiB allocator peak for a step that holds
+    19 GiB: replays use a private pool the allocated peak never sees. Such runs record the reserved peak."""
+    from accelbench.devices import MemoryStats
+    from accelbench.engine.executor import TorchExecutor
+    from accelbench.plugins import Backend
+
+    reading = MemoryStats(peak_bytes=512, peak_reserved_bytes=19 * 2**30, source="allocator peak")
+    monkeypatch.setattr(Backend, "memory_stats", lambda self, device: reading)
+    monkeypatch.setattr(TorchExecutor, "replays_graphs", property(lambda self: True))
+    record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=2), get_host())
+    assert [e.peak_memory_bytes for e in record.metrics.epochs] == [19 * 2**30, 19 * 2**30]
+    assert record.metrics.memory.peak_bytes == 19 * 2**30
+    assert "CUDA graphs" in record.metrics.memory.source and "512" in record.metrics.memory.source
+    monkeypatch.setattr(TorchExecutor, "replays_graphs", property(lambda self: False))
+    record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=1, steps_per_epoch=2), get_host())
+    assert record.metrics.epochs[0].peak_memory_bytes == 512  # without graphs: the allocator's own peak

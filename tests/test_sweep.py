@@ -306,7 +306,9 @@ def test_a_sweep_survives_oom_and_refusal_and_resumes_after_an_interrupt(tmp_pat
     err = " ".join(err.split())
     assert proc.returncode == 130, err
     assert "interrupted: every finished point is recorded; run the same command again to resume" in err
-    first = read_record(next(out.glob("*.json")))
+    # the first point's record (names start with the UTC time); the second point may have begun training and
+    # written an interrupted record of its own when the signal came
+    first = read_record(sorted(out.glob("*.json"))[0])
     assert first.outcome.status == "ok" and first.config.batch_size == 8 and first.config.threads is None
     assert [e["status"] for e in read_log(out)] == ["ok"]
     records_before = set(out.glob("*.json"))

@@ -95,6 +95,13 @@ def accelbench_reset_peak_memory(device: torch.device) -> bool:
 
 
 @hookimpl(trylast=True)
+def accelbench_release_memory(device: torch.device) -> bool:
+    if device.type != "cpu":
+        _accelerator().memory.empty_cache()
+    return True
+
+
+@hookimpl(trylast=True)
 def accelbench_memory_stats(device: torch.device) -> MemoryStats:
     if device.type == "cpu":  # torch keeps no allocator statistics for CPU tensors
         return MemoryStats(peak_bytes=None, source="unknown (the backend implements no memory query)")

@@ -7,6 +7,7 @@ error, Ctrl-C, SIGTERM from a scheduler) produces a record that keeps every comp
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import statistics
@@ -48,7 +49,7 @@ from accelbench.results import (
     write_record,
 )
 from accelbench.system import collect_system_info
-from accelbench.workloads import TrainingJob, Workload
+from accelbench.workloads import BatchSource, TrainingJob, Workload
 
 STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median rank's by 10%
 
@@ -271,6 +272,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
         start = time.perf_counter()
         job = result.job = run.workload.build(config)
         executor.setup(job)
+        job.data = place_data(job.data, device, config.data_placement)
         backend.synchronize(device)
         result.setup_s = time.perf_counter() - start
 
@@ -297,7 +299,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
                 progress.step()
             backend.synchronize(device)
             wall = time.perf_counter() - start
-            memory = backend.memory_stats(device)
+            memory = memory_seen(backend.memory_stats(device), executor)
             log.epoch_wall_s.append(wall)
             log.epoch_samples.append(samples)
             log.epoch_steps.append(steps_done)
@@ -329,6 +331,36 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     return result
 
 
+def memory_seen(memory: MemoryStats, executor: Executor) -> MemoryStats:
+    """The backend's memory reading, with the reserved peak as the headline when the executor replays graphs
+    (their private pool is invisible to the allocated-bytes peak); said so in ``source``."""
+    if not executor.replays_graphs or memory.peak_reserved_bytes is None:
+        return memory
+    return memory.model_copy(
+        update={
+            "peak_bytes": max(memory.peak_reserved_bytes, memory.peak_bytes or 0),
+            "source": f"reserved peak: steps replay CUDA graphs from a private memory pool that the allocated "
+            f"peak does not see (allocated peak {memory.peak_bytes} bytes; {memory.source})",
+        }
+    )
+
+
+def place_data(data: BatchSource, device: torch.device, placement: str) -> BatchSource:
+    """The batch source a run uses on ``device``: the workload's own (host batches, copied each step), or its
+    device-resident form where it has one and ``placement`` asks for it ('auto': on accelerators, if it fits)."""
+    if placement == "host" or device.type == "cpu":
+        return data
+    to_device = getattr(data, "to_device", None)
+    if to_device is None:
+        if placement == "device":
+            raise ConfigError(
+                f"--data-placement device: this workload's data ({type(data).__name__}) has no device-resident "
+                "form; use --data-placement host or auto"
+            )
+        return data
+    return to_device(device, placement) or data
+
+
 def run(
     config: RunConfig, host: PluginHost, progress: Progress | None = None, launch: LaunchEnv | None = None
 ) -> tuple[ResultRecord | None, Path | None, Status]:
@@ -337,13 +369,30 @@ def run(
     Returns the record and its path on rank 0 (None, None on other ranks) and this process's outcome status.
     """
     run_ = prepare(config, host, launch)
+    backend, device = run_.backend, run_.device
+    try:
+        return _run_prepared(run_, config, progress)
+    finally:
+        # Hand the allocator's cache back once nothing of the run holds device memory (model, optimizer state,
+        # a failed step's activations): after an out-of-memory the cache holds the whole device, and the next
+        # run in this process would record it as its own.
+        del run_
+        gc.collect()
+        backend.release_memory(device)
+
+
+def _run_prepared(
+    run_: PreparedRun, config: RunConfig, progress: Progress | None
+) -> tuple[ResultRecord | None, Path | None, Status]:
     launch = run_.launch
     system = collect_system_info()
     created = datetime.now(timezone.utc)
     rank0 = launch.rank == 0
     try:
         m = measure(run_, (progress or NoProgress()) if rank0 else NoProgress(), system.host)
-        memory = run_.backend.memory_stats(run_.device) if m.log.epoch_wall_s else None
+        memory = (
+            memory_seen(run_.backend.memory_stats(run_.device), run_.executor) if m.log.epoch_wall_s else None
+        )
         logs, outcome = [m.log], m.outcome
         if run_.backend_record.collective_backend is not None and launch.world_size > 1:
             logs, outcome = exchange(m, launch.rank, launch.world_size, config.collective_timeout)

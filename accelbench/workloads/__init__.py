@@ -27,8 +27,12 @@ class BatchSource(Protocol):
         ...
 
     def describe(self) -> dict[str, Any]:
-        """Facts for the result record (source, size, vocabulary)."""
+        """Facts for the result record (source, size, vocabulary, where batches are made)."""
         ...
+
+    # Optional: ``to_device(device, placement) -> BatchSource | None``, the same batches made on an accelerator
+    # (``placement`` is 'auto' or 'device'; None declines, for 'auto' only). The runner uses it when the run's
+    # --data-placement allows; sources without it are copied to the device batch by batch.
 
 
 @dataclass

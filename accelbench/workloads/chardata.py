@@ -22,6 +22,8 @@ from accelbench.errors import ConfigError
 SHAKESPEARE_CHARSET = "\n !$&',-.3:;?" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwxyz"
 SEED_CORPUS_BYTES = round(4.4 * 2**20)  # the seed study's 4.4 MiB
 _SCAN_CHUNK = 64 * 2**20
+# --data-placement auto keeps corpora up to this size on the device (larger ones stream from host memory)
+AUTO_DEVICE_BYTES = 2 * 2**30
 
 
 @functools.lru_cache(maxsize=2)  # sweeps and repeated runs in one process generate it once
@@ -134,8 +136,16 @@ class RandomWindows:
             windows = torch.from_numpy(lookup[data[idx[:, None] + offsets]])
             yield windows[:, :-1], windows[:, 1:]
 
+    def to_device(self, device: torch.device, placement: str) -> DeviceWindows | None:
+        """The same windows gathered on ``device`` from a device copy of the corpus, or None where ``placement``
+        is ``auto`` and the corpus is larger than :data:`AUTO_DEVICE_BYTES`."""
+        if placement == "auto" and len(self.corpus) > AUTO_DEVICE_BYTES:
+            return None
+        return DeviceWindows(self, device)
+
     def describe(self) -> dict[str, Any]:
         return {
+            "placement": "host (windows gathered by numpy, copied to the device each step)",
             "source": self.corpus.source,
             "path": str(self.corpus.path) if self.corpus.path else None,
             "bytes": len(self.corpus),
@@ -144,4 +154,48 @@ class RandomWindows:
             "samples_per_epoch": self.samples_per_epoch,
             "sampling": "random windows of block+1 bytes; epoch = ceil(bytes / (block + 1)) samples",
             "steps_per_epoch_cap": self.max_steps,
+        }
+
+
+class DeviceWindows:
+    """:class:`RandomWindows` with the corpus on the device: each step is one gather kernel, no host copy.
+
+    Every epoch draws the same window offsets as the host sampler (the same numpy generator), uploads them once,
+    and gathers token ids on the device, so the batches are identical to the host path's, bit for bit.
+    """
+
+    def __init__(self, windows: RandomWindows, device: torch.device) -> None:
+        self.windows = windows
+        self.device = device
+        self.samples_per_epoch = windows.samples_per_epoch
+        corpus = windows.corpus
+        lookup = corpus.lookup.astype(np.uint8)  # byte -> token id; ids < 256 always
+        tokens = torch.empty(len(corpus), dtype=torch.uint8, device=device)
+        for start in range(
+            0, len(corpus), _SCAN_CHUNK
+        ):  # chunked: a memory-mapped corpus is never loaded whole
+            chunk = lookup[corpus.data[start : start + _SCAN_CHUNK]]  # a new (writable) array
+            tokens[start : start + len(chunk)] = torch.from_numpy(chunk).to(device)
+        self.tokens = tokens
+        self.offsets = torch.arange(windows.block_size + 1, device=device)
+
+    def steps(self, rank: int = 0, world_size: int = 1) -> int:
+        return self.windows.steps(rank, world_size)
+
+    def batches(
+        self, epoch: int, rank: int = 0, world_size: int = 1
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        w = self.windows
+        rng = np.random.default_rng([w.seed, epoch, rank])
+        starts = rng.integers(0, len(w.corpus) - w.block_size - 1, size=w._rank_samples(rank, world_size))
+        starts_on_device = torch.from_numpy(starts).to(self.device)
+        for step in range(self.steps(rank, world_size)):
+            idx = starts_on_device[step * w.batch_size : (step + 1) * w.batch_size]
+            windows = self.tokens[idx[:, None] + self.offsets].long()
+            yield windows[:, :-1], windows[:, 1:]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.windows.describe(),
+            "placement": f"device (corpus copied to {self.device.type} once; windows gathered there)",
         }

@@ -48,6 +48,11 @@ class GPTConfig:
     block_size: int
     vocab_size: int
     dropout: float = 0.1
+    vocab_multiple: int = 1  # pad the embedding/head rows to a multiple of this (tensor-core friendly shapes)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / self.vocab_multiple) * self.vocab_multiple
 
 
 class CausalSelfAttention(nn.Module):
@@ -103,12 +108,12 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -130,10 +135,15 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        vocab = self.cfg.vocab_size
+        if logits.size(-1) != vocab:  # padded rows are never targets: drop their logits, so the loss is the
+            logits = logits[..., :vocab]  # unpadded model's exactly (their gradient is zero)
+        return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
 
     def num_parameters(self, non_embedding: bool = False) -> int:
+        """Parameters of the model as defined (vocabulary padding rows excluded: they compute nothing useful)."""
         n = sum(p.numel() for p in self.parameters())  # the tied head/embedding counts once
+        n -= (self.cfg.padded_vocab_size - self.cfg.vocab_size) * self.cfg.n_embd
         return n - self.wpe.weight.numel() if non_embedding else n
 
     def flops_per_token(self) -> float:
@@ -189,7 +199,15 @@ class GPTWorkload:
             corpus, config.block_size, config.batch_size, config.seed, config.steps_per_epoch
         )
         torch.manual_seed(config.seed)
-        cfg = GPTConfig(n_layer, n_head, n_embd, config.block_size, corpus.vocab_size, config.dropout)
+        cfg = GPTConfig(
+            n_layer,
+            n_head,
+            n_embd,
+            config.block_size,
+            corpus.vocab_size,
+            config.dropout,
+            config.vocab_multiple,
+        )
         model = GPT(cfg)
         lr = config.learning_rate
         return TrainingJob(
@@ -207,9 +225,10 @@ class GPTWorkload:
                 "n_embd": n_embd,
                 "block_size": config.block_size,
                 "vocab_size": corpus.vocab_size,
+                "vocab_padded_to": cfg.padded_vocab_size,
                 "dropout": config.dropout,
                 "parameters": model.num_parameters(),
-                "flops_per_token": model.flops_per_token(),
+                "flops_per_token": model.flops_per_token(),  # of the unpadded model: padding is not useful work
                 "attention": "torch scaled_dot_product_attention (causal)",
                 "tied_embedding_head": True,
             },

@@ -49,9 +49,13 @@ def accelbench_runtime_versions() -> dict[str, str]:
         "cuda_runtime": str(torch.version.cuda),
         "accelbench_cuda": __version__,
     }
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    if cudnn:
-        versions["cudnn"] = str(cudnn)
+    if torch.backends.cudnn.is_available():
+        if torch.cuda.is_initialized():
+            versions["cudnn"] = str(torch.backends.cudnn.version())
+        else:  # asking torch would initialise CUDA here (seen with torch 2.11 on an H200): read the wheel instead
+            wheel = _cudnn_wheel_version()
+            if wheel:
+                versions["cudnn_wheel"] = wheel
     with contextlib.suppress(Exception):  # a build without NCCL: nothing to record
         versions["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     pynvml = nvml.session()
@@ -150,6 +154,16 @@ def accelbench_device_telemetry(device: torch.device) -> dict[str, float] | None
 @hookimpl
 def accelbench_peak_figures(device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
     return peaks.peak_for(device.name, precision)
+
+
+def _cudnn_wheel_version() -> str | None:
+    """The version of the nvidia-cudnn-cuXX wheel torch loads cuDNN from, or None (a system cuDNN)."""
+    from importlib.metadata import distributions
+
+    for dist in distributions():
+        if (dist.metadata["Name"] or "").lower().startswith("nvidia-cudnn-cu"):
+            return dist.version
+    return None
 
 
 def _capability(device: torch.device) -> tuple[int, int]:

@@ -238,6 +238,7 @@ class FakeCuda:
         self.peak_allocated = 123 * 2**20
         self.peak_reserved = 256 * 2**20
         self.resets = 0
+        self.initialised_by: str | None = None  # what created a CUDA context other than set_device
 
     def index(self, device: torch.device | int | None) -> int:
         if isinstance(device, torch.device):
@@ -256,13 +257,23 @@ class FakeCuda:
         uuid = gpu.uuid.removeprefix("GPU-")  # torch prints UUIDs without NVML's prefix
         return FakeProperties(gpu.name, *gpu.capability, gpu.memory_total, gpu.multiprocessors, uuid)
 
+    def cudnn_version(self) -> int:
+        self.initialised_by = self.initialised_by or "torch.backends.cudnn.version()"
+        return 91900
+
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         cuda = torch.cuda
         monkeypatch.setattr(torch.version, "cuda", "12.8")
         monkeypatch.setattr(torch.version, "hip", None)
         monkeypatch.setattr(cuda, "is_available", lambda: bool(self.gpus))
         monkeypatch.setattr(cuda, "device_count", lambda: len(self.gpus))
-        monkeypatch.setattr(cuda, "is_initialized", lambda: self.current is not None)
+        monkeypatch.setattr(
+            cuda, "is_initialized", lambda: self.current is not None or bool(self.initialised_by)
+        )
+        # torch 2.11 on an H200: torch.backends.cudnn.version() initialises CUDA (torch.cuda.is_initialized()
+        # turned True after it, and after nothing else the plugin asks); is_available() does not
+        monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+        monkeypatch.setattr(torch.backends.cudnn, "version", self.cudnn_version)
         monkeypatch.setattr(cuda, "set_device", self.set_device)
         monkeypatch.setattr(cuda, "current_device", lambda: self.index(None))
         monkeypatch.setattr(cuda, "get_device_properties", self.properties)
@@ -281,6 +292,22 @@ def a100(index: int = 0, **overrides: Any) -> FakeGpu:
         "capability": (8, 0),
         "memory_total": 80 * 2**30,
         "bus_id": f"00000000:{0x10 + index:02X}:00.0",
+    }
+    values.update(overrides)
+    return FakeGpu(**values)
+
+
+def h200(index: int = 0, **overrides: Any) -> FakeGpu:
+    """As an H200 SXM reported itself on 2026-11-23 (driver 580.159.04): NVML's total is the whole HBM,
+    150754820096 bytes; CUDA's total_memory (what the allocator may use) was 150109880320."""
+    values: dict[str, Any] = {
+        "name": "NVIDIA H200",
+        "uuid": f"GPU-310d54ad-6d25-2052-b51f-13cae491{index:04d}",
+        "capability": (9, 0),
+        "memory_total": 150754820096,
+        "multiprocessors": 132,
+        "bus_id": f"00000000:00:{0x06 + index:02X}.0",
+        "clock_sm_mhz": 1980,
     }
     values.update(overrides)
     return FakeGpu(**values)

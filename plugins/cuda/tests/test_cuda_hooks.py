@@ -152,3 +152,37 @@ def test_runtime_versions_name_driver_and_cuda(monkeypatch: pytest.MonkeyPatch) 
     assert versions["nvidia_driver"] == "570.124.06"
     assert versions["cuda_driver_api"] == "12.8" and versions["cuda_runtime"] == "12.8"
     assert versions["accelbench_cuda"] == "0.1.0"
+
+
+def test_runtime_versions_leave_cuda_uninitialised_in_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`accelbench info` and the launcher's parent must not create a CUDA context: on an H200 with torch 2.11,
+    asking torch for the cuDNN version did (the stand-in does the same); after device setup it is asked."""
+    _, cuda = install_gpus(monkeypatch, [a100(0)])
+    backend = cuda_backend()
+    versions = backend.runtime_versions()
+    assert cuda.initialised_by is None and not torch.cuda.is_initialized()
+    assert "cudnn" not in versions
+    backend.setup_device(0)  # a run: CUDA is up, so the runtime's own answer is recorded
+    assert backend.runtime_versions()["cudnn"] == "91900"
+
+
+def test_info_shows_the_gpu_its_memory_and_peak_row_without_starting_cuda(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `accelbench info` printed on the H200: name, arch, memory in GiB, the table's H200 row, versions."""
+    from cuda_standins import h200
+
+    from accelbench import plugins
+    from accelbench.cli import main
+
+    _, cuda = install_gpus(monkeypatch, [h200(0)])
+    monkeypatch.setattr(plugins, "_HOST", None)  # detect afresh, with the stand-ins
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "[0] NVIDIA H200 (sm_90, 140.4 GiB)" in out
+    assert (
+        "bf16: 989 TFLOP/s" in out and "memory 4.8 TB/s" in out and "accelbench-cuda table: H200 SXM" in out
+    )
+    assert "nvidia_driver 570.124.06" in out
+    assert not torch.cuda.is_initialized() and cuda.initialised_by is None
