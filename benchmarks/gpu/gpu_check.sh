@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# accelbench on a real NVIDIA GPU: every check of benchmarks/gpu/README.md in few, full batches.
+#
+#   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: functional | speed | final | compiled | all
+#
+# Runs from the repository root on a machine with a CUDA build of torch. Wheels in .whl/ (made by
+# benchmarks/gpu/prepare.sh: accelbench, accelbench-cuda, pydantic, DeepSpeed, ...) are installed into a private
+# folder first when present; otherwise accelbench must already be installed. Everything it makes (result records,
+# sweep logs, cross-check JSON, profiles, logs) goes under OUTDIR/work and is packed into OUTDIR/gpu-check.tgz with
+# a summary in OUTDIR/summary.txt. GPU_CHECK_BUDGET_S (default 560) bounds the wall time: a step that would start
+# past it is skipped and says so; sweeps interrupted at the budget keep their finished points (re-run to resume).
+set -uo pipefail
+OUT=${1:?usage: gpu_check.sh OUTDIR SECTION...}
+shift
+SECTIONS=${*:-all}
+BUDGET=${GPU_CHECK_BUDGET_S:-560}
+START=$(date +%s)
+W="$OUT/work"
+mkdir -p "$W/records" "$W/logs"
+export PYTHONUNBUFFERED=1
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "wheel install failed"; exit 1; }
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+AB=(python3 -m accelbench.cli)
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+log() { echo "[$(($(date +%s) - START))s] $*" | tee -a "$W/summary.txt"; }
+# step NAME MIN_SECONDS_LEFT CMD...: run CMD (output to logs/NAME.log), or skip it when the budget is short
+step() {
+    local name=$1 need=$2; shift 2
+    if [ "$(left)" -lt "$need" ]; then log "SKIPPED $name (needs ${need}s, $(left)s left)"; return 0; fi
+    local t0=$(date +%s)
+    timeout --signal=INT --kill-after=30 "$(left)" "$@" >"$W/logs/$name.log" 2>&1
+    local rc=$?
+    log "$name: exit $rc in $(($(date +%s) - t0))s"
+    return 0
+}
+want() { [[ " $SECTIONS " == *" $1 "* || " $SECTIONS " == *" all "* ]]; }
+
+log "sections: $SECTIONS; budget ${BUDGET}s; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+python3 -c 'import torch, accelbench; print("torch", torch.__version__, "cuda", torch.version.cuda, "accelbench", accelbench.__version__)' | tee -a "$W/summary.txt"
+
+if want functional; then
+    step plugins 20 "${AB[@]}" plugins
+    step plugins-json 20 "${AB[@]}" plugins --json
+    step info 20 "${AB[@]}" info
+    step info-json 20 "${AB[@]}" info --json
+    step detect 20 python3 benchmarks/gpu/crosscheck.py detect "$W/detect.json"
+    step ceilings 30 python3 benchmarks/gpu/crosscheck.py ceilings "$W/ceilings.json"
+    step crosscheck-runs 90 python3 benchmarks/gpu/crosscheck.py runs "$W/crosscheck.json" "$W/records/crosscheck" \
+        --ceilings "$W/ceilings.json"
+    step crosscheck-oom 45 python3 benchmarks/gpu/crosscheck.py oom "$W/oom.json" "$W/records/oom-in-process"
+    step matrix-eager 120 "${AB[@]}" sweep benchmarks/gpu/cuda-matrix.toml --set compile=false \
+        --output-dir "$W/records/matrix" --quiet
+    step strategies 60 "${AB[@]}" sweep benchmarks/gpu/cuda-strategies.toml --output-dir "$W/records/strategies" --quiet
+    step oom-sweep 40 "${AB[@]}" sweep benchmarks/gpu/cuda-oom.toml --output-dir "$W/records/oom-sweep" --quiet
+    step cli-run-json 30 "${AB[@]}" run --backend cuda --model gpt-mini --precision bf16-mixed --epochs 2 \
+        --steps-per-epoch 10 --output-dir "$W/records/cli" --json
+fi
+
+if want speed; then
+    SPEED=(--backend cuda --model gpt2 --output-dir "$W/records/speed" --quiet)
+    # 1. the reference: the seed study's harness (minGPT + Lightning) in bf16-mixed, full epochs as the study ran
+    step harness-lightning 80 python3 benchmarks/seed_harness.py --model gpt2 --batch-size 64 --precision bf16-mixed \
+        --epochs 2 --out "$W/harness-lightning-bf16.json"
+    # 2. accelbench's default loop on the same model, data and batch, full epochs, compiled with CUDA graphs
+    step ab-b64-compiled-cudagraphs 70 "${AB[@]}" run "${SPEED[@]}" --batch-size 64 --precision bf16-mixed --epochs 3 \
+        --compile --compile-mode reduce-overhead
+    # 3. MFU at large batches, compiled, and where the time goes
+    step mfu-bf16-true-b512 50 "${AB[@]}" run "${SPEED[@]}" --batch-size 512 --precision bf16-true --epochs 3 \
+        --steps-per-epoch 40 --compile
+    step profile-b512 40 python3 benchmarks/profile_step.py --model gpt2 --batch-size 512 --precision bf16-true \
+        --compile --matmul-ceiling 7.805e14 --out "$W/profile-gpt2-b512-bf16-true.json"
+    step mfu-bf16-true-b512-dropout0 50 "${AB[@]}" run "${SPEED[@]}" --batch-size 512 --precision bf16-true \
+        --dropout 0 --epochs 3 --steps-per-epoch 40 --compile
+    step mfu-bf16-true-b1024 50 "${AB[@]}" run "${SPEED[@]}" --batch-size 1024 --precision bf16-true --epochs 3 \
+        --steps-per-epoch 30 --compile
+    # 4. the ladder from the reference to the tuned loop, one change at a time (batch 64, 200-step epochs)
+    step ladder-plain-mingpt 30 python3 benchmarks/seed_harness.py --engine plain --model gpt2 --batch-size 64 \
+        --precision bf16-mixed --epochs 3 --steps-per-epoch 200 --out "$W/ladder-plain-mingpt.json"
+    LADDER=(--backend cuda --model gpt2 --batch-size 64 --precision bf16-mixed --epochs 3 --steps-per-epoch 200
+            --output-dir "$W/records/ladder" --quiet)
+    step ladder-eager-host-nopad 20 "${AB[@]}" run "${LADDER[@]}" --data-placement host --vocab-multiple 1
+    step ladder-eager-host 20 "${AB[@]}" run "${LADDER[@]}" --data-placement host
+    step ladder-eager-device 20 "${AB[@]}" run "${LADDER[@]}"
+    step ladder-compiled 45 "${AB[@]}" run "${LADDER[@]}" --compile
+    step ladder-compiled-cudagraphs 45 "${AB[@]}" run "${LADDER[@]}" --compile --compile-mode reduce-overhead
+    step mfu-bf16-mixed-b512 50 "${AB[@]}" run "${SPEED[@]}" --batch-size 512 --precision bf16-mixed --epochs 3 \
+        --steps-per-epoch 40 --compile
+    step profile-b64-eager 20 python3 benchmarks/profile_step.py --model gpt2 --batch-size 64 --precision bf16-mixed \
+        --out "$W/profile-gpt2-b64-eager.json"
+fi
+
+if want final; then
+    # what the first two batches left open: the CUDA-initialising query, memory after an out-of-memory, the
+    # remaining strategies, --json, and the best MFU setting with CUDA graphs and its profile
+    step cuda-init-probe 20 python3 benchmarks/gpu/cuda_init_probe.py
+    step oom-sweep 40 "${AB[@]}" sweep benchmarks/gpu/cuda-oom.toml --output-dir "$W/records/oom-sweep" --quiet
+    step crosscheck-oom 40 python3 benchmarks/gpu/crosscheck.py oom "$W/oom.json" "$W/records/oom-in-process"
+    for s in deepspeed-zero2 deepspeed-zero3; do
+        step strategy-$s 20 "${AB[@]}" run --backend cuda --model gpt2 --precision bf16-mixed --batch-size 64 \
+            --epochs 3 --steps-per-epoch 30 --devices 1 --strategy $s --output-dir "$W/records/strategies" --quiet
+    done
+    for s in single ddp; do
+        step lightning-$s 20 "${AB[@]}" run --backend cuda --model gpt2 --precision bf16-mixed --batch-size 64 \
+            --epochs 3 --steps-per-epoch 30 --devices 1 --engine lightning --strategy $s \
+            --output-dir "$W/records/strategies" --quiet
+    done
+    step cli-run-json 20 "${AB[@]}" run --backend cuda --model gpt-mini --precision bf16-mixed --epochs 2 \
+        --steps-per-epoch 10 --output-dir "$W/records/cli" --json
+    step mfu-bf16-true-b512-dropout0-cudagraphs 50 "${AB[@]}" run --backend cuda --model gpt2 --batch-size 512 \
+        --precision bf16-true --dropout 0 --epochs 3 --steps-per-epoch 40 --compile --compile-mode reduce-overhead \
+        --output-dir "$W/records/speed" --quiet
+    step profile-b512-dropout0 40 python3 benchmarks/profile_step.py --model gpt2 --batch-size 512 \
+        --precision bf16-true --dropout 0 --compile --matmul-ceiling 7.805e14 --out "$W/profile-gpt2-b512-dropout0.json"
+fi
+
+if want compiled; then
+    # Functional coverage of --compile over the whole matrix: one sweep per model, side by side (compiling is CPU
+    # work and the machine has 16 cores). Their timings are disturbed by each other: they prove the runs work and
+    # are recorded right, they are not measurements (those come from the `speed` section, one run at a time).
+    if [ "$(left)" -gt 90 ]; then
+        pids=()
+        for model in gpt-nano gpt-mini gpt2 gpt2-medium; do
+            TORCHINDUCTOR_COMPILE_THREADS=4 timeout --signal=INT --kill-after=30 "$(( $(left) - 20 ))" \
+                "${AB[@]}" sweep benchmarks/gpu/cuda-matrix.toml --set compile=true --set model=$model \
+                --output-dir "$W/records/matrix-compiled-concurrent" --quiet >"$W/logs/compiled-$model.log" 2>&1 &
+            pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid"; done
+        log "compiled matrix (4 concurrent sweeps): done"
+    else
+        log "SKIPPED compiled matrix ($(left)s left)"
+    fi
+fi
+
+# a compact digest of every record made, for the call's output
+python3 benchmarks/gpu/digest.py "$W" | tee "$W/digest.txt"
+tar czf "$OUT/gpu-check.tgz" -C "$W" . && cp "$W/summary.txt" "$OUT/summary.txt"
+log "packed $(du -h "$OUT/gpu-check.tgz" | cut -f1) into gpu-check.tgz"

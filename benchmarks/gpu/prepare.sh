@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Here, before a GPU call: wheels for the GPU machine (Python 3.12, x86-64, no package registry) into .whl/:
+# accelbench and accelbench-cuda built from this tree, and the packages the machine's image lacks (pydantic and
+# its needs, hjson, and DeepSpeed built without ops). `echo /.whl/ >> .git/info/exclude` keeps them out of git.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .whl
+rm -f .whl/accelbench-*.whl .whl/accelbench_cuda-*.whl
+python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl . plugins/cuda
+get() {
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$@"
+}
+ls .whl/pydantic-2*.whl >/dev/null 2>&1 || get pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 \
+    typing-inspection==0.4.5 typing_extensions==4.16.0 hjson==3.1.0
+ls .whl/deepspeed-*.whl >/dev/null 2>&1 || (cd /tmp && DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps \
+    --no-build-isolation deepspeed==0.19.8 -w "$OLDPWD/.whl")
+ls -la .whl
