@@ -8,6 +8,9 @@ from importlib.metadata import PackageNotFoundError, version
 import pluggy
 
 PROJECT = "accelbench"
+# The plugin contract (accelbench.hookspecs) this accelbench implements. A plugin declares the version it was written
+# for (``accelbench_contract = "2.0"``); the same major version and a minor version not newer than this one load.
+CONTRACT_VERSION = "2.0"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 hookspec = pluggy.HookspecMarker(PROJECT)
 
@@ -16,4 +19,4 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["PROJECT", "__version__", "hookimpl", "hookspec"]
+__all__ = ["CONTRACT_VERSION", "PROJECT", "__version__", "hookimpl", "hookspec"]

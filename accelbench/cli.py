@@ -1,4 +1,10 @@
-"""The `accelbench` command line."""
+"""The `accelbench` command line.
+
+The ``run`` options are generated: the core's from :class:`accelbench.config.RunConfig` (name, type, default,
+bounds and help live there), the workloads' and backend plugins' from the :class:`~accelbench.config.RunOption` s they
+declare. Nothing heavy is imported at module level: ``accelbench --help``, ``compare``, ``report``, ``schema`` and
+``sweep --dry-run`` never import torch; ``run`` and the device queries load it when they need it.
+"""
 
 from __future__ import annotations
 
@@ -7,108 +13,64 @@ import contextlib
 import json
 import os
 import sys
+import types
+import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from accelbench import __version__
-from accelbench.config import RunConfig, RunOption
-from accelbench.errors import AccelbenchError
-from accelbench.precision import PRECISIONS
+from accelbench.config import RunConfig, RunOption, cli_fields, flag_of
+from accelbench.errors import AccelbenchError, ConfigError
+from accelbench.exitcodes import ExitCode
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_OOM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-_EXIT_BY_STATUS = {"ok": EXIT_OK, "error": EXIT_ERROR, "oom": EXIT_OOM, "interrupted": EXIT_INTERRUPTED}
+if TYPE_CHECKING:
+    from rich.console import Console
 
-# CLI flag -> RunConfig field, for flags whose names differ
-_FIELD_OF = {"layers": "n_layer", "heads": "n_head", "embd": "n_embd", "lr": "learning_rate"}
+EXIT_CODES_HELP = (
+    "exit status: 0 ok; 1 error (record written); 2 refused before running (nothing written); "
+    "3 out of memory (record written); 130 interrupted (record written with the completed epochs)"
+)
+_BACKEND = "backend_option:"
+_WORKLOAD = "workload_option:"
 
 
-def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentParser:
+# --------------------------------------------------------------------------------------------------------------
+# The parser
+# --------------------------------------------------------------------------------------------------------------
+
+
+def build_parser(
+    backend_options: Sequence[RunOption] = (), workload_options: Sequence[RunOption] = ()
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelbench", description="Benchmark AI training on any accelerator, with honest numbers."
     )
     parser.add_argument("--version", action="version", version=f"accelbench {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="train the reference workload and write a result record")
-    run.add_argument("--backend", help="backend name (default: detect; see `accelbench plugins`)")
-    run.add_argument("--workload", default="gpt", help="workload name (default: gpt)")
-    run.add_argument(
-        "--engine",
-        choices=["native", "lightning"],
-        default="native",
-        help="native: accelbench's loop; lightning: the same workload through Lightning Fabric",
+    run = sub.add_parser(
+        "run",
+        help="train a workload and write a result record",
+        epilog=EXIT_CODES_HELP,
     )
     run.add_argument(
-        "--model", default="gpt-nano", help="model size, e.g. gpt-nano, gpt2, gpt2-medium, or custom"
+        "--config",
+        type=Path,
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="start from a run configuration (JSON), or a result record to repeat its run; flags override it",
     )
-    run.add_argument("--layers", type=int, help="custom size: transformer layers (with --model custom)")
-    run.add_argument("--heads", type=int, help="custom size: attention heads")
-    run.add_argument("--embd", type=int, help="custom size: embedding width")
-    run.add_argument("--block-size", type=int, default=128)
-    run.add_argument("--batch-size", type=int, default=64, help="per-device batch size (default: 64)")
-    run.add_argument("--epochs", type=int, default=2, help="epochs; the first is reported apart as warm-up")
-    run.add_argument("--steps-per-epoch", type=int, help="cap the steps of each epoch (quick runs)")
-    run.add_argument("--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)} (default: fp32)")
-    run.add_argument("--strategy", default="single", help="distribution strategy (default: single)")
-    run.add_argument(
-        "--devices",
-        type=int,
-        help="devices (one worker process each) per node; default 1, or what srun/mpirun started",
-    )
-    run.add_argument("--nnodes", type=int, help="nodes in the job (as torchrun's --nnodes)")
-    run.add_argument("--node-rank", type=int, help="this node's rank (as torchrun's --node-rank)")
-    run.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous on the first node (multi-node)")
-    run.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a rank waits for its peers (default: 600)",
-    )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--data", type=Path, help="text file to train on (default: generated 4.4 MiB corpus)")
-    run.add_argument("--dropout", type=float, default=0.1)
-    run.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
-    run.add_argument("--compile", action="store_true", help="torch.compile the model (compile timed apart)")
-    run.add_argument(
-        "--compile-mode",
-        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
-        default="default",
-        help="torch.compile mode with --compile; reduce-overhead replays steps as CUDA graphs (default: default)",
-    )
-    run.add_argument(
-        "--data-placement",
-        choices=["auto", "host", "device"],
-        default="auto",
-        help="device: corpus on the accelerator, batches gathered there; host: numpy batches copied each "
-        "step; auto: device on accelerators for corpora up to 2 GiB (default: auto)",
-    )
-    run.add_argument(
-        "--vocab-multiple",
-        type=int,
-        default=64,
-        help="pad embedding/head rows to a multiple of this for aligned matmuls; 1 = no padding (default: 64)",
-    )
-    run.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
-    run.add_argument(
-        "--peak-tflops", type=float, help="peak TFLOP/s per device for MFU (overrides the table)"
-    )
-    run.add_argument("--output-dir", type=Path, default=Path("results"), help="where result records go")
+    add_config_arguments(run)
+    _add_declared(run, workload_options, _WORKLOAD, "workload options")
+    _add_declared(run, backend_options, _BACKEND, "backend options (from plugins)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display or summary")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
-    _add_plugin_options(run, plugin_options)
 
     info = sub.add_parser("info", help="the system as accelbench sees it (what goes into result records)")
     info.add_argument("--json", action="store_true")
-
     plugins = sub.add_parser("plugins", help="installed plugins: status, hooks, devices detected")
     plugins.add_argument("--json", action="store_true")
-
     sub.add_parser("schema", help="print the JSON Schema of result records")
 
     from accelbench.compare import add_compare_arguments
@@ -121,99 +83,193 @@ def build_parser(plugin_options: Sequence[RunOption] = ()) -> argparse.ArgumentP
     return parser
 
 
-_TYPES = {"str": str, "int": int, "float": float}
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per core run option, generated from RunConfig's fields (defaults are RunConfig's: a flag the
+    user does not give is absent from the namespace, so ``--config`` values are not overridden by defaults)."""
+    for name in cli_fields():
+        info = RunConfig.model_fields[name]
+        flag = "--" + flag_of(name)
+        text = (info.description or "").replace("%", "%%")
+        default = info.get_default(call_default_factory=True)
+        help_text = f"{text} (default: {default})" if default is not None else text
+        kind, choices = _kind(info.annotation)
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", **kwargs)
+            continue
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs["metavar"] = flag_of(name).upper().replace("-", "_")
+        parser.add_argument(flag, type=kind, **kwargs)
 
 
-def _add_plugin_options(parser: argparse.ArgumentParser, options: Sequence[RunOption]) -> None:
-    """Plugin options are stored only when given: the plugin applies its own default, and records what ran."""
+def _kind(annotation: Any) -> tuple[Any, list[str] | None]:
+    """(argparse type, choices) of a field's annotation: ``int | None`` -> int; ``Literal[...]`` -> choices."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str, [str(a) for a in typing.get_args(annotation)]
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _kind(args[0])
+    if annotation is Path:
+        return Path, None
+    if annotation in (int, float, bool, str):
+        return annotation, None
+    return str, None
+
+
+_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float}
+
+
+def _add_declared(
+    parser: argparse.ArgumentParser, options: Sequence[RunOption], prefix: str, title: str
+) -> None:
+    """Workload and plugin options: stored only when given (the owner applies its default, recorded)."""
     if not options:
         return
-    group = parser.add_argument_group("backend options (from plugins)")
+    group = parser.add_argument_group(title)
+    seen: dict[str, list[RunOption]] = {}
     for option in options:
-        flag = "--" + option.name.replace("_", "-")
-        dest = "backend_option:" + option.name.replace("-", "_")
+        seen.setdefault(option.cli_flag, []).append(option)
+    for flag, same in seen.items():
+        option = same[0]
+        owners = ", ".join(sorted({o.owner for o in same if o.owner}))
         default = f" (default: {option.default})" if option.default is not None else ""
-        text = f"[{option.backend}] {option.help}{default}"
+        choices = f" [{'|'.join(map(str, option.choices))}]" if option.choices else ""
+        text = f"[{owners}] {option.help}{choices}{default}".replace("%", "%%")
+        dest = prefix + option.name
         if option.type == "bool":
             group.add_argument(
-                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
+                "--" + flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
             )
         else:
-            metavar = option.name.upper()
+            metavar = flag.upper().replace("-", "_")
             group.add_argument(
-                flag, dest=dest, metavar=metavar, type=_TYPES[option.type], default=None, help=text
+                "--" + flag, dest=dest, metavar=metavar, type=_TYPES[option.type], default=None, help=text
             )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    err = Console(stderr=True)
-    try:
-        from accelbench.plugins import get_host
-
-        argv = list(sys.argv[1:] if argv is None else argv)
-        options = get_host().run_options() if argv[:1] == ["run"] else []
-    except AccelbenchError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return EXIT_USAGE
-    args = build_parser(options).parse_args(argv)
-    args.argv = argv
-    try:
-        handler = {
-            "run": cmd_run,
-            "info": cmd_info,
-            "plugins": cmd_plugins,
-            "schema": cmd_schema,
-            "compare": cmd_compare,
-            "report": cmd_report,
-            "sweep": cmd_sweep,
-        }[args.command]
-        return handler(args, err)
-    except AccelbenchError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return EXIT_USAGE
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run configuration: ``--config FILE`` if given, with every flag the user gave on top."""
+    values: dict[str, Any] = dict(_config_file(args.config)) if getattr(args, "config", None) else {}
     names = set(RunConfig.model_fields)
-    values: dict[str, Any] = {}
-    backend_options = {
-        key.removeprefix("backend_option:"): value
-        for key, value in vars(args).items()
-        if key.startswith("backend_option:") and value is not None
-    }
-    if backend_options:
-        values["backend_options"] = backend_options
     for key, value in vars(args).items():
-        field = _FIELD_OF.get(key, key)
-        if field in names and value is not None:
-            values[field] = value
+        if key.startswith(_WORKLOAD) and value is not None:
+            values.setdefault("workload_options", {})
+            values["workload_options"] = {**values["workload_options"], key.removeprefix(_WORKLOAD): value}
+        elif key.startswith(_BACKEND) and value is not None:
+            values["backend_options"] = {
+                **values.get("backend_options", {}),
+                key.removeprefix(_BACKEND): value,
+            }
+        elif key in names:
+            values[key] = value
+    return make_config(values)
+
+
+def make_config(values: dict[str, Any]) -> RunConfig:
+    """RunConfig from plain values, its validation errors told with the option names users type."""
+    from pydantic import ValidationError
+
     try:
         return RunConfig(**values)
     except ValidationError as exc:
-        flag = {v: k for k, v in _FIELD_OF.items()}
         problems = []
         for e in exc.errors():
-            loc = e["loc"][0] if e["loc"] else ""
-            name = f"--{flag.get(str(loc), str(loc)).replace('_', '-')}: " if loc else ""
+            loc = str(e["loc"][0]) if e["loc"] else ""
+            name = f"--{flag_of(loc) if loc in RunConfig.model_fields else loc}: " if loc else ""
             problems.append(name + str(e["msg"]).removeprefix("Value error, "))
-        raise AccelbenchError("; ".join(problems)) from None
+        raise ConfigError("; ".join(problems)) from None
+
+
+def _config_file(path: Path) -> dict[str, Any]:
+    """The configuration in ``path``: a RunConfig as JSON, or a result record (its ``config``)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: not JSON ({exc})") from None
+    if isinstance(raw, dict) and raw.get("schema") == "accelbench.result":
+        from accelbench.results import migrate
+
+        raw = migrate(raw).get("config")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object of run options or a result record")
+    return raw
+
+
+# --------------------------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        backend_options: list[RunOption] = []
+        workload_options: list[RunOption] = []
+        if argv[:1] == ["run"]:  # only `run` has plugin-made options: load plugins for it alone
+            from accelbench.plugins import get_host
+
+            host = get_host()
+            backend_options, workload_options = host.run_options(), host.workload_run_options()
+        args = build_parser(backend_options, workload_options).parse_args(argv)
+    except AccelbenchError as exc:
+        return _refused(exc)
+    args.argv = argv
+    handler = {
+        "run": cmd_run,
+        "info": cmd_info,
+        "plugins": cmd_plugins,
+        "schema": cmd_schema,
+        "compare": cmd_compare,
+        "report": cmd_report,
+        "sweep": cmd_sweep,
+    }[args.command]
+    try:
+        return int(handler(args, _stderr()))
+    except AccelbenchError as exc:
+        return _refused(exc)
+
+
+def _stderr() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _refused(exc: AccelbenchError) -> int:
+    from rich.markup import escape
+
+    _stderr().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return ExitCode.REFUSED
+
+
+# --------------------------------------------------------------------------------------------------------------
+# run
+# --------------------------------------------------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace, err: Console) -> int:
     from accelbench.display import LiveProgress, summary_table
-    from accelbench.engine.runner import NoProgress, install_sigterm_handler, preflight, run
+    from accelbench.engine.runner import NoProgress, preflight, run
+    from accelbench.engine.signals import TERMINATION
     from accelbench.launch import check_launch, detect_launch
     from accelbench.plugins import get_host
 
     launch = detect_launch()
     if launch.launcher != "none":  # a worker of torchrun, srun or mpirun: the job's shape comes from there
-        check_launch(launch, args.devices, args.nnodes)
-        args.devices, args.nnodes, args.node_rank = launch.local_world_size, launch.nnodes, None
+        check_launch(launch, getattr(args, "devices", None), getattr(args, "nnodes", None))
+        args.devices, args.nnodes = launch.local_world_size, launch.nnodes
+        if hasattr(args, "node_rank"):
+            del args.node_rank
     config = config_from_args(args)
     host = get_host()
-    install_sigterm_handler()
+    TERMINATION.install()
     needs_workers = launch.launcher == "none" and config.devices * config.nnodes > 1
-    if needs_workers and preflight(config, host).collective != "none":  # IPUs replicate in one process
+    if needs_workers and preflight(config, host).collective is not None:  # IPUs replicate in one process
         return launch_and_wait(args, config, err)
     live = not args.quiet and err.is_terminal and launch.rank == 0
     with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
@@ -224,7 +280,7 @@ def cmd_run(args: argparse.Namespace, err: Console) -> int:
         if not args.quiet:
             err.print(summary_table(record))
             err.print(f"result record: {path}", highlight=False, soft_wrap=True)
-    return _EXIT_BY_STATUS[status]
+    return ExitCode.of_status(status)
 
 
 @contextlib.contextmanager
@@ -251,7 +307,7 @@ def launch_and_wait(args: argparse.Namespace, config: RunConfig, err: Console) -
         argv, config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint
     )
     if config.node_rank != 0:
-        return EXIT_ERROR if failures else EXIT_OK
+        return ExitCode.ERROR if failures else ExitCode.OK
     found = sorted(config.output_dir.glob(f"*_{run_id[:8]}.json"))
     if found:
         record = read_record(found[-1])
@@ -262,13 +318,18 @@ def launch_and_wait(args: argparse.Namespace, config: RunConfig, err: Console) -
                 update={"outcome": record.outcome.model_copy(update={"message": message})}
             )
             write_record(record, config.output_dir, path=found[-1])
-        return _EXIT_BY_STATUS[record.outcome.status]
+        return ExitCode.of_status(record.outcome.status)
     for rank, (code, message) in sorted(failures.items()):
         err.print(
             f"[bold red]rank {rank} failed[/] (exit code {code}): {message}", highlight=False, soft_wrap=True
         )
     err.print("[bold red]error:[/] no result record was written (rank 0 ended before it could write one)")
-    return EXIT_ERROR
+    return ExitCode.ERROR
+
+
+# --------------------------------------------------------------------------------------------------------------
+# info, plugins, schema
+# --------------------------------------------------------------------------------------------------------------
 
 
 def cmd_info(args: argparse.Namespace, err: Console) -> int:
@@ -276,8 +337,8 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
     from accelbench.system import collect_system_info
 
     host = get_host()
-    system = collect_system_info()
-    backends = []
+    system = collect_system_info(host.recorded_environment())
+    backends: list[dict[str, Any]] = []
     for backend in host.backends.values():
         devices = backend.detect()
         backends.append(
@@ -289,19 +350,22 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
                 "peaks": _peaks(backend, devices[0]) if devices else {},
             }
         )
-    data = {"system": system.model_dump(), "backends": backends, "plugins": host.versions()}
+    data: dict[str, Any] = {"system": system.model_dump(), "backends": backends, "plugins": host.versions()}
     if args.json:
         print(json.dumps(data, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
+    from rich.console import Console
+    from rich.table import Table
+
     out = Console()
     table = Table(title="system", show_header=False)
     for key, value in system.model_dump().items():
         shown = _gib(value) if key == "memory_bytes" and value else value
         table.add_row(key, json.dumps(shown) if isinstance(shown, dict) else str(shown))
     out.print(table)
-    devices = Table(title="backends and devices (highest detection priority first)")
+    listing = Table(title="backends and devices (highest detection priority first)")
     for col in ("backend", "device unit", "devices", "peak (dense, per device)", "runtime"):
-        devices.add_column(col)
+        listing.add_column(col)
     for b in backends:
         names = "\n".join(_device_line(d) for d in b["devices"]) or (
             f"none ({b['detect_error']})" if b["detect_error"] else "none"
@@ -314,9 +378,9 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
         peaks += f"\nmemory {bandwidth / 1e12:g} TB/s" if bandwidth else ""
         peaks += f"\n({source})" if source else "" if peaks else "unknown"
         runtime = ", ".join(f"{k} {v}" for k, v in b["runtime_versions"].items())
-        devices.add_row(b["backend"]["name"], b["backend"]["device_unit"], names, peaks, runtime)
-    out.print(devices)
-    return EXIT_OK
+        listing.add_row(b["backend"]["name"], b["backend"]["device_unit"], names, peaks, runtime)
+    out.print(listing)
+    return ExitCode.OK
 
 
 def _gib(n: int) -> str:
@@ -353,14 +417,18 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
+    from rich.console import Console
+    from rich.markup import escape
+
     out = Console()
     for row in rows:
         dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "no distribution"
-        if row["status"] == "active":
-            status = "[green]active[/]"
-        else:
-            status = f"[bold red]failed[/]: {escape(row['error'])}"
+        status = (
+            "[green]active[/]"
+            if row["status"] == "active"
+            else f"[bold red]failed[/]: {escape(row['error'])}"
+        )
         out.print(f"[bold]{row['name']}[/] ({dist}): {status}", highlight=False, soft_wrap=True)
         if row["backend"]:
             about = f" ({row['backend']['description']})" if row["backend"]["description"] else ""
@@ -371,14 +439,14 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
             out.print(f"  hooks: {hooks}", highlight=False, soft_wrap=True)
         for warning in row["warnings"]:
             out.print(f"  [yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_schema(args: argparse.Namespace, err: Console) -> int:
     from accelbench.results import json_schema
 
     print(json.dumps(json_schema(), indent=2))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_compare(args: argparse.Namespace, err: Console) -> int:

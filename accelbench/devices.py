@@ -6,9 +6,13 @@ so they are pydantic models (validated, JSON-serialisable) rather than free-form
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,6 +64,94 @@ class MemoryStats(_Record):
     total_bytes: int | None = None
 
 
+class EnergyReading(_Record):
+    """Energy one device's own cumulative counter saw over an epoch. Never estimated: no counter, no reading."""
+
+    joules: float = Field(ge=0.0)
+    domain: str = Field(
+        description="What the counter covers, unique per physical domain ('nvml:GPU-<uuid>', "
+        "'rapl:intel-rapl:0+intel-rapl:1'): ranks sharing a domain are counted once when ranks are summed."
+    )
+    source: str = Field(description="The counter, e.g. 'NVML total energy consumption (mJ)'.")
+
+
+class EpochReadings(_Record):
+    """What ``accelbench_epoch_end`` returns: the epoch's memory, energy and telemetry on one device."""
+
+    memory: MemoryStats
+    energy: EnergyReading | None = None
+    telemetry: dict[str, float] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CounterFile:
+    """A cumulative counter a kernel driver publishes as a file of one integer (RAPL's ``energy_uj``, a GPU's
+    hwmon ``energy1_input``, both microjoules): ``name`` says which, ``wrap`` is the value it wraps at if known."""
+
+    name: str
+    path: Path
+    wrap: int | None = None
+
+    def read(self) -> int | None:
+        """The counter now, or None when it cannot be read (gone, no permission)."""
+        try:
+            return int(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def since(self, start: int) -> int | None:
+        """The increase since ``start``, counting one wrap; None when unreadable or when it went back unexplained."""
+        end = self.read()
+        if end is None:
+            return None
+        if end >= start:
+            return end - start
+        return end - start + self.wrap if self.wrap else None
+
+
+def allocator_memory(
+    api: Any, device: Any, allocator: str, device_used: int | None = None, total: int | None = None
+) -> MemoryStats:
+    """The peak of a torch caching allocator since its last reset, for the ``torch.cuda`` / ``torch.xpu`` /
+    ``torch.accelerator.memory`` family (the same API): ``allocator`` names it in the reading's source."""
+    name = getattr(api, "__name__", "torch.accelerator.memory")
+    return MemoryStats(
+        peak_bytes=int(api.max_memory_allocated(device)),
+        source=f"{allocator} peak ({name}.max_memory_allocated)",
+        peak_reserved_bytes=int(api.max_memory_reserved(device)),
+        device_used_bytes=device_used,
+        total_bytes=total,
+    )
+
+
+def readings_with_energy(
+    memory: MemoryStats, telemetry: dict[str, float], domain: str, source: str
+) -> EpochReadings:
+    """An epoch's readings from a counter window's telemetry: its ``energy_j`` (if any) becomes the
+    :class:`EnergyReading` of ``domain``, the rest stays telemetry."""
+    telemetry = dict(telemetry)
+    joules = telemetry.pop("energy_j", None)
+    energy = None if joules is None else EnergyReading(joules=joules, domain=domain, source=source)
+    return EpochReadings(memory=memory, energy=energy, telemetry=telemetry)
+
+
+class NoCollective:
+    """The answer of ``accelbench_collective_backend`` for devices that replicate without torch.distributed."""
+
+    _instance: NoCollective | None = None
+
+    def __new__(cls) -> NoCollective:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NO_COLLECTIVE"
+
+
+NO_COLLECTIVE = NoCollective()
+
+
 class PeakFigures(_Record):
     """Vendor peak figures for one device, used for MFU and roofline ratios."""
 
@@ -102,3 +194,53 @@ def probe_in_subprocess(
     if not isinstance(devices, list):
         raise BackendError(f"the {label} device probe printed {type(devices).__name__}, not a device list")
     return devices
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What the installed torch was built for, known without importing torch (detection and ``accelbench plugins``
+    stay fast): its version and its CUDA and HIP versions (None for a build without them)."""
+
+    version: str
+    cuda: str | None
+    hip: str | None
+
+
+def torch_build() -> TorchBuild | None:
+    """The installed torch's build, from ``torch.version`` if torch is already imported, else read from its
+    ``version.py`` without importing it; None when torch is not installed."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return TorchBuild(torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None))
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:  # an unusual layout: ask torch itself
+        import torch as imported
+
+        return TorchBuild(imported.__version__, imported.version.cuda, getattr(imported.version, "hip", None))
+
+    def value(name: str) -> str | None:
+        match = re.search(rf"^{name}\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.MULTILINE)
+        return (match.group(1) or match.group(2)) if match and (match.group(1) or match.group(2)) else None
+
+    return TorchBuild(value("__version__") or "unknown", value("cuda"), value("hip"))
+
+
+def refuse_torch_build(built: TorchBuild | None, seen: str, wanted: str) -> None:
+    """Raise the error for hardware that this torch cannot drive, rather than reporting "no device": ``seen`` says
+    what the management library found ("NVML sees 2 NVIDIA GPU(s)"), ``wanted`` the build it needs ("CUDA")."""
+    if built is None:
+        raise BackendError(f"{seen} but torch is not installed")
+    if built.cuda:
+        kind = f"CUDA build (CUDA {built.cuda})"
+    elif built.hip:
+        kind = f"ROCm build (HIP {built.hip})"
+    else:
+        kind = "CPU-only build"
+    raise BackendError(
+        f"{seen} but torch {built.version} is a {kind}; install a {wanted} build of torch "
+        "(https://pytorch.org/get-started/locally/)"
+    )

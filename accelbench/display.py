@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from accelbench.results import EpochMetrics, ResultRecord
@@ -13,20 +13,26 @@ from accelbench.results import EpochMetrics, ResultRecord
 _REFRESH_S = 0.25  # the display is updated at most this often, so a fast step loop pays ~100 ns per step
 
 
+def progress_bar(console: Console, counted: str, transient: bool) -> Progress:
+    """The one progress bar style (label, bar, done/total, a counted-unit or rate column, elapsed time) that runs
+    and sweeps share; ``counted`` is a literal text or a ``{task.fields[...]}`` column."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(counted),
+        TimeElapsedColumn(),
+        console=console,
+        transient=transient,
+    )
+
+
 class LiveProgress:
     """Epoch / step / rate on stderr. The per-step cost is one counter increment and one clock read."""
 
     def __init__(self, console: Console) -> None:
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task = None
+        self._progress = progress_bar(console, "{task.fields[rate]}", transient=False)
+        self._task = TaskID(0)  # replaced by each epoch's task
         self._steps = 0
         self._reported = 0
         self._start = 0.0
@@ -88,10 +94,13 @@ def summary_table(record: ResultRecord) -> Table:
     )
     if record.precision:
         table.add_row("precision", f"{record.precision.name} (matmul math: {record.precision.matmul_math})")
+    options = ", ".join(
+        f"{k} {v}" for k, v in c.workload_options.items() if k not in ("n_layer", "n_head", "n_embd")
+    )
     table.add_row(
         "model",
-        f"{record.workload.get('parameters', 0) / 1e6:.2f}M parameters, batch {c.batch_size}, "
-        f"block {c.block_size}",
+        f"{record.workload.get('parameters', 0) / 1e6:.2f}M parameters, batch {c.batch_size}"
+        + (f" ({options})" if options else ""),
     )
     if m is None:
         return table
@@ -116,4 +125,9 @@ def summary_table(record: ResultRecord) -> Table:
     if m.peak_memory_max_bytes is not None:
         source = f" ({m.memory.source})" if m.memory else ""
         table.add_row("peak memory", fmt_bytes(m.peak_memory_max_bytes) + source)
+    if m.steady and m.steady.joules_per_sample is not None:
+        table.add_row(
+            "energy",
+            f"{m.steady.joules_per_sample:.4g} J/sample, {m.steady.samples_per_joule:.4g} samples/J ({m.energy_source})",
+        )
     return table

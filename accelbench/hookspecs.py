@@ -1,34 +1,45 @@
-"""The accelbench plugin contract: every hook a backend or workload plugin may implement.
+"""The accelbench plugin contract, version 2.0: every hook a backend or workload plugin may implement.
 
-A backend plugin is an ordinary module (or object) registered under the ``accelbench`` entry-point group::
+A plugin is a module, a class (instantiated once when plugins load) or an object, registered under the
+``accelbench`` entry-point group of its distribution. An object's methods are its hooks, so state a backend keeps
+between hooks (an epoch's counters, an open library session) lives on the object, never in module globals::
 
     # pyproject.toml of accelbench-mydevice
     [project.entry-points.accelbench]
-    mydevice = "accelbench_mydevice.plugin"
+    mydevice = "accelbench_mydevice.plugin:MyDeviceBackend"
 
     # accelbench_mydevice/plugin.py
     from accelbench import hookimpl
-    from accelbench.config import RunOption
     from accelbench.devices import BackendInfo
 
-    @hookimpl
-    def accelbench_backend() -> BackendInfo:
-        return BackendInfo(name="mydevice", device_type="mydevice", device_unit="card", priority=100)
+    class MyDeviceBackend:
+        accelbench_contract = "2.0"          # the contract version this plugin implements
 
-Hooks are grouped below in the order a run calls them. Except for the two registration hooks, a hook is
-called only on the *selected* backend's plugin, with the core's generic implementations (from
-``accelbench.backends.defaults``, which use stock PyTorch: ``torch.accelerator``, ``torch.distributed``'s
-default backend map) as the fallback. A backend therefore implements only what differs for its vendor.
-Every hook marked "first result" stops at the first non-None result; return None to defer to the defaults.
+        @hookimpl
+        def accelbench_backend(self) -> BackendInfo:
+            return BackendInfo(name="mydevice", device_type="mydevice", device_unit="card", priority=100)
+
+**Contract version.** A plugin declares ``accelbench_contract = "MAJOR.MINOR"`` (a module or object attribute).
+The host loads it when MAJOR equals :data:`accelbench.CONTRACT_VERSION`'s and MINOR is not newer; otherwise, or
+when the attribute is missing (a plugin written for contract 1), ``accelbench plugins`` reports it as failed,
+saying which version it was built for, and none of its hooks is registered.
+
+**Who is called.** The registration hooks (``accelbench_backend``, ``accelbench_register_workloads``,
+``accelbench_run_options``, ``accelbench_recorded_environment``) are called on every plugin. Every other hook is
+called on the *selected* backend's plugin only. Where that plugin does not implement a hook, or (for hooks marked
+*first result*) returns None, the core's stock-PyTorch implementation in ``accelbench.backends.defaults`` answers
+instead (``torch.accelerator``, ``torch.distributed``'s default backend map), so a backend implements only what
+differs for its vendor. Hooks that act rather than answer (``accelbench_synchronize``,
+``accelbench_epoch_start``, ``accelbench_release_memory``) return nothing: implementing one replaces the default.
 
 Rules for every backend hook:
 - never import the vendor library at module import time; import it inside the hook, so the plugin loads
   (and reports "no device") on machines without the vendor stack;
 - detection never raises and never initialises the device runtime in the calling process;
-- raise ``accelbench.errors.BackendError`` with an actionable message for a request that cannot work.
+- raise ``accelbench.errors.BackendError`` (or ``ConfigError`` for a bad request) with an actionable message.
 
-Hook implementations must be named exactly as below: a misspelled ``accelbench_*`` hook is rejected when
-the plugin loads (see ``accelbench plugins``).
+Hook implementations must be named exactly as below: a misspelled ``accelbench_*`` hook is rejected when the
+plugin loads. ``ACCELBENCH_DEBUG=1`` traces every hook call (pluggy's tracing) on stderr.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ if TYPE_CHECKING:
     import torch
 
     from accelbench.config import RunOption
-    from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
+    from accelbench.devices import BackendInfo, DeviceInfo, EpochReadings, NoCollective, PeakFigures
     from accelbench.engine.executor import Executor, ExecutorRequest
     from accelbench.precision import PrecisionPlan
     from accelbench.workloads import Workload
@@ -55,28 +66,40 @@ if TYPE_CHECKING:
 
 @hookspec
 def accelbench_backend() -> BackendInfo | None:
-    """Declare the backend this plugin provides, or return None if it provides none (a workload-only plugin).
+    """The backend this plugin provides.
 
-    Called once per plugin when plugins load. Backend names must be unique across installed plugins: a
-    second plugin claiming a taken name is reported as failed, naming both distributions.
+    :returns: its :class:`~accelbench.devices.BackendInfo`, or None when the plugin provides no backend (a
+        workload-only plugin). Backend names are unique across installed plugins: a second plugin claiming a
+        taken name is reported as failed, naming both distributions.
     """
 
 
 @hookspec
 def accelbench_register_workloads(register: Callable[[Workload], None]) -> None:
-    """Register workloads by calling ``register(workload)`` for each (see ``accelbench.workloads.Workload``).
+    """Register workloads.
 
-    Called once on every plugin. Duplicate workload names are an error naming both plugins.
+    :param register: call it once per workload (an object following :class:`accelbench.workloads.Workload`).
+        A duplicate workload name is an error naming both plugins.
     """
 
 
 @hookspec
 def accelbench_run_options() -> list[RunOption] | None:
-    """Declare extra ``accelbench run`` options this plugin reads (e.g. the IPU's replication factor).
+    """Extra ``accelbench run`` options this backend reads (the CUDA plugin's TF32 policy, the IPU's replicas).
 
-    Called on every plugin when the command line is built. Values arrive in ``RunConfig.backend_options``
-    (and so in ``ExecutorRequest.config``), are recorded with the config, and are ``None``-free: an option the
-    user did not give is absent unless it has a default. Names must not clash with core options.
+    :returns: :class:`~accelbench.config.RunOption` s with ``backend`` set to this backend's name. Values the user
+        gives arrive, checked against each option's type and bounds, in ``RunConfig.backend_options`` (and so in
+        ``ExecutorRequest.config``) and are recorded with the config; an option not given is absent, and the
+        plugin applies (and records) its default. Names must not clash with core or workload options.
+    """
+
+
+@hookspec
+def accelbench_recorded_environment() -> list[str] | None:
+    """Environment variables that change this vendor's performance and belong in every record.
+
+    :returns: variable names, or prefixes ending in ``*`` (``NCCL_*``). The values set in the run's environment
+        are recorded in ``system.environment``; the core records its own (threads, scheduler) besides.
     """
 
 
@@ -87,18 +110,21 @@ def accelbench_run_options() -> list[RunOption] | None:
 
 @hookspec(firstresult=True)
 def accelbench_detect_devices() -> list[DeviceInfo] | None:
-    """Return the devices of this backend present on this host (an empty list when there are none).
+    """The devices of this backend present on this host. First result.
 
     Must be cheap, must not raise when the hardware or vendor library is absent, and must not initialise the
     device runtime in this process (forked workers break otherwise): use NVML-style queries or a subprocess.
     Backends are tried by descending ``BackendInfo.priority`` when ``--backend`` is absent; the first with a
-    device wins. First result.
+    device wins.
+
+    :returns: one :class:`~accelbench.devices.DeviceInfo` per device, [] when there are none.
     """
 
 
 @hookspec(firstresult=True)
 def accelbench_runtime_versions() -> dict[str, str] | None:
-    """Versions worth recording: driver, runtime (CUDA, HIP, Level Zero, Poplar SDK), vendor libraries. First result."""
+    """Versions worth recording: driver, runtime (CUDA, HIP, Level Zero, Poplar SDK), vendor libraries. First
+    result. Must not initialise the device runtime when it is not already initialised (``accelbench info``)."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -108,10 +134,12 @@ def accelbench_runtime_versions() -> dict[str, str] | None:
 
 @hookspec(firstresult=True)
 def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device | None:
-    """Bind this process to its device for ``local_rank`` and return it (e.g. ``torch.device('cuda', 1)``).
+    """Bind this process to its device. First result.
 
-    Apply launcher or vendor quirks here (visible-device variables, tile affinity). Default: set the
-    current ``torch.accelerator`` index to ``local_rank``. First result.
+    :param device_type: ``BackendInfo.device_type`` of the selected backend.
+    :param local_rank: this process's rank on its node (0 for a single process).
+    :returns: the device, e.g. ``torch.device('cuda', 1)``. Apply launcher or vendor quirks here (visible-device
+        variables, tile affinity). Default: set the current ``torch.accelerator`` index to ``local_rank``.
     """
 
 
@@ -121,11 +149,12 @@ def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device |
 
 
 @hookspec(firstresult=True)
-def accelbench_collective_backend(device: torch.device) -> str | None:
-    """The ``torch.distributed`` backend name for this device ('gloo', 'nccl', 'xccl', 'ccl', ...).
+def accelbench_collective_backend(device: torch.device) -> str | NoCollective | None:
+    """The ``torch.distributed`` backend for ``device``. First result.
 
-    Return the string ``"none"`` for devices that replicate without torch.distributed (IPUs). Default:
-    ``torch.distributed.get_default_backend_for_device``. First result.
+    :returns: its name ('gloo', 'nccl', 'xccl', 'ccl', ...), or :data:`accelbench.devices.NO_COLLECTIVE` for
+        devices that replicate without torch.distributed (IPUs: one host process drives every replica).
+        Default: ``torch.distributed.get_default_backend_for_device``.
     """
 
 
@@ -136,8 +165,10 @@ def accelbench_collective_backend(device: torch.device) -> str | None:
 
 @hookspec(firstresult=True)
 def accelbench_supported_precisions(device: torch.device) -> list[str] | None:
-    """Precision names this device can run (from ``accelbench.precision.PRECISIONS``). A request for any
-    other is refused before the run starts, naming these. First result.
+    """Precision names this device can run (from ``accelbench.precision.PRECISIONS``). First result.
+
+    :param device: a device of this backend; before workers start it carries no index (the launcher asks
+        without binding a device). A request for another precision is refused before the run, naming these.
     """
 
 
@@ -146,11 +177,11 @@ def accelbench_precision_plan(
     precision: str, device: torch.device, options: dict[str, str | int | float | bool]
 ) -> PrecisionPlan | None:
     """The plan for a supported precision: parameter and autocast dtypes, loss scaling and, above all, the
-    matmul math really in effect (TF32 for "fp32" on NVIDIA when enabled, BF32 on Intel, ...).
+    matmul math really in effect (TF32 for "fp32" on NVIDIA when enabled, BF32 on Intel, ...). First result.
 
-    ``options`` are the run's plugin options (``RunConfig.backend_options``, e.g. a TF32 policy flag); a hook that
-    needs none simply leaves the parameter out. Apply any global switch the plan implies (e.g. torch's TF32
-    flags) here, so what is recorded is what runs. First result.
+    :param options: the run's backend options (``RunConfig.backend_options``, e.g. a TF32 policy flag); a hook that
+        needs none leaves the parameter out. Apply any global switch the plan implies (torch's TF32 flags) here,
+        so what is recorded is what runs.
     """
 
 
@@ -162,62 +193,61 @@ def accelbench_precision_plan(
 @hookspec(firstresult=True)
 def accelbench_supported_strategies() -> list[str] | None:
     """Strategy names this backend can build ('single', 'ddp', 'fsdp', 'deepspeed-zero1', 'pipelined', ...).
-    Asking for another fails before launch, listing these. First result.
-    """
+    Asking for another fails before launch, listing these. First result."""
 
 
 @hookspec(firstresult=True)
 def accelbench_executor(request: ExecutorRequest) -> Executor | None:
-    """Build the executor for ``request.strategy``. The executor owns model wrapping, the optimizer step and
-    any compile step; the runner only calls its methods (see ``accelbench.engine.executor.Executor``).
-    GPU-like backends can return the core's torch executors; an IPU backend returns a PopTorch one. First result.
+    """Build the executor for ``request.strategy``. First result.
+
+    The executor owns model wrapping, the optimizer step and any compile step; the runner only calls its methods
+    (see ``accelbench.engine.executor.Executor``). Strategies that split the model find its parts in the
+    ``TrainingJob.units`` handed to ``Executor.setup``, never in its attributes. GPU-like backends return the
+    core's torch executors (the default); an IPU backend returns a PopTorch one.
     """
 
 
 # --------------------------------------------------------------------------------------------------------
-# Timing
+# Timing and epochs
 # --------------------------------------------------------------------------------------------------------
 
 
+@hookspec
+def accelbench_synchronize(device: torch.device) -> None:
+    """Block until all queued work on ``device`` has finished. The runner calls it before every clock read that
+    ends a timed region. Default: ``torch.accelerator.synchronize``."""
+
+
+@hookspec
+def accelbench_epoch_start(device: torch.device) -> None:
+    """A timed epoch is about to start on ``device`` (outside the timed region): reset peak-memory counters and
+    snapshot cumulative counters (energy, PCIe bytes) that :func:`accelbench_epoch_end` will difference. Keep that
+    state on the plugin object, per device. Default: reset the ``torch.accelerator`` allocator peaks."""
+
+
 @hookspec(firstresult=True)
-def accelbench_synchronize(device: torch.device) -> bool | None:
-    """Block until all queued work on ``device`` has finished; return True. The runner calls this before every
-    clock read that ends a timed region. Default: ``torch.accelerator.synchronize``. First result.
+def accelbench_epoch_end(device: torch.device) -> EpochReadings | None:
+    """The epoch on ``device`` has ended (after its closing synchronisation, outside the timed region). First
+    result.
+
+    :returns: :class:`~accelbench.devices.EpochReadings`: peak memory since ``epoch_start`` (and what it measures);
+        the energy the device's own counter saw over the epoch (``energy``: joules, the counter's domain, its
+        source), None where no counter is readable, never a made-up figure; and telemetry measured over the epoch
+        (``power_w``, ``utilization_pct``, ``pcie_*_bytes_per_s``) or read at its end (``temperature_c``,
+        ``clock_sm_mhz``). An instantaneous reading now would describe an idle device: measure over the epoch.
     """
 
 
 # --------------------------------------------------------------------------------------------------------
-# Memory query
+# Memory
 # --------------------------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
-def accelbench_reset_peak_memory(device: torch.device) -> bool | None:
-    """Reset the peak-memory counters of ``device``; return True. Called before each timed epoch. First result."""
-
-
-@hookspec(firstresult=True)
-def accelbench_memory_stats(device: torch.device) -> MemoryStats | None:
-    """Peak memory since the last reset, and the device total. Unknown figures are None, never estimated.
-    First result.
-    """
-
-
-@hookspec(firstresult=True)
-def accelbench_release_memory(device: torch.device) -> bool | None:
-    """Return the allocator's cached, unused memory of ``device`` to the device; return True. Called when a run
-    has ended and its record's memory figures are read, so that the next run in the same process (an API user,
-    a run after an out-of-memory) starts from what it allocates itself. First result.
-    """
-
-
-@hookspec(firstresult=True)
-def accelbench_device_telemetry(device: torch.device) -> dict[str, float] | None:
-    """Device readings worth recording after each epoch, from the vendor's management library: e.g.
-    ``power_w``, ``utilization_pct``, ``temperature_c``, ``pcie_rx_bytes_per_s``, ``pcie_tx_bytes_per_s``,
-    ``clock_sm_mhz``. Called after an epoch's closing synchronisation, outside the timed region. Return None
-    (the default) when the backend has no such library; never raise for a missing library. First result.
-    """
+@hookspec
+def accelbench_release_memory(device: torch.device) -> None:
+    """Return the allocator's cached, unused memory of ``device`` to the device. Called when a run has ended and
+    its objects are gone, so that the next run in the same process (an API user, a run after an out-of-memory)
+    starts from what it allocates itself. Default: ``torch.accelerator.memory.empty_cache``."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -228,6 +258,5 @@ def accelbench_device_telemetry(device: torch.device) -> dict[str, float] | None
 @hookspec(firstresult=True)
 def accelbench_peak_figures(device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
     """Dense peak FLOP/s (and memory bandwidth) of one ``device`` for the math ``precision`` really uses, from a
-    table the plugin owns. Return None when unknown: MFU is then reported as unknown. The user's
-    ``--peak-tflops`` overrides this. First result.
-    """
+    table the plugin owns. First result. None when unknown: MFU is then reported as unknown. The user's
+    ``--peak-tflops`` overrides this."""

@@ -1,32 +1,45 @@
 """Plugin host: finds plugins through entry points, isolates broken ones, selects the backend.
 
 The rest of accelbench talks to plugins only through :class:`PluginHost` and :class:`Backend`, never through
-``pm.hook`` directly, so every hook call site is typed and in one place.
+``pm.hook`` directly, so every hook call site is typed and in one place, and every call goes through pluggy's
+public API (``subset_hook_caller``), so ``ACCELBENCH_DEBUG=1`` traces them all.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import pluggy
-import torch
 
-from accelbench import PROJECT, hookspecs
-from accelbench.backends import defaults
-from accelbench.config import RunOption
-from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
-from accelbench.engine.executor import Executor, ExecutorRequest
+from accelbench import CONTRACT_VERSION, PROJECT, hookspecs
+from accelbench.config import RunConfig, RunOption, resolve_options
+from accelbench.devices import NO_COLLECTIVE, BackendInfo, DeviceInfo, EpochReadings, PeakFigures
 from accelbench.errors import BackendError, ConfigError, PluginError
-from accelbench.precision import PrecisionPlan
 from accelbench.workloads import Workload
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.engine.executor import Executor, ExecutorRequest
+    from accelbench.precision import PrecisionPlan
+
+T = TypeVar("T")
 
 ENTRY_POINT_GROUP = "accelbench"
 STRICT_ENV = "ACCELBENCH_STRICT_PLUGINS"
 ONLY_ENV = "ACCELBENCH_PLUGINS"  # comma-separated entry-point names: load only these (plus the core defaults)
+DEBUG_ENV = "ACCELBENCH_DEBUG"  # trace every hook call on stderr
+DEFAULTS_MODULE = (
+    "accelbench.backends.defaults"  # the core's stock-PyTorch answers, loaded by name like a plugin
+)
+DEFAULTS_NAME = "accelbench.defaults"
 
 _HOOK_NAMES = sorted(name for name in dir(hookspecs) if name.startswith("accelbench_"))
 
@@ -43,6 +56,7 @@ class PluginRecord:
     hooks: list[str] = field(default_factory=list)
     backend: BackendInfo | None = None
     warnings: list[str] = field(default_factory=list)
+    contract: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +65,7 @@ class PluginRecord:
             "version": self.version,
             "status": self.status,
             "error": self.error,
+            "contract": self.contract,
             "hooks": self.hooks,
             "backend": self.backend.model_dump() if self.backend else None,
             "warnings": self.warnings,
@@ -58,25 +73,52 @@ class PluginRecord:
 
 
 class Backend:
-    """Typed access to one backend's hooks: the selected plugin first, then the core defaults."""
+    """Typed access to one backend's hooks: the selected plugin's implementation, else the core default."""
 
-    def __init__(
-        self, pm: pluggy.PluginManager, info: BackendInfo, plugin: object, others: list[object]
-    ) -> None:
+    def __init__(self, pm: pluggy.PluginManager, info: BackendInfo, plugin: object, defaults: object) -> None:
         self.info = info
         self.name = info.name
         self.plugin = plugin
         self._pm = pm
-        self._others = others
-        self._callers: dict[str, pluggy.HookCaller] = {}
+        self._defaults = defaults
+        self._callers: dict[str, tuple[pluggy.HookCaller, pluggy.HookCaller]] = {}
         self._devices: list[DeviceInfo] | None = None
         self.detect_error: str | None = None
 
-    def _call(self, hook: str, **kwargs: Any) -> Any:
-        caller = self._callers.get(hook)
-        if caller is None:
-            caller = self._callers[hook] = self._pm.subset_hook_caller(hook, self._others)
-        return caller(**kwargs)
+    def _pair(self, hook: str) -> tuple[pluggy.HookCaller, pluggy.HookCaller]:
+        """(this plugin's caller, the defaults' caller) for ``hook``: every other plugin removed from each."""
+        pair = self._callers.get(hook)
+        if pair is None:
+            plugins = self._pm.get_plugins()
+            mine = self._pm.subset_hook_caller(hook, [p for p in plugins if p is not self.plugin])
+            default = self._pm.subset_hook_caller(hook, [p for p in plugins if p is not self._defaults])
+            pair = self._callers[hook] = (mine, default)
+        return pair
+
+    def _ask(self, hook: str, **kwargs: Any) -> Any:
+        """A first-result hook: the plugin's answer, or the default's where it has none (or returns None)."""
+        mine, default = self._pair(hook)
+        answer = mine(**kwargs) if mine.get_hookimpls() else None
+        if answer is None and default.get_hookimpls():
+            answer = default(**kwargs)
+        return answer
+
+    def _act(self, hook: str, **kwargs: Any) -> None:
+        """An action hook: the plugin's implementation replaces the default."""
+        mine, default = self._pair(hook)
+        (mine if mine.get_hookimpls() else default)(**kwargs)
+
+    def _typed(self, hook: str, answer: object, kind: type[T]) -> T:
+        """A plugin's answer, checked against the contract's return type (a wrong type is the plugin's bug)."""
+        if not isinstance(answer, kind):
+            raise BackendError(
+                f"backend {self.name!r}: {hook} returned {type(answer).__name__}, not {kind.__name__} "
+                "(see accelbench.hookspecs)"
+            )
+        return answer
+
+    def implements(self, hook: str) -> bool:
+        return bool(self._pair(hook)[0].get_hookimpls())
 
     # detection ------------------------------------------------------------------------------------------
     def detect(self) -> list[DeviceInfo]:
@@ -87,25 +129,31 @@ class Backend:
         """
         if self._devices is None:
             try:
-                self._devices = list(self._call("accelbench_detect_devices") or [])
+                self._devices = list(self._ask("accelbench_detect_devices") or [])
             except Exception as exc:  # detection must never break a command
                 self.detect_error = f"{type(exc).__name__}: {exc}"
                 self._devices = []
         return list(self._devices)
 
     def runtime_versions(self) -> dict[str, str]:
-        return dict(self._call("accelbench_runtime_versions") or {})
+        return dict(self._ask("accelbench_runtime_versions") or {})
 
     # device setup / collectives -------------------------------------------------------------------------
     def setup_device(self, local_rank: int) -> torch.device:
-        return self._call("accelbench_setup_device", device_type=self.info.device_type, local_rank=local_rank)
+        import torch
 
-    def collective_backend(self, device: torch.device) -> str:
-        return self._call("accelbench_collective_backend", device=device)
+        hook = "accelbench_setup_device"
+        answer = self._ask(hook, device_type=self.info.device_type, local_rank=local_rank)
+        return self._typed(hook, answer, torch.device)
+
+    def collective_backend(self, device: torch.device) -> str | None:
+        """The torch.distributed backend name, or None where the backend replicates without torch.distributed."""
+        answer = self._ask("accelbench_collective_backend", device=device)
+        return None if answer is NO_COLLECTIVE else str(answer)
 
     # precision --------------------------------------------------------------------------------------------
     def supported_precisions(self, device: torch.device) -> list[str]:
-        return list(self._call("accelbench_supported_precisions", device=device))
+        return list(self._ask("accelbench_supported_precisions", device=device))
 
     def check_precision(self, precision: str, device: torch.device) -> None:
         supported = self.supported_precisions(device)
@@ -118,23 +166,25 @@ class Backend:
     def precision_plan(
         self, precision: str, device: torch.device, options: dict[str, str | int | float | bool] | None = None
     ) -> PrecisionPlan:
+        from accelbench.precision import PrecisionPlan
+
         self.check_precision(precision, device)
-        return self._call(
-            "accelbench_precision_plan", precision=precision, device=device, options=dict(options or {})
-        )
+        hook = "accelbench_precision_plan"
+        answer = self._ask(hook, precision=precision, device=device, options=dict(options or {}))
+        return self._typed(hook, answer, PrecisionPlan)
 
     # strategies -------------------------------------------------------------------------------------------
     def supported_strategies(self) -> list[str]:
-        return list(self._call("accelbench_supported_strategies"))
+        return list(self._ask("accelbench_supported_strategies"))
 
     def executor(self, request: ExecutorRequest) -> Executor:
         self.check_strategy(request.strategy)
-        executor = self._call("accelbench_executor", request=request)
+        executor = self._ask("accelbench_executor", request=request)
         if executor is None:
             raise BackendError(
                 f"backend {self.name!r} declared strategy {request.strategy!r} but built no executor"
             )
-        return executor
+        return cast("Executor", executor)  # its type is the engine's: the host imports no engine code
 
     def check_strategy(self, strategy: str) -> None:
         supported = self.supported_strategies()
@@ -143,24 +193,24 @@ class Backend:
                 f"backend {self.name!r} does not support strategy {strategy!r}; it supports: {', '.join(supported)}"
             )
 
-    # timing / memory / peaks ------------------------------------------------------------------------------
+    # timing / epochs / memory / peaks ---------------------------------------------------------------------
     def synchronize(self, device: torch.device) -> None:
-        self._call("accelbench_synchronize", device=device)
+        self._act("accelbench_synchronize", device=device)
 
-    def reset_peak_memory(self, device: torch.device) -> None:
-        self._call("accelbench_reset_peak_memory", device=device)
+    def epoch_start(self, device: torch.device) -> None:
+        self._act("accelbench_epoch_start", device=device)
 
-    def memory_stats(self, device: torch.device) -> MemoryStats:
-        return self._call("accelbench_memory_stats", device=device)
+    def epoch_end(self, device: torch.device) -> EpochReadings:
+        return self._typed(
+            "accelbench_epoch_end", self._ask("accelbench_epoch_end", device=device), EpochReadings
+        )
 
     def release_memory(self, device: torch.device) -> None:
-        self._call("accelbench_release_memory", device=device)
-
-    def telemetry(self, device: torch.device) -> dict[str, float]:
-        return dict(self._call("accelbench_device_telemetry", device=device) or {})
+        self._act("accelbench_release_memory", device=device)
 
     def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
-        return self._call("accelbench_peak_figures", device=device, precision=precision)
+        answer = self._ask("accelbench_peak_figures", device=device, precision=precision)
+        return None if answer is None else self._typed("accelbench_peak_figures", answer, PeakFigures)
 
 
 class PluginHost:
@@ -170,7 +220,11 @@ class PluginHost:
         self.strict = os.environ.get(STRICT_ENV, "") not in ("", "0") if strict is None else strict
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self.pm.register(defaults, name="accelbench.defaults")
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            self.pm.trace.root.setwriter(sys.stderr.write)
+            self.pm.enable_tracing()
+        self.defaults = importlib.import_module(DEFAULTS_MODULE)
+        self.pm.register(self.defaults, name=DEFAULTS_NAME)
         self.records: list[PluginRecord] = []
         self._backends: dict[str, Backend] = {}
         self._workloads: dict[str, tuple[Workload, str]] = {}
@@ -191,16 +245,19 @@ class PluginHost:
             record = PluginRecord(name=ep.name, distribution=dist, version=version, status="active")
             self.records.append(record)
             try:
-                plugin = self._register(ep)
+                plugin = self._register(ep, record)
             except Exception as exc:
                 self._fail(record, exc)
                 continue
             record.hooks = sorted(c.name for c in self.pm.get_hookcallers(plugin) or [])
-            record.warnings = _undecorated_hooks(plugin)
+            record.warnings = self._undecorated_hooks(plugin)
             self._plugin_of[ep.name] = plugin
 
-    def _register(self, ep: EntryPoint) -> object:
+    def _register(self, ep: EntryPoint, record: PluginRecord) -> object:
         plugin = ep.load()
+        if isinstance(plugin, type):  # a class: one instance holds the plugin's state
+            plugin = plugin()
+        record.contract = check_contract(plugin)
         if self.pm.is_registered(plugin):
             raise PluginError(
                 f"entry point {ep.name!r} points at an object another entry point already registered"
@@ -225,17 +282,24 @@ class PluginHost:
                 f"plugin {record.name!r} (distribution {record.distribution}) failed: {record.error}"
             ) from exc
 
-    def _collect_backends(self) -> None:
-        found: dict[str, tuple[BackendInfo, object]] = {}
+    def _only(self, hook: str, plugin: object) -> pluggy.HookCaller:
+        """A caller of ``hook`` on ``plugin`` alone."""
+        return self.pm.subset_hook_caller(hook, [p for p in self.pm.get_plugins() if p is not plugin])
+
+    def _active(self) -> Iterable[tuple[PluginRecord, object]]:
         for record in self.records:
             plugin = self._plugin_of.get(record.name)
-            impl = getattr(plugin, "accelbench_backend", None)
-            if record.status != "active" or impl is None:
-                continue
+            if record.status == "active" and plugin is not None:
+                yield record, plugin
+
+    def _collect_backends(self) -> None:
+        found: dict[str, tuple[BackendInfo, object]] = {}
+        for record, plugin in list(self._active()):
             try:
-                info = impl()
-                if info is None:
+                answers = [a for a in self._only("accelbench_backend", plugin)() if a is not None]
+                if not answers:
                     continue
+                info = answers[0]
                 if not isinstance(info, BackendInfo):
                     raise PluginError(f"accelbench_backend returned {type(info).__name__}, not BackendInfo")
                 if info.name in found:
@@ -250,13 +314,13 @@ class PluginHost:
                 continue
             record.backend = info
             found[info.name] = (info, plugin)
-        plugins = [plugin for _, plugin in found.values()]
         for name, (info, plugin) in found.items():
-            self._backends[name] = Backend(self.pm, info, plugin, [p for p in plugins if p is not plugin])
+            self._backends[name] = Backend(self.pm, info, plugin, self.defaults)
 
     def _collect_workloads(self) -> None:
-        for impl in self.pm.hook.accelbench_register_workloads.get_hookimpls():
-            owner = impl.plugin_name
+        owners: list[tuple[str, object, PluginRecord | None]] = [(DEFAULTS_NAME, self.defaults, None)]
+        owners += [(record.name, plugin, record) for record, plugin in self._active()]
+        for owner, plugin, record in owners:
 
             def register(workload: Workload, owner: str = owner) -> None:
                 if workload.name in self._workloads:
@@ -267,12 +331,20 @@ class PluginHost:
                 self._workloads[workload.name] = (workload, owner)
 
             try:
-                impl.function(register=register)
+                self._only("accelbench_register_workloads", plugin)(register=register)
             except Exception as exc:
-                record = next((r for r in self.records if r.name == owner), None)
                 if record is None:  # the core's own workloads must register
                     raise
                 self._fail(record, exc)
+
+    def _undecorated_hooks(self, plugin: object) -> list[str]:
+        """Functions named like hooks but missing @hookimpl: pluggy ignores them silently, so say so."""
+        out = []
+        for attr in dir(plugin):
+            hook_like = attr.startswith("accelbench_") and callable(getattr(plugin, attr, None))
+            if hook_like and self.pm.parse_hookimpl_opts(plugin, attr) is None:
+                out.append(f"{attr} is not decorated with @accelbench.hookimpl and is ignored")
+        return out
 
     # queries ----------------------------------------------------------------------------------------------
     @property
@@ -310,21 +382,63 @@ class PluginHost:
         return {name: w for name, (w, _) in sorted(self._workloads.items())}
 
     def run_options(self) -> list[RunOption]:
-        """Options plugins add to `accelbench run`; a plugin whose hook fails is reported and skipped.
+        """Options backend plugins add to `accelbench run`; a plugin whose hook fails is reported and skipped.
         Collected once: the command line and the preflight check both need them."""
-        if self._run_options is not None:
-            return list(self._run_options)
-        options: list[RunOption] = []
-        for impl in self.pm.hook.accelbench_run_options.get_hookimpls():
-            try:
-                options.extend(impl.function() or [])
-            except Exception as exc:
-                record = next((r for r in self.records if r.name == impl.plugin_name), None)
-                if record is None:
-                    raise
-                self._fail(record, exc)
-        self._run_options = options
-        return list(options)
+        if self._run_options is None:
+            options: list[RunOption] = []
+            for record, plugin in list(self._active()):
+                try:
+                    for answer in self._only("accelbench_run_options", plugin)():
+                        options.extend(answer or [])
+                except Exception as exc:
+                    self._fail(record, exc)
+            self._run_options = options
+        return list(self._run_options)
+
+    def workload_run_options(self) -> list[RunOption]:
+        """Every registered workload's options (one ``--flag`` may serve several workloads)."""
+        return [option for workload in self.workloads.values() for option in workload.options()]
+
+    def recorded_environment(self) -> list[str]:
+        """Environment variable names (or ``PREFIX*``) the installed plugins want recorded."""
+        names: list[str] = []
+        for _, plugin in self._active():
+            for answer in self._only("accelbench_recorded_environment", plugin)():
+                names.extend(n for n in answer or [] if n not in names)
+        return names
+
+    def resolve(self, config: RunConfig) -> RunConfig:
+        """``config`` with its workload's options checked and completed with their defaults (what the record
+        keeps), and the workload's own checks passed. Raises ConfigError naming the option."""
+        workload = self.workload(config.workload)
+        if config.model not in workload.model_names():
+            raise ConfigError(
+                f"unknown model {config.model!r} for workload {workload.name!r}; "
+                f"choose one of: {', '.join(workload.model_names())}"
+            )
+        options = resolve_options(config.workload_options, workload.options(), workload.name, "workload")
+        resolved = config.model_copy(update={"workload_options": options})
+        workload.check(resolved)
+        return resolved
+
+    def check_backend_options(self, config: RunConfig, backend: Backend) -> RunConfig:
+        """The given backend options checked against what ``backend`` declares (only the given ones are kept:
+        the plugin applies and records its defaults)."""
+        declared = {o.name: o for o in self.run_options()}
+        checked: dict[str, str | int | float | bool] = {}
+        for name, value in config.backend_options.items():
+            option = declared.get(name)
+            if option is not None and option.backend != backend.name:
+                raise ConfigError(
+                    f"--{option.cli_flag} is an option of backend {option.backend!r}, not of {backend.name!r}; "
+                    f"drop it or add --backend {option.backend}"
+                )
+            if option is None:
+                resolve_options({name: value}, [o for o in declared.values() if o.backend == backend.name],
+                                backend.name, "backend")  # fmt: skip
+            else:
+                checked[name] = option.check(value)
+        return config.model_copy(update={"backend_options": checked})
 
     def versions(self) -> dict[str, str]:
         """Distribution versions of the active plugins, for result records."""
@@ -333,21 +447,32 @@ class PluginHost:
         }
 
 
+def check_contract(plugin: object) -> str:
+    """The contract version ``plugin`` declares, if this accelbench can load it; PluginError saying why not."""
+    declared = getattr(plugin, "accelbench_contract", None)
+    mine = tuple(int(p) for p in CONTRACT_VERSION.split("."))
+    if declared is None:
+        raise PluginError(
+            f"written for plugin contract 1 (it declares no accelbench_contract); this accelbench implements "
+            f"contract {CONTRACT_VERSION}: upgrade the plugin"
+        )
+    try:
+        major, minor = (int(p) for p in str(declared).split("."))
+    except ValueError:
+        raise PluginError(f"accelbench_contract = {declared!r} is not a MAJOR.MINOR version") from None
+    if major != mine[0] or minor > mine[1]:
+        upgrade = "accelbench" if (major, minor) > mine else "the plugin"
+        raise PluginError(
+            f"written for plugin contract {declared}; this accelbench implements contract {CONTRACT_VERSION}: "
+            f"upgrade {upgrade}"
+        )
+    return str(declared)
+
+
 def _unknown_hook_message(name: str) -> str:
     close = difflib.get_close_matches(name, _HOOK_NAMES, n=1)
     suggestion = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown hook {name!r}{suggestion}; see accelbench.hookspecs for the hook names"
-
-
-def _undecorated_hooks(plugin: object) -> list[str]:
-    """Functions named like hooks but missing @hookimpl: pluggy ignores them silently, so say so."""
-    out = []
-    for attr in dir(plugin):
-        if attr.startswith("accelbench_") and callable(getattr(plugin, attr, None)):
-            opts = getattr(getattr(plugin, attr), PROJECT + "_impl", None)
-            if opts is None:
-                out.append(f"{attr} is not decorated with @accelbench.hookimpl and is ignored")
-    return out
 
 
 _HOST: PluginHost | None = None

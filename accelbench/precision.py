@@ -5,15 +5,21 @@ A plan is recorded verbatim in the result, so "fp32" that ran with TF32 matmuls 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
 
 PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true")
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+def _dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 class PrecisionPlan(BaseModel):
@@ -34,11 +40,11 @@ class PrecisionPlan(BaseModel):
 
     @property
     def torch_param_dtype(self) -> torch.dtype:
-        return _DTYPES[self.param_dtype]
+        return _dtype(self.param_dtype)
 
     @property
     def torch_autocast_dtype(self) -> torch.dtype | None:
-        return _DTYPES[self.autocast_dtype] if self.autocast_dtype else None
+        return _dtype(self.autocast_dtype) if self.autocast_dtype else None
 
 
 def standard_plan(name: str, matmul_math: str) -> PrecisionPlan:

@@ -22,7 +22,7 @@ from accelbench.precision import PrecisionPlan
 from accelbench.system import SystemInfo
 
 SCHEMA_NAME = "accelbench.result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: workload options and identity, energy; v1 records are migrated on read (migrate)
 
 Status = Literal["ok", "oom", "error", "interrupted"]
 
@@ -53,6 +53,13 @@ class EpochMetrics(_Model):
         default_factory=dict,
         description="Rank 0's device readings after the epoch (power, utilisation, PCIe).",
     )
+    energy_j: float | None = Field(
+        default=None,
+        description="Joules over the epoch from the devices' own energy counters, each counter once (summed over "
+        "ranks); None when any rank had no readable counter.",
+    )
+    joules_per_sample: float | None = None
+    samples_per_joule: float | None = None
 
 
 class RankMetrics(_Model):
@@ -76,6 +83,8 @@ class SteadyState(_Model):
     mfu: float | None = Field(
         description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown."
     )
+    joules_per_sample: float | None = Field(default=None, description="Median over the steady epochs.")
+    samples_per_joule: float | None = None
 
 
 class Metrics(_Model):
@@ -94,6 +103,7 @@ class Metrics(_Model):
     flops_per_sample: float
     flops_formula: str
     peak: PeakFigures | None
+    energy_source: str | None = Field(default=None, description="The energy counter, or None when unknown.")
 
 
 class BackendRecord(_Model):
@@ -107,7 +117,7 @@ class BackendRecord(_Model):
 
 
 class ResultRecord(_Model):
-    schema_name: Literal["accelbench.result"] = Field(default=SCHEMA_NAME, alias="schema")
+    schema_name: Literal["accelbench.result"] = Field(default="accelbench.result", alias="schema")
     schema_version: int = SCHEMA_VERSION
     run_id: str
     created_at: datetime
@@ -118,6 +128,11 @@ class ResultRecord(_Model):
     backend: BackendRecord
     precision: PrecisionPlan | None
     workload: dict[str, Any]
+    workload_identity: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict,
+        description="What, beside the core's batch size, precision, strategy and data, makes two runs the same work "
+        "(the workload's identity: compare groups by it).",
+    )
     data: dict[str, Any]
     executor: dict[str, Any]
     plugins: dict[str, str]
@@ -179,13 +194,53 @@ def read_record(path: Path) -> ResultRecord:
             f"(v{SCHEMA_VERSION}); upgrade accelbench"
         )
     try:
-        return ResultRecord.model_validate(raw)
+        return ResultRecord.model_validate(migrate(raw))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
         )
         more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
         raise ResultFileError(f"{path}: invalid result record: {problems}{more}") from exc
+
+
+# v1 kept the GPT's options as core config fields
+_V1_GPT_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "vocab_multiple")
+_V1_GPT_DEFAULTS = {"block_size": 128, "dropout": 0.1}
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A parsed record brought to the current schema version (a copy; current records come back as they are).
+
+    v1 -> v2: the GPT's ``n_layer``/``n_head``/``n_embd``/``block_size``/``dropout``/``vocab_multiple`` config fields
+    move into ``config.workload_options``; ``workload_identity`` is rebuilt from them (v1 runs had no vocabulary
+    padding unless recorded).
+    """
+    if raw.get("schema_version") != 1:
+        return raw
+    raw = dict(raw)
+    config = dict(raw.get("config") or {})
+    options = dict(config.get("workload_options") or {})
+    for name in _V1_GPT_FIELDS:
+        if name in config:
+            value = config.pop(name)
+            if value is not None:
+                options[name] = value
+    for name, default in _V1_GPT_DEFAULTS.items():
+        options.setdefault(name, default)
+    options.setdefault("vocab_multiple", 1)
+    config["workload_options"] = options
+    raw["config"] = config
+    workload = raw.get("workload") or {}
+    dims = [workload.get(k, options.get(k)) for k in ("n_layer", "n_head", "n_embd")]
+    model = config.get("model", "gpt-nano")
+    raw["workload_identity"] = {
+        "model": f"custom {dims[0]}L/{dims[1]}H/{dims[2]}E" if model == "custom" else model,
+        "block_size": options["block_size"],
+        "dropout": options["dropout"],
+        "vocab_multiple": options["vocab_multiple"],
+    }
+    raw["schema_version"] = SCHEMA_VERSION
+    return raw
 
 
 def json_schema() -> dict[str, Any]:

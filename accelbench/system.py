@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import platform
 import socket
 import sys
+from collections.abc import Iterable
 
-import psutil
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from accelbench import __version__
-from accelbench.backends.cpu import cpu_model, usable_cores
+from accelbench.hostinfo import cpu_model, usable_cores
 
 # scheduler -> environment variable holding the job id
 _JOB_ID_VARS = {
@@ -22,21 +22,9 @@ _JOB_ID_VARS = {
     "sge": "JOB_ID",
     "flux": "FLUX_JOB_ID",
 }
-# environment that changes performance and belongs in the record
-_RECORDED_ENV = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "CUDA_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "ZE_AFFINITY_MASK",
-    "ZE_FLAT_DEVICE_HIERARCHY",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NTASKS",
-    "PYTORCH_CUDA_ALLOC_CONF",
-)
+# environment the core itself wants recorded (launcher and job shape); vendors add theirs through the
+# accelbench_recorded_environment hook (CUDA_VISIBLE_DEVICES, HIP_*, ZE_*, ...)
+CORE_ENVIRONMENT = ("SLURM_JOB_NODELIST", "SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "PYTORCH_*", "TORCH_*")
 
 
 class SystemInfo(BaseModel):
@@ -59,7 +47,19 @@ class SystemInfo(BaseModel):
     environment: dict[str, str]
 
 
-def collect_system_info() -> SystemInfo:
+def recorded_environment(patterns: Iterable[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` named by ``patterns`` (names, or ``PREFIX*``), sorted by name."""
+    environ = dict(os.environ if environ is None else environ)
+    wanted = [*CORE_ENVIRONMENT, *patterns]
+    return {k: environ[k] for k in sorted(environ) if any(fnmatch.fnmatchcase(k, p) for p in wanted)}
+
+
+def collect_system_info(environment: Iterable[str] = ()) -> SystemInfo:
+    """The host as a record describes it; ``environment`` names (or ``PREFIX*``) the variables to record besides
+    the core's own (the plugins' ``accelbench_recorded_environment``)."""
+    import psutil
+    import torch
+
     scheduler, job_id = next(
         ((s, os.environ[v]) for s, v in _JOB_ID_VARS.items() if os.environ.get(v)), (None, None)
     )
@@ -78,5 +78,5 @@ def collect_system_info() -> SystemInfo:
         accelbench_version=__version__,
         scheduler=scheduler,
         job_id=job_id,
-        environment={k: os.environ[k] for k in _RECORDED_ENV if k in os.environ},
+        environment=recorded_environment(environment),
     )

@@ -81,44 +81,33 @@ def busy_us(kernels: list[tuple[str, float, float]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accelbench.config import RunConfig
+    from accelbench.cli import build_parser, config_from_args
     from accelbench.engine.runner import place_data, prepare
     from accelbench.plugins import get_host
 
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every `accelbench run` option is accepted too (--backend, --model, --batch-size, --compile, ...).",
     )
-    parser.add_argument("--backend", default="cuda")
-    parser.add_argument("--model", default="gpt2")
-    parser.add_argument("--precision", default="bf16-mixed")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--compile-mode", default="default")
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--vocab-multiple", type=int, default=64)
-    parser.add_argument("--data-placement", default="auto")
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument(
         "--matmul-ceiling", type=float, help="measured bf16 matmul FLOP/s, for the matmul rate"
     )
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-
-    config = RunConfig(
-        backend=args.backend,
-        model=args.model,
-        precision=args.precision,
-        batch_size=args.batch_size,
-        compile=args.compile,
-        compile_mode=args.compile_mode,
-        dropout=args.dropout,
-        vocab_multiple=args.vocab_multiple,
-        data_placement=args.data_placement,
-        steps_per_epoch=args.warmup + args.steps,
-        epochs=1,
-    )
-    run = prepare(config, get_host())
+    args, run_args = parser.parse_known_args(argv)
+    # the run itself: exactly `accelbench run`'s options, parsed by its own (generated) parser
+    host = get_host()
+    run_parser = build_parser(host.run_options(), host.workload_run_options())
+    given = config_from_args(run_parser.parse_args(["run", "--backend", "cuda", *run_args]))
+    config = given.model_copy(update={"steps_per_epoch": args.warmup + args.steps, "epochs": 1})
+    run = prepare(config, host)
+    config = run.config  # resolved: the workload's options completed
+    if run.device.type != "cuda":
+        parser.error(
+            f"this script profiles CUDA kernels; backend {run.backend.name!r} runs on {run.device.type}"
+        )
     device, executor = run.device, run.executor
     job = run.workload.build(config)
     executor.setup(job)
@@ -156,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         by_name[name][0] += dur / len(timed)
         by_name[name][1] += 1
     busy = busy_us(kernels) / len(timed)
-    tokens = config.batch_size * config.block_size
+    tokens = config.batch_size * job.tokens_per_sample
     matmul_flops = 6.0 * job.summary["parameters"] * tokens  # ~ all of 6N is matmul work
     result: dict[str, Any] = {
         "config": config.model_dump(mode="json"),

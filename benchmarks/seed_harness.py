@@ -38,15 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-SIZES = {  # layers, heads, embedding (minGPT's table)
-    "gpt-nano": (3, 3, 48),
-    "gpt-micro": (4, 4, 128),
-    "gpt-mini": (6, 6, 192),
-    "gopher-44m": (8, 16, 512),
-    "gpt2": (12, 12, 768),
-    "gpt2-medium": (24, 16, 1024),
-    "gpt2-large": (36, 20, 1280),
-}
+from accelbench.workloads.gpt import MODEL_SIZES as SIZES  # layers, heads, embedding (minGPT's table)
 
 
 # ---------------------------------------------------------------------------------------------------------- model

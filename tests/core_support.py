@@ -12,23 +12,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-# A tiny custom model and short epochs: real training, a few seconds on two cores.
-TINY = [
-    "--model",
-    "custom",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--embd",
-    "16",
-    "--block-size",
-    "16",
-    "--batch-size",
-    "8",
-    "--dropout",
-    "0",
-]
+from accelbench.testing.contract import TINY_ARGS
+
+# A tiny custom model (the conformance kit's): real training, a few seconds on two cores.
+TINY = list(TINY_ARGS)
 
 
 @dataclass

@@ -285,7 +285,7 @@ def test_mann_whitney_matches_brute_force(a: list[float], b: list[float]) -> Non
 def test_mann_whitney_normal_approximation_for_large_samples(monkeypatch) -> None:
     import random
 
-    from accelbench import compare as compare_module
+    from accelbench.compare import stats as compare_module
 
     rng = random.Random(0)
     a = [round(rng.gauss(10.0, 1.0), 1) for _ in range(30)]  # rounded: plenty of ties
@@ -294,3 +294,8 @@ def test_mann_whitney_normal_approximation_for_large_samples(monkeypatch) -> Non
     monkeypatch.setattr(compare_module, "_EXACT_LIMIT", 10**9)
     exact = mann_whitney_p(a, b)
     assert 0.001 < exact < 0.5 and approximate == pytest.approx(exact, rel=0.1)
+
+
+def test_mann_whitney_with_every_value_tied() -> None:
+    """Thousands of copies of one record: every epoch time the same, over the exact limit; nothing separates them."""
+    assert mann_whitney_p([0.5] * 30, [0.5] * 30) == 1.0

@@ -88,6 +88,7 @@ from accelbench import hookimpl
 from accelbench.config import RunOption
 from accelbench.devices import BackendInfo, DeviceInfo
 from accelbench.engine.distributed import DDPExecutor
+accelbench_contract = "2.0"
 
 @hookimpl
 def accelbench_backend():
@@ -102,17 +103,7 @@ def accelbench_run_options():
     return [RunOption(name="fail_mode", backend="faulty", help="raise, exit, hang or oom"),
             RunOption(name="fail_rank", type="int", default=1, backend="faulty")]
 
-@hookimpl
-def accelbench_setup_device(device_type, local_rank):
-    return torch.device("cpu")
-
-@hookimpl
-def accelbench_synchronize(device):
-    return True
-
-@hookimpl
-def accelbench_reset_peak_memory(device):
-    return True
+# device binding, synchronisation and epoch readings: the core defaults, which know CPU tensors
 
 class FaultyDDP(DDPExecutor):
     steps = 0

@@ -15,6 +15,7 @@ import nonexistent_vendor_runtime  # the vendor library is missing on this machi
 
 MISSPELLED = """
 from accelbench import hookimpl
+accelbench_contract = "2.0"
 
 @hookimpl
 def accelbench_detect_devcies():
@@ -23,15 +24,17 @@ def accelbench_detect_devcies():
 
 BAD_SIGNATURE = """
 from accelbench import hookimpl
+accelbench_contract = "2.0"
 
 @hookimpl
-def accelbench_memory_stats(device, stream):
+def accelbench_epoch_end(device, stream):
     return None
 """
 
 UNDECORATED = """
 from accelbench import hookimpl
 from accelbench.devices import BackendInfo
+accelbench_contract = "2.0"
 
 @hookimpl
 def accelbench_backend():
@@ -47,6 +50,7 @@ import torch
 from accelbench import hookimpl
 from accelbench.config import RunOption
 from accelbench.devices import BackendInfo, DeviceInfo
+accelbench_contract = "2.0"
 
 @hookimpl
 def accelbench_run_options():
@@ -64,22 +68,13 @@ def accelbench_detect_devices():
 def accelbench_supported_precisions(device):
     return ["fp32"]
 
-@hookimpl
-def accelbench_setup_device(device_type, local_rank):
-    return torch.device("cpu")
-
-@hookimpl
-def accelbench_synchronize(device):
-    return True
-
-@hookimpl
-def accelbench_reset_peak_memory(device):
-    return True
+# device binding, synchronisation and epoch readings: the core defaults, which know CPU tensors
 """
 
 DUPLICATE = """
 from accelbench import hookimpl
 from accelbench.devices import BackendInfo
+accelbench_contract = "2.0"
 
 @hookimpl
 def accelbench_backend():
@@ -208,3 +203,92 @@ def test_every_hook_is_documented(hook: str) -> None:
     from accelbench import hookspecs
 
     assert len((getattr(hookspecs, hook).__doc__ or "").split()) > 10
+
+
+CONTRACT_1 = """
+from accelbench import hookimpl
+from accelbench.devices import BackendInfo
+
+@hookimpl
+def accelbench_backend():
+    return BackendInfo(name="oldie", device_type="cpu", device_unit="old", priority=-1)
+"""
+
+FUTURE = CONTRACT_1.replace("oldie", "future") + 'accelbench_contract = "2.9"\n'
+
+# A plugin object: its methods are the hooks and its per-run state lives on it (an epoch counter here)
+STATEFUL = """
+import os
+from accelbench import hookimpl
+from accelbench.devices import BackendInfo, DeviceInfo, EnergyReading, EpochReadings, MemoryStats
+
+class CountingBackend:
+    \"\"\"A test backend that counts the epochs it saw and reports a made-for-the-test energy counter.\"\"\"
+
+    accelbench_contract = "2.0"
+
+    def __init__(self):
+        self.started = 0
+
+    @hookimpl
+    def accelbench_backend(self):
+        return BackendInfo(name="counting", device_type="cpu", device_unit="test unit", priority=-10)
+
+    @hookimpl
+    def accelbench_detect_devices(self):
+        return [DeviceInfo(index=0, name="Counter")]
+
+    @hookimpl
+    def accelbench_recorded_environment(self):
+        return ["COUNTING_*"]
+
+    @hookimpl
+    def accelbench_epoch_start(self, device):
+        self.started += 1
+
+    @hookimpl
+    def accelbench_epoch_end(self, device):
+        memory = MemoryStats(peak_bytes=self.started, source="epochs started so far (a test counter)")
+        energy = EnergyReading(joules=10.0 * self.started, domain="test:one", source="test counter")
+        return EpochReadings(memory=memory, energy=energy, telemetry={"epochs_started": float(self.started)})
+"""
+
+
+def test_plugins_for_another_contract_version_are_reported_not_loaded(site: Site) -> None:
+    site.add_distribution("accelbench-oldie", {"oldie": "old_plugin"}, {"old_plugin": CONTRACT_1})
+    site.add_distribution("accelbench-future", {"future": "future_plugin"}, {"future_plugin": FUTURE})
+    rows = plugins_json(site)
+    old, future = rows["oldie"], rows["future"]
+    assert old["status"] == "failed" and "written for plugin contract 1" in old["error"]
+    assert "upgrade the plugin" in old["error"] and old["hooks"] == [] and old["backend"] is None
+    assert (
+        future["status"] == "failed"
+        and "contract 2.9" in future["error"]
+        and "upgrade accelbench" in future["error"]
+    )
+    assert rows["cpu"]["status"] == "active"
+
+
+def test_a_plugin_object_keeps_its_state_and_reports_epoch_readings(site: Site, tmp_path) -> None:
+    site.add_distribution(
+        "accelbench-counting", {"counting": "counting_plugin:CountingBackend"}, {"counting_plugin": STATEFUL}
+    )
+    out = tmp_path / "out"
+    env = site.env(COUNTING_MODE="fast", ACCELBENCH_DEBUG="1")
+    args = [*TINY, "--epochs", "3", "--steps-per-epoch", "2", "--output-dir", str(out), "--json", "-q"]
+    proc = accelbench("run", "--backend", "counting", *args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    epochs = record["metrics"]["epochs"]
+    assert [e["peak_memory_bytes"] for e in epochs] == [1, 2, 3]  # one object saw every epoch start
+    assert [e["telemetry"]["epochs_started"] for e in epochs] == [1.0, 2.0, 3.0]
+    assert [e["energy_j"] for e in epochs] == [10.0, 20.0, 30.0]
+    assert epochs[0]["joules_per_sample"] == 10.0 / epochs[0]["samples"]
+    steady = record["metrics"]["steady"]
+    assert (
+        steady["joules_per_sample"] == pytest.approx(25.0 / 16)
+        and record["metrics"]["energy_source"] == "test counter"
+    )
+    assert record["system"]["environment"]["COUNTING_MODE"] == "fast"  # the plugin asked for COUNTING_*
+    # ACCELBENCH_DEBUG=1: pluggy traced the hook calls on stderr
+    assert "accelbench_epoch_end" in proc.stderr and "accelbench_epoch_start" in proc.stderr

@@ -57,12 +57,16 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (derived_dir / f"{name}.json").write_text(json.dumps(record))
 
     def as_model(model: str, parameters: int, **changes: object) -> dict:
+        options = {
+            k: v
+            for k, v in fp32["config"]["workload_options"].items()
+            if k not in ("n_layer", "n_head", "n_embd")
+        }
         return derived(
             fp32,
             config__model=model,
-            config__n_layer=None,
-            config__n_head=None,
-            config__n_embd=None,
+            config__workload_options=options,
+            workload_identity__model=model,
             workload__parameters=parameters,
             **changes,
         )
@@ -224,3 +228,39 @@ def test_the_report_renders_in_a_headless_browser(results: Path, tmp_path: Path)
     assert colours is not None and len(colours) > 200
     non_white = sum(count for count, rgb in colours if sum(rgb) < 3 * 245)
     assert non_white > 0.03 * 1400 * 3000
+
+
+def test_the_report_along_precision_has_bars_per_precision_for_each_system(
+    results: Path, tmp_path: Path
+) -> None:
+    """--vs precision: the seed study's figure 2 for each workload, from the real fp32 and bf16-mixed runs."""
+    comparison = compare(load_records([results]), label_by=("host", "backend"), vs="precision")
+    report = build_report(comparison)
+    figure = next(
+        f for f in report.figures if f.title == "Epoch time by precision: gpt custom 1L/2H/16E, single"
+    )
+    svg = figure.encode("svg").decode("utf-8")
+    assert "fp32" in svg and "bf16-mixed" in svg and "speedup vs precision fp32" in svg
+    page = report.html
+    assert '<h2 id="vs">Along precision</h2>' in page and '<a href="#vs">Along precision</a>' in page
+    assert "<th>precision</th>" in page and "<td>bf16-mixed</td>" in page and "<td>baseline</td>" in page
+    assert page.count("<figure") == len(report.figures) > 6  # every other view is still there
+
+    # energy per sample, where a record has it: a column of the comparison and a view of its own
+    real = sorted((results / "real").glob("*.json"))
+    record = json.loads(real[0].read_text())
+    epochs = [
+        dict(e, energy_j=3.0 * e["samples"], joules_per_sample=3.0) for e in record["metrics"]["epochs"]
+    ]
+    folder = tmp_path / "metered"
+    folder.mkdir()
+    (folder / "metered.json").write_text(
+        json.dumps(derived(record, system__host="metered", metrics__epochs=epochs))
+    )
+    for path in real:
+        shutil.copy(path, folder)
+    out = tmp_path / "report.html"
+    assert main(["report", str(folder), "--vs", "precision", "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "<th>J/sample</th>" in page and '<h2 id="energy">Energy per sample</h2>' in page
+    assert "No records for this view." in page  # the views this handful of runs cannot fill say so

@@ -29,7 +29,7 @@ def test_round_trip_is_lossless(recorded) -> None:
     assert again == record
     raw = json.loads(path.read_text())
     assert raw["schema"] == "accelbench.result" and raw["schema_version"] == SCHEMA_VERSION
-    assert raw["config"]["n_embd"] == 16
+    assert raw["config"]["workload_options"]["n_embd"] == 16
 
 
 def test_schema_is_published_and_describes_the_record() -> None:

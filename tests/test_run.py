@@ -326,12 +326,14 @@ def test_graph_replaying_runs_record_the_reserved_peak(
 ) -> None:
     """On an H200, gpt2 at batch 512 with CUDA graphs recorded a 0.5 GiB allocator peak for a step that holds
     19 GiB: replays use a private pool the allocated peak never sees. Such runs record the reserved peak."""
-    from accelbench.devices import MemoryStats
+    from accelbench.devices import EpochReadings, MemoryStats
     from accelbench.engine.executor import TorchExecutor
     from accelbench.plugins import Backend
 
-    reading = MemoryStats(peak_bytes=512, peak_reserved_bytes=19 * 2**30, source="allocator peak")
-    monkeypatch.setattr(Backend, "memory_stats", lambda self, device: reading)
+    reading = EpochReadings(
+        memory=MemoryStats(peak_bytes=512, peak_reserved_bytes=19 * 2**30, source="allocator peak")
+    )
+    monkeypatch.setattr(Backend, "epoch_end", lambda self, device: reading)
     monkeypatch.setattr(TorchExecutor, "replays_graphs", property(lambda self: True))
     record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=2), get_host())
     assert [e.peak_memory_bytes for e in record.metrics.epochs] == [19 * 2**30, 19 * 2**30]

@@ -83,7 +83,8 @@ def test_grids_expand_in_order_with_the_search_axis_innermost(tmp_path: Path) ->
     assert argv[-3:] == ["--output-dir", str(tmp_path / "out"), "--quiet"]
     assert argv[argv.index("--block-size") + 1] == "16" and argv[argv.index("--batch-size") + 1] == "1"
     config = sweep.config(first, tmp_path / "out")
-    assert (config.n_layer, config.batch_size, config.dropout, config.output_dir) == (
+    options = config.workload_options
+    assert (options["n_layer"], config.batch_size, options["dropout"], config.output_dir) == (
         1,
         1,
         0.0,

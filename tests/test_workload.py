@@ -14,6 +14,13 @@ from accelbench.workloads.chardata import SEED_CORPUS_BYTES, SHAKESPEARE_CHARSET
 from accelbench.workloads.gpt import GPT, MODEL_SIZES, GPTConfig, GPTWorkload, configure_adamw
 
 
+def resolved(config: RunConfig) -> RunConfig:
+    """``config`` as a run sees it: the workload's options completed with their defaults."""
+    from accelbench.plugins import get_host
+
+    return get_host().resolve(config)
+
+
 @pytest.mark.parametrize(
     ("name", "millions"),
     [("gpt2", 85.2), ("gpt2-medium", 302.5), ("ipu-384", 21.4), ("ipu-768", 85.2)],
@@ -91,9 +98,8 @@ def test_step_cap_limits_each_epoch() -> None:
 def test_workload_builds_the_configured_model(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     path.write_text("hello world " * 100)
-    job = GPTWorkload().build(
-        RunConfig(model="custom", n_layer=2, n_head=4, n_embd=32, block_size=8, data=path)
-    )
+    options = dict(n_layer=2, n_head=4, n_embd=32, block_size=8)
+    job = GPTWorkload().build(resolved(RunConfig(model="custom", data=path, workload_options=options)))
     assert job.summary["vocab_size"] == len(set("hello world "))
     assert len(job.model.blocks) == 2 and job.model.cfg.n_embd == 32
     assert job.flops_per_sample == job.model.flops_per_token() * 8
@@ -123,9 +129,10 @@ def test_vocabulary_padding_keeps_the_function_and_the_counts() -> None:
 
 
 def test_the_run_records_the_padded_vocabulary() -> None:
-    job = GPTWorkload().build(RunConfig(model="gpt-nano", vocab_multiple=64))
+    job = GPTWorkload().build(resolved(RunConfig(model="gpt-nano", workload_options={"vocab_multiple": 64})))
     assert job.summary["vocab_size"] == 65 and job.summary["vocab_padded_to"] == 128
-    assert GPTWorkload().build(RunConfig(model="gpt-nano", vocab_multiple=1)).summary["vocab_padded_to"] == 65
+    unpadded = resolved(RunConfig(model="gpt-nano", workload_options={"vocab_multiple": 1}))
+    assert GPTWorkload().build(unpadded).summary["vocab_padded_to"] == 65
 
 
 @pytest.mark.filterwarnings("error")  # the H200 run warned of a non-writable numpy array here; fixed

@@ -1,8 +1,10 @@
 """The built-in CPU backend. Registered through the ``accelbench`` entry-point group like any vendor plugin.
 
 One device = the CPU cores this process may run on (its affinity mask), with torch's intra-op threads.
-Peak memory is the process's resident-set high-water mark (VmHWM), reset before each epoch through
-``/proc/self/clear_refs``; CPU tensors have no allocator peak counter in torch.
+Peak memory is the process's resident-set high-water mark (VmHWM), reset at each epoch's start through
+``/proc/self/clear_refs``; CPU tensors have no allocator peak counter in torch. Energy comes from Linux RAPL
+(``/sys/class/powercap/intel-rapl:N/energy_uj``, the CPU packages) where it is readable, which often needs root;
+elsewhere it is unknown.
 """
 
 from __future__ import annotations
@@ -11,133 +13,209 @@ import os
 import platform
 import sys
 from pathlib import Path
-
-import psutil
-import torch
+from typing import TYPE_CHECKING
 
 from accelbench import hookimpl
-from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats
-from accelbench.precision import PrecisionPlan, standard_plan
+from accelbench.devices import BackendInfo, CounterFile, DeviceInfo, EnergyReading, EpochReadings, MemoryStats
+from accelbench.hostinfo import cpu_model, usable_cores
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.precision import PrecisionPlan
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_peak_resettable = False  # set by the last reset: whether VmHWM now measures since that reset
+POWERCAP = Path("/sys/class/powercap")
 
 
-@hookimpl
-def accelbench_backend() -> BackendInfo:
-    return BackendInfo(
-        name="cpu",
-        device_type="cpu",
-        device_unit="CPU (the cores this process may use)",
-        priority=0,
-        description="Built-in: trains on the host CPU with torch's intra-op threads.",
-    )
+def rapl_packages(root: Path = POWERCAP) -> list[CounterFile]:
+    """The readable RAPL package domains (``intel-rapl:N``, also used by AMD's driver); sub-domains are inside
+    them and are not counted again."""
+    out = []
+    for zone in sorted(root.glob("intel-rapl:*")):
+        if zone.name.count(":") != 1:  # intel-rapl:0:0 and deeper are parts of a package
+            continue
+        energy = zone / "energy_uj"
+        try:
+            max_uj = int((zone / "max_energy_range_uj").read_text())
+            int(energy.read_text())  # readable by this user?
+        except (OSError, ValueError):
+            continue
+        out.append(CounterFile(zone.name, energy, wrap=max_uj))
+    return out
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+class CpuBackend:
+    """The CPU backend. Per-run state (whether VmHWM was reset, the RAPL counters at the epoch's start) lives here."""
 
+    accelbench_contract = "2.0"
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    def __init__(self, powercap: Path = POWERCAP) -> None:
+        self.powercap = powercap
+        self._peak_resettable = False
+        self._rapl_start: dict[str, int] = {}
+        self._packages: list[CounterFile] | None = None
 
-
-@hookimpl
-def accelbench_detect_devices() -> list[DeviceInfo]:
-    details = {
-        "logical_cores": str(os.cpu_count()),
-        "physical_cores": str(psutil.cpu_count(logical=False)),
-        "usable_cores": str(usable_cores()),
-        "torch_threads": str(torch.get_num_threads()),
-    }
-    return [
-        DeviceInfo(
-            index=0,
-            name=cpu_model(),
-            arch=f"{platform.machine()} {_cpu_capability()}",
-            memory_bytes=psutil.virtual_memory().total,
-            details=details,
+    @hookimpl
+    def accelbench_backend(self) -> BackendInfo:
+        return BackendInfo(
+            name="cpu",
+            device_type="cpu",
+            device_unit="CPU (the cores this process may use)",
+            priority=0,
+            description="Built-in: trains on the host CPU with torch's intra-op threads.",
         )
-    ]
+
+    @hookimpl
+    def accelbench_recorded_environment(self) -> list[str]:
+        return [
+            "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS",
+            "OMP_PROC_BIND",
+            "OMP_PLACES",
+            "KMP_AFFINITY",
+            "ONEDNN_*",
+        ]
+
+    @hookimpl
+    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+        import psutil
+
+        details = {
+            "logical_cores": str(os.cpu_count()),
+            "physical_cores": str(psutil.cpu_count(logical=False)),
+            "usable_cores": str(usable_cores()),
+            "energy_counter": "RAPL" if self.packages() else "none readable",
+        }
+        return [
+            DeviceInfo(
+                index=0,
+                name=cpu_model(),
+                arch=f"{platform.machine()} {_cpu_capability()}",
+                memory_bytes=psutil.virtual_memory().total,
+                details=details,
+            )
+        ]
+
+    @hookimpl
+    def accelbench_runtime_versions(self) -> dict[str, str]:
+        import torch
+
+        versions = {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "mkldnn": str(torch.backends.mkldnn.is_available()),
+            "openmp": str(torch.backends.openmp.is_available()),
+        }
+        get = getattr(torch.backends.cpu, "get_cpu_capability", None)  # torch >= 2.1
+        if get is not None:
+            versions["cpu_capability"] = str(get())  # the kernels torch dispatches to
+        return versions
+
+    @hookimpl
+    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+        # torch's CPU autocast runs bf16 and fp16 regions; fp16 is emulated on most CPUs and slow, but it runs.
+        return ["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
+
+    @hookimpl
+    def accelbench_precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
+        import torch
+
+        from accelbench.precision import standard_plan
+
+        # oneDNN may run fp32 matmuls in bf16 when asked; record the setting that is really in force (torch >= 2.9)
+        fp32_mode = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")
+        math = "ieee-fp32" if fp32_mode in ("none", "ieee") else f"oneDNN fp32 matmuls as {fp32_mode}"
+        return standard_plan(precision, matmul_math=math)
+
+    @hookimpl
+    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+        import torch
+
+        return torch.device("cpu")
+
+    @hookimpl
+    def accelbench_synchronize(self, device: torch.device) -> None:
+        """Nothing to wait for: CPU kernels run synchronously with the Python thread."""
+
+    @hookimpl
+    def accelbench_epoch_start(self, device: torch.device) -> None:
+        try:
+            _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS (VmHWM) of this process (Linux >= 4.0)
+            self._peak_resettable = True
+        except OSError:  # not Linux, or /proc is read-only: the reading is then the lifetime peak
+            self._peak_resettable = False
+        self._rapl_start = {p.name: uj for p in self.packages() if (uj := p.read()) is not None}
+
+    @hookimpl
+    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+        return EpochReadings(memory=self._memory(), energy=self._energy())
+
+    def packages(self) -> list[CounterFile]:
+        if self._packages is None:
+            self._packages = rapl_packages(self.powercap)
+        return self._packages
+
+    def _energy(self) -> EnergyReading | None:
+        """Joules over the epoch from every package's counter (a counter that wrapped once is unwrapped)."""
+        packages = [p for p in self.packages() if p.name in self._rapl_start]
+        if not packages:
+            return None
+        total_uj = 0
+        for package in packages:
+            delta = package.since(self._rapl_start[package.name])
+            if delta is None:
+                return None
+            total_uj += delta
+        names = "+".join(p.name for p in packages)
+        return EnergyReading(
+            joules=total_uj / 1e6,
+            domain=f"rapl:{platform.node()}:{names}",
+            source=f"Linux RAPL package energy counters ({names}, /sys/class/powercap): the whole CPU package, "
+            "shared by every process on it",
+        )
+
+    def _memory(self) -> MemoryStats:
+        import psutil
+
+        total = psutil.virtual_memory().total
+        hwm = _read_vmhwm()
+        if hwm is not None and self._peak_resettable:
+            return MemoryStats(
+                peak_bytes=hwm, source="host RSS high-water mark (VmHWM, reset per epoch)", total_bytes=total
+            )
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        return MemoryStats(
+            peak_bytes=peak * scale,
+            source="host RSS peak over the process lifetime (ru_maxrss)",
+            total_bytes=total,
+        )
+
+
+# the widest vector extension the CPU reports (/proc/cpuinfo flags), the way torch names its kernel dispatch levels
+_ISA_FLAGS = (("avx512f", "AVX512"), ("avx2", "AVX2"), ("asimd", "NEON"), ("sve", "SVE"))
 
 
 def _cpu_capability() -> str:
-    get = getattr(torch.backends.cpu, "get_cpu_capability", None)  # torch >= 2.1
-    return get() if get else "unknown vector ISA"
-
-
-@hookimpl
-def accelbench_runtime_versions() -> dict[str, str]:
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
-    versions["mkldnn"] = str(torch.backends.mkldnn.is_available())
-    versions["openmp"] = str(torch.backends.openmp.is_available())
-    return versions
-
-
-@hookimpl
-def accelbench_supported_precisions(device: torch.device) -> list[str]:
-    # torch's CPU autocast runs bf16 and fp16 regions; fp16 is emulated on most CPUs and slow, but it runs.
-    return ["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
-
-
-@hookimpl
-def accelbench_precision_plan(precision: str, device: torch.device) -> PrecisionPlan:
-    # oneDNN may run fp32 matmuls in bf16 when asked; record the setting that is really in force.
-    fp32_mode = getattr(
-        getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none"
-    )  # torch >= 2.9
-    math = "ieee-fp32" if fp32_mode in ("none", "ieee") else f"oneDNN fp32 matmuls as {fp32_mode}"
-    return standard_plan(precision, matmul_math=math)
-
-
-@hookimpl
-def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device:
-    return torch.device("cpu")
-
-
-@hookimpl
-def accelbench_synchronize(device: torch.device) -> bool:
-    return True  # CPU kernels run synchronously with the Python thread
-
-
-@hookimpl
-def accelbench_reset_peak_memory(device: torch.device) -> bool:
-    global _peak_resettable
+    """The CPU's widest vector extension, read from /proc/cpuinfo (detection imports no torch); the level torch
+    really dispatches to is in the run's runtime versions (``cpu_capability``)."""
     try:
-        _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS (VmHWM) of this process (Linux >= 4.0)
-        _peak_resettable = True
-    except OSError:  # not Linux, or /proc is read-only: memory_stats then reports the lifetime peak
-        _peak_resettable = False
-    return True
-
-
-@hookimpl
-def accelbench_memory_stats(device: torch.device) -> MemoryStats:
-    total = psutil.virtual_memory().total
-    hwm = _read_vmhwm()
-    if hwm is not None and _peak_resettable:
-        return MemoryStats(
-            peak_bytes=hwm, source="host RSS high-water mark (VmHWM, reset per epoch)", total_bytes=total
-        )
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-    return MemoryStats(
-        peak_bytes=peak * scale,
-        source="host RSS peak over the process lifetime (ru_maxrss)",
-        total_bytes=total,
-    )
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown vector ISA"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    found = [name for flag, name in _ISA_FLAGS if flag in flags]
+    if "SVE" in found:
+        return "SVE"
+    return found[0] if found else "no vector extension reported"
 
 
 def _read_vmhwm() -> int | None:

@@ -12,13 +12,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from accelbench.config import RunConfig
 from accelbench.precision import PrecisionPlan
-from accelbench.workloads import TrainingJob
+from accelbench.workloads import ModelUnits, TrainingJob
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class ExecutorRequest:
     precision: PrecisionPlan
     world: World
     synchronize: Callable[[torch.device], None]  # the backend's device synchronisation (timing hook)
+    units: ModelUnits | None = (
+        None  # the workload's model parts for this config, known before the model is built
+    )
 
     @property
     def strategy(self) -> str:
@@ -117,7 +120,7 @@ class TorchExecutor(Executor):
 
     def setup(self, job: TrainingJob) -> None:
         model = job.model.to(device=self.device, dtype=self.request.precision.torch_param_dtype)
-        self.model = self.wrap(model.train())
+        self.model = self.wrap(model.train(), job.units)
         self.optimizer = job.make_optimizer(
             self.model, self.device
         )  # after wrapping: sharding replaces params
@@ -129,15 +132,16 @@ class TorchExecutor(Executor):
             # static shapes: an epoch's smaller last batch gets its own graph (compiled in the warm-up epoch)
             # instead of turning every later step into a dynamic-shape graph
             mode = None if config.compile_mode == "default" else config.compile_mode
-            self._step_model = torch.compile(self.model, mode=mode, dynamic=False)  # type: ignore[assignment]
+            self._step_model = cast(torch.nn.Module, torch.compile(self.model, mode=mode, dynamic=False))
             self._cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES and self.device.type == "cuda"
 
     @property
     def replays_graphs(self) -> bool:
         return getattr(self, "_cuda_graphs", False)
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The distribution strategy: DDP, FSDP, ... subclasses wrap or shard the placed model here."""
+    def wrap(self, model: torch.nn.Module, units: ModelUnits) -> torch.nn.Module:
+        """The distribution strategy: DDP, FSDP, ... subclasses wrap or shard the placed model here, finding its
+        parts through ``units`` (the workload's description), never through the model's attributes."""
         return model
 
     def compile(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:

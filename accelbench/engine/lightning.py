@@ -16,7 +16,7 @@ from accelbench.engine.executor import Executor, ExecutorRequest
 from accelbench.errors import ConfigError
 from accelbench.workloads import TrainingJob
 
-PRECISION = {
+PRECISION: dict[str, Any] = {
     "fp32": "32-true",
     "fp16-mixed": "16-mixed",
     "bf16-mixed": "bf16-mixed",

@@ -20,14 +20,18 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from accelbench import PROJECT
+from accelbench import CONTRACT_VERSION
 from accelbench.config import RunConfig, RunOption
-from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
+from accelbench.devices import BackendInfo, DeviceInfo, EnergyReading, EpochReadings, MemoryStats, PeakFigures
 from accelbench.engine.executor import Executor, ExecutorRequest, World
 from accelbench.errors import ConfigError
 from accelbench.plugins import Backend, PluginHost, PluginRecord
 from accelbench.precision import PRECISIONS, PrecisionPlan
 from accelbench.results import read_record
+
+# The flags of tiny_config: a one-layer, 16-wide GPT on 16-character windows, batch 8, no dropout
+TINY_ARGS = ("--model", "custom", "--layers", "1", "--heads", "2", "--embd", "16", "--block-size", "16",
+             "--batch-size", "8", "--dropout", "0")  # fmt: skip
 
 DETECT_BUDGET_S = 30.0  # "cheap": a probe subprocess fits easily, a hung driver does not
 
@@ -56,21 +60,7 @@ class BackendContract:
     """
 
     backend: ClassVar[str] = ""
-    run_args: ClassVar[tuple[str, ...]] = (
-        *("--model", "custom", "--layers", "1", "--heads", "2", "--embd", "16"),
-        *(
-            "--block-size",
-            "16",
-            "--batch-size",
-            "8",
-            "--dropout",
-            "0",
-            "--epochs",
-            "2",
-            "--steps-per-epoch",
-            "2",
-        ),
-    )
+    run_args: ClassVar[tuple[str, ...]] = (*TINY_ARGS, "--epochs", "2", "--steps-per-epoch", "2")
     run_precision: ClassVar[str | None] = None
     run_timeout_s: ClassVar[float] = 600.0
 
@@ -118,11 +108,18 @@ class BackendContract:
         assert contract_record.distribution, "the plugin must be registered by an installed distribution"
         assert not contract_record.warnings, contract_record.warnings
 
+    def test_plugin_declares_the_contract_it_implements(self, contract_backend: Backend) -> None:
+        declared = getattr(contract_backend.plugin, "accelbench_contract", None)
+        assert declared is not None, 'declare accelbench_contract = "MAJOR.MINOR" on the plugin'
+        assert str(declared).split(".")[0] == CONTRACT_VERSION.split(".")[0], (declared, CONTRACT_VERSION)
+
     def test_every_hook_is_a_documented_spec_and_decorated(
         self, contract_host: PluginHost, contract_backend: Backend
     ) -> None:
         plugin = contract_backend.plugin
-        assert inspect.getdoc(plugin), "the plugin module needs a docstring saying what it implements"
+        assert inspect.getdoc(plugin), (
+            "the plugin (module or class) needs a docstring saying what it implements"
+        )
         names = [n for n in dir(plugin) if n.startswith("accelbench_") and callable(getattr(plugin, n))]
         assert "accelbench_backend" in names and "accelbench_detect_devices" in names, names
         for name in names:
@@ -132,7 +129,9 @@ class BackendContract:
             )
             assert inspect.getdoc(caller.spec.function), f"the spec of {name} has no docstring"
             impl = getattr(plugin, name)
-            assert hasattr(impl, PROJECT + "_impl"), f"{name} is not decorated with @accelbench.hookimpl"
+            assert contract_host.pm.parse_hookimpl_opts(plugin, name) is not None, (
+                f"{name} is not decorated with @accelbench.hookimpl"
+            )
             extra = set(inspect.signature(impl).parameters) - set(caller.spec.argnames)
             assert not extra, f"{name} takes {sorted(extra)}, which the spec does not pass"
 
@@ -145,10 +144,10 @@ class BackendContract:
     def test_run_options_are_well_formed(self, contract_host: PluginHost, contract_backend: Backend) -> None:
         from accelbench.cli import build_parser
 
-        caller = contract_host.pm.hook.accelbench_run_options
-        mine = [impl for impl in caller.get_hookimpls() if impl.plugin is contract_backend.plugin]
-        for impl in mine:
-            for option in impl.function() or []:
+        others = [p for p in contract_host.pm.get_plugins() if p is not contract_backend.plugin]
+        mine = contract_host.pm.subset_hook_caller("accelbench_run_options", others)()
+        for answer in mine:
+            for option in answer or []:
                 assert isinstance(option, RunOption), option
                 assert option.backend == self.backend, (
                     f"--{option.name} says it is read by {option.backend!r}"
@@ -233,7 +232,7 @@ class BackendContract:
             contract_backend.precision_plan(missing[0], contract_device)
 
     def test_declared_strategies_build_executors(
-        self, contract_backend: Backend, contract_device: torch.device
+        self, contract_host: PluginHost, contract_backend: Backend, contract_device: torch.device
     ) -> None:
         strategies = contract_backend.supported_strategies()
         assert strategies and len(set(strategies)) == len(strategies), strategies
@@ -244,12 +243,14 @@ class BackendContract:
         )
         refused: dict[str, str] = {}
         for strategy in strategies:
+            config = contract_host.resolve(self._config(strategy=strategy))
             request = ExecutorRequest(
-                config=self._config(strategy=strategy),
+                config=config,
                 device=contract_device,
                 precision=plan,
                 world=World(),
                 synchronize=contract_backend.synchronize,
+                units=contract_host.workload(config.workload).units(config),
             )
             try:
                 executor = contract_backend.executor(request)
@@ -269,10 +270,12 @@ class BackendContract:
         with pytest.raises(ConfigError, match="does not support strategy"):
             contract_backend.check_strategy("no-such-strategy")
 
-    def test_memory_query_shape(self, contract_backend: Backend, contract_device: torch.device) -> None:
-        contract_backend.reset_peak_memory(contract_device)
+    def test_epoch_readings_shape(self, contract_backend: Backend, contract_device: torch.device) -> None:
+        contract_backend.epoch_start(contract_device)  # the runner: an epoch starts now
         contract_backend.synchronize(contract_device)
-        stats = contract_backend.memory_stats(contract_device)
+        readings = contract_backend.epoch_end(contract_device)
+        assert isinstance(readings, EpochReadings), readings
+        stats = readings.memory
         assert isinstance(stats, MemoryStats), stats
         assert stats.source.strip(), "say what peak_bytes measures"
         for field in ("peak_bytes", "peak_reserved_bytes", "device_used_bytes", "total_bytes"):
@@ -280,14 +283,12 @@ class BackendContract:
             assert value is None or (isinstance(value, int) and value >= 0), (field, value)
         if stats.peak_bytes is not None and stats.total_bytes:
             assert stats.peak_bytes <= stats.total_bytes, stats
-
-    def test_telemetry_is_finite_numbers(
-        self, contract_backend: Backend, contract_device: torch.device
-    ) -> None:
-        contract_backend.reset_peak_memory(contract_device)  # the runner's "an epoch starts now"
-        contract_backend.synchronize(contract_device)
-        readings = contract_backend.telemetry(contract_device)
-        for key, value in readings.items():
+        if readings.energy is not None:  # a real counter: non-negative joules, its domain and source named
+            assert isinstance(readings.energy, EnergyReading) and readings.energy.domain.strip(), (
+                readings.energy
+            )
+            assert readings.energy.source.strip(), readings.energy
+        for key, value in readings.telemetry.items():
             assert isinstance(key, str) and isinstance(value, (int, float)) and not isinstance(value, bool), (
                 key,
                 value,
@@ -339,11 +340,15 @@ class BackendContract:
 
 def tiny_config(**values: Any) -> RunConfig:
     """A one-layer, 16-wide GPT on 16-character windows, batch 8: a real training run in seconds on any device.
-    ``values`` override or add RunConfig fields (epochs, steps_per_epoch, precision, output_dir, ...)."""
-    size: dict[str, Any] = dict(
-        model="custom", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=8, dropout=0.0
-    )
-    return RunConfig(**{**size, **values})
+    ``values`` override or add RunConfig fields (epochs, steps_per_epoch, precision, output_dir, ...) and the GPT's
+    options (``block_size``, ``dropout``, ...), which land in ``workload_options``."""
+    options: dict[str, Any] = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.0)
+    options.update(values.pop("workload_options", {}))
+    for name in list(values):
+        if name not in RunConfig.model_fields:
+            options[name] = values.pop(name)
+    base: dict[str, Any] = dict(model="custom", batch_size=8)
+    return RunConfig(**{**base, **values, "workload_options": options})
 
 
 def _child_env() -> dict[str, str]:

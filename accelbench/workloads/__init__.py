@@ -1,16 +1,23 @@
-"""Workloads: what is trained. The core ships the GPT reference workload; plugins may register more."""
+"""Workloads: what is trained. The core ships the GPT reference workload; plugins may register more.
+
+A workload is a first-class object (:class:`Workload`): it declares its own run options, the size names ``--model``
+takes, what identifies a comparable run, the units a strategy may shard or pipeline, and builds a
+:class:`TrainingJob` (model, data, optimizer recipe, FLOPs). Register one through the
+``accelbench_register_workloads`` hook; ``accelbench compare``, ``report`` and ``sweep`` then work for it unchanged.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from accelbench.config import RunConfig
+    from accelbench.config import RunConfig, RunOption, Scalar
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+    Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class BatchSource(Protocol):
@@ -35,6 +42,28 @@ class BatchSource(Protocol):
     # --data-placement allows; sources without it are copied to the device batch by batch.
 
 
+@dataclass(frozen=True)
+class ModelUnits:
+    """The parts of a workload's model that strategies may shard, place or pipeline, by submodule path.
+
+    In execution order: ``stem`` (before the repeated units, e.g. embeddings), ``units`` (the repeated blocks,
+    e.g. transformer layers), ``head`` (after them). ``split_points`` optionally names, for each unit, the submodule
+    where a finer placement may cut it in two (the GPT: its second LayerNorm, between attention and MLP).
+    ``tied`` lists parameters shared between parts as (user, owner) paths, e.g. a head tied to the embedding.
+    FSDP wraps each unit; pipeline and IPU mappings cut between them; none of them reach into model attributes.
+    """
+
+    stem: tuple[str, ...]
+    units: tuple[str, ...]
+    head: tuple[str, ...]
+    split_points: tuple[str, ...] = ()
+    tied: tuple[tuple[str, str], ...] = ()
+
+    def modules(self, model: torch.nn.Module, paths: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
+        """The submodules of ``model`` at ``paths`` (default: the units), in order."""
+        return [model.get_submodule(path) for path in (self.units if paths is None else paths)]
+
+
 @dataclass
 class TrainingJob:
     """A workload built for one run: model, data, optimizer recipe and the FLOPs it costs."""
@@ -45,20 +74,53 @@ class TrainingJob:
     flops_per_sample: float
     flops_formula: str
     tokens_per_sample: int
+    units: ModelUnits
     grad_clip_norm: float | None = 1.0
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+@runtime_checkable
 class Workload(Protocol):
-    """A named workload. Register instances through the ``accelbench_register_workloads`` hook."""
+    """A named workload. Register instances through the ``accelbench_register_workloads`` hook.
+
+    Every method that checks a request raises :class:`accelbench.errors.ConfigError` with an actionable message;
+    nothing is measured before they all pass.
+    """
 
     name: str
     description: str
 
-    def build(self, config: RunConfig) -> TrainingJob:
-        """Build model and data for ``config``; raise ``ValueError`` with an actionable message on bad input."""
+    def options(self) -> list[RunOption]:
+        """The run options this workload reads (``RunConfig.workload_options``), declared as plugins declare
+        theirs: name, type, default, bounds, help. Names must not clash with core options."""
         ...
 
     def model_names(self) -> list[str]:
         """The size names ``--model`` accepts."""
         ...
+
+    def check(self, config: RunConfig) -> None:
+        """Refuse a configuration this workload cannot run (beyond each option's own bounds), before any device
+        is touched: e.g. a custom size without all its dimensions. ``config.workload_options`` is resolved."""
+        ...
+
+    def identity(self, config: RunConfig) -> dict[str, Scalar]:
+        """What, beyond the core's batch size, precision, strategy and data, makes two runs the same work: the
+        key ``accelbench compare`` groups by. Recorded as ``workload_identity``; its ``model`` entry, if any, is
+        how comparisons name the model (e.g. ``custom 1L/2H/16E``), else the config's ``--model`` is."""
+        ...
+
+    def units(self, config: RunConfig) -> ModelUnits:
+        """The model's shardable/placeable parts for ``config``, known before the model is built."""
+        ...
+
+    def build(self, config: RunConfig) -> TrainingJob:
+        """Build model and data for ``config``."""
+        ...
+
+
+def register_all(register: Callable[[Workload], None]) -> None:
+    """The core's own workloads (called by the core's default ``accelbench_register_workloads``)."""
+    from accelbench.workloads.gpt import GPTWorkload
+
+    register(GPTWorkload())

@@ -1,6 +1,6 @@
 """Make a new accelbench backend plugin from this template: ``python plugins/_template/make_plugin.py NAME``.
 
-Copies ``template/`` to ``plugins/NAME`` (or ``--dest``), filling in the placeholders ``{{name}}``, ``{{Name}}``,
+Copies ``template/`` to ``plugins/NAME`` (or ``--dest``), filling in the placeholders ``{{name}}``, ``{{Name}}``, ``{{NAME}}``,
 ``{{device_type}}``, ``{{device_unit}}`` and ``{{priority}}`` in file names and contents, and dropping the ``-tpl``
 suffix that keeps template files out of linters. Standard library only, so it runs before anything is installed.
 As generated, the plugin runs on CPU tensors and passes the conformance kit; see the generated README for what to
@@ -38,6 +38,7 @@ def make_plugin(name: str, dest: Path, device_type: str, device_unit: str, prior
     values = {
         "name": name,
         "Name": name.replace("_", " ").title().replace(" ", ""),
+        "NAME": name.upper(),
         "device_type": device_type,
         "device_unit": device_unit,
         "priority": str(priority),

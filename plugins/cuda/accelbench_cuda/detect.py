@@ -11,10 +11,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
-from accelbench.devices import DeviceInfo
-from accelbench.errors import BackendError
+from accelbench.devices import DeviceInfo, refuse_torch_build, torch_build
 from accelbench_cuda import nvml, probe
 from accelbench_cuda.visible import ENV, PhysicalGpu, visible_gpus
 
@@ -27,14 +24,11 @@ def detect_devices(environ: Mapping[str, str] = os.environ) -> list[DeviceInfo]:
     # Should anything in this process ask torch.cuda whether CUDA is available, let torch ask NVML, not the driver.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     pynvml = nvml.session()
-    if torch.version.cuda is None:
+    built = torch_build()  # read without importing torch: detection stays cheap
+    if built is None or built.cuda is None:
         gpus = nvml.physical_gpus(pynvml) if pynvml is not None else []
         if gpus:  # the hardware is there but torch cannot drive it: say why rather than "no device"
-            build = f"ROCm build (HIP {torch.version.hip})" if torch.version.hip else "CPU-only build"
-            raise BackendError(
-                f"NVML sees {len(gpus)} NVIDIA GPU(s) but torch {torch.__version__} is a {build}; install a CUDA "
-                "build of torch (https://pytorch.org/get-started/locally/)"
-            )
+            refuse_torch_build(built, f"NVML sees {len(gpus)} NVIDIA GPU(s)", "CUDA")
         return []
     if pynvml is not None:
         visible = visible_gpus(environ.get(ENV), nvml.physical_gpus(pynvml))

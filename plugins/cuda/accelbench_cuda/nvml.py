@@ -55,7 +55,7 @@ def physical_gpus(pynvml: ModuleType) -> list[PhysicalGpu]:
                     uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
                     name=_text(pynvml.nvmlDeviceGetName(handle)),
                     memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),  # type: ignore[arg-type]
+                    capability=_capability(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
                     pci_bus_id=_optional(
                         lambda h=handle: _text(pynvml.nvmlDeviceGetPciInfo(h).busId), pynvml
                     ),
@@ -66,6 +66,11 @@ def physical_gpus(pynvml: ModuleType) -> list[PhysicalGpu]:
         pynvml.NVMLError
     ) as exc:  # GPUs are there but NVML cannot read them: say so rather than "no device"
         raise BackendError(f"NVML failed while listing GPUs: {exc} (check `nvidia-smi`)") from exc
+
+
+def _capability(pair: Any) -> tuple[int, int]:
+    major, minor = pair
+    return int(major), int(minor)
 
 
 def driver_version(pynvml: ModuleType) -> dict[str, str]:
@@ -98,6 +103,7 @@ class EpochWindow:
     """NVML counters at the start of an epoch; :meth:`close` turns them into the epoch's telemetry."""
 
     handle: Any
+    uuid: str = ""  # the GPU's, naming the energy counter's domain
     started: float = field(default_factory=lambda: time.monotonic())
     sample_since_us: int = field(default_factory=lambda: int(time.time() * 1e6))  # NVML sample clock
     energy_mj: int | None = None
@@ -106,7 +112,8 @@ class EpochWindow:
 
     @classmethod
     def open(cls, pynvml: ModuleType, handle: Any) -> EpochWindow:
-        window = cls(handle=handle)
+        uuid = _optional(lambda: _text(pynvml.nvmlDeviceGetUUID(handle)), pynvml) or "unknown"
+        window = cls(handle=handle, uuid=uuid)
         window.energy_mj = _optional(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), pynvml)
         window.pcie_tx_bytes, window.pcie_rx_bytes = _pcie_counters(pynvml, handle)
         return window
@@ -149,7 +156,7 @@ def _pcie_counters(pynvml: ModuleType, handle: Any) -> tuple[int | None, int | N
     values = _optional(lambda: pynvml.nvmlDeviceGetFieldValues(handle, fields), pynvml)
     if values is None:
         return None, None
-    read = []
+    read: list[int | None] = []
     for value in values:
         if value.nvmlReturn != pynvml.NVML_SUCCESS:  # per-field status: NOT_SUPPORTED on older GPUs
             read.append(None)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import torch
-
 from accelbench.errors import ConfigError
 from accelbench.precision import PrecisionPlan, standard_plan
 
@@ -50,6 +48,8 @@ def supported_precisions(capability: tuple[int, int]) -> list[str]:
 
 def apply_tf32(enabled: bool) -> None:
     """Set torch's TF32 switches for matmuls (cuBLAS) and convolutions (cuDNN) to the policy."""
+    import torch
+
     # The legacy switches keep torch.get_float32_matmul_precision() readable; the newer per-backend
     # fp32_precision setters make it raise for any library that still asks (torch.compile among them).
     torch.backends.cuda.matmul.allow_tf32 = enabled

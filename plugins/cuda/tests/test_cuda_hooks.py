@@ -72,8 +72,8 @@ def test_memory_is_the_allocator_peak_plus_nvml_device_use(monkeypatch: pytest.M
     _, cuda = install_gpus(monkeypatch, [a100(0), a100(1, memory_used=5 * 2**30)])
     backend = cuda_backend()
     device = backend.setup_device(1)
-    backend.reset_peak_memory(device)
-    stats = backend.memory_stats(device)
+    backend.epoch_start(device)
+    stats = backend.epoch_end(device).memory
     assert cuda.resets == 1
     assert (stats.peak_bytes, stats.peak_reserved_bytes) == (cuda.peak_allocated, cuda.peak_reserved)
     assert stats.device_used_bytes == 5 * 2**30  # GPU 1's, found by UUID, not GPU 0's
@@ -86,10 +86,11 @@ def test_without_nvml_device_level_memory_is_unknown_not_zero(monkeypatch: pytes
     remove_pynvml(monkeypatch)
     backend = cuda_backend()
     device = backend.setup_device(0)
-    stats = backend.memory_stats(device)
+    stats = backend.epoch_end(device).memory
     assert stats.device_used_bytes is None and stats.peak_bytes is not None
-    backend.reset_peak_memory(device)
-    assert backend.telemetry(device) == {}
+    backend.epoch_start(device)
+    readings = backend.epoch_end(device)
+    assert readings.telemetry == {} and readings.energy is None
 
 
 def test_telemetry_averages_over_the_epoch_from_counters(
@@ -101,16 +102,17 @@ def test_telemetry_averages_over_the_epoch_from_counters(
     device = backend.setup_device(0)
     start_us = int(clock.time() * 1e6)
     gpu.utilization_samples.append((start_us - 500_000, 0))  # before the epoch: must not count
-    backend.reset_peak_memory(device)  # the runner: an epoch starts
+    backend.epoch_start(device)  # the runner: an epoch starts
     clock.now += 10.0  # a 10 s epoch
     gpu.energy_mj += 3_000_000  # 3 kJ
     gpu.pcie_tx += 4_000_000_000
     gpu.pcie_rx += 1_000_000_000
     gpu.utilization_samples += [(start_us + 1_000_000, 90), (start_us + 5_000_000, 100)]
     gpu.temperature_c, gpu.clock_sm_mhz = 71, 1275
-    readings = backend.telemetry(device)
-    assert readings == {
-        "energy_j": 3000.0,
+    readings = backend.epoch_end(device)
+    assert readings.energy is not None and readings.energy.joules == 3000.0
+    assert readings.energy.domain == f"nvml:{gpu.uuid}" and "NVML" in readings.energy.source
+    assert readings.telemetry == {
         "power_w": 300.0,  # the epoch's mean, from the energy counter
         "pcie_tx_bytes_per_s": 4e8,
         "pcie_rx_bytes_per_s": 1e8,
@@ -118,7 +120,10 @@ def test_telemetry_averages_over_the_epoch_from_counters(
         "temperature_c": 71.0,
         "clock_sm_mhz": 1275.0,
     }
-    assert backend.telemetry(device) == {}, "a window is used once: no reading without a new epoch start"
+    again = backend.epoch_end(device)
+    assert again.telemetry == {} and again.energy is None, (
+        "a window is used once: no reading without a new start"
+    )
 
 
 def test_counters_a_gpu_lacks_are_left_out_not_reported_as_zero(
@@ -127,9 +132,11 @@ def test_counters_a_gpu_lacks_are_left_out_not_reported_as_zero(
     nvml_fake, _ = install_gpus(monkeypatch, [v100(0, energy_mj=None)])  # no PCIe counters, no energy counter
     backend = cuda_backend()
     device = backend.setup_device(0)
-    backend.reset_peak_memory(device)
+    backend.epoch_start(device)
     clock.now += 5.0
-    assert set(backend.telemetry(device)) == {
+    readings = backend.epoch_end(device)
+    assert readings.energy is None  # no counter: no energy, never a made-up one
+    assert set(readings.telemetry) == {
         "temperature_c",
         "clock_sm_mhz",
     }  # no samples either: no utilisation
@@ -139,10 +146,10 @@ def test_a_wrapped_counter_gives_no_rate(monkeypatch: pytest.MonkeyPatch, clock:
     nvml_fake, _ = install_gpus(monkeypatch, [a100(0, pcie_tx=2**64 - 10)])
     backend = cuda_backend()
     device = backend.setup_device(0)
-    backend.reset_peak_memory(device)
+    backend.epoch_start(device)
     clock.now += 1.0
     nvml_fake.gpus[0].pcie_tx = 5  # NVML: "value can wrap"
-    readings = backend.telemetry(device)
+    readings = backend.epoch_end(device).telemetry
     assert "pcie_tx_bytes_per_s" not in readings and "pcie_rx_bytes_per_s" in readings
 
 

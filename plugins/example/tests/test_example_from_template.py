@@ -67,7 +67,7 @@ def test_a_plugin_for_a_device_this_machine_lacks_loads_and_finds_nothing(tmp_pa
     dist = site / "accelbench_gaudi-0.1.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: accelbench-gaudi\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[accelbench]\ngaudi = accelbench_gaudi.plugin\n")
+    (dist / "entry_points.txt").write_text("[accelbench]\ngaudi = accelbench_gaudi.plugin:GaudiBackend\n")
     (site / "accelbench_gaudi").symlink_to(plugin / "accelbench_gaudi")
     script = (
         "import json; from accelbench.plugins import PluginHost; h = PluginHost(strict=True); b = h.backends['gaudi'];"

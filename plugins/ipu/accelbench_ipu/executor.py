@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,7 +28,6 @@ from accelbench_ipu.layout import Layout
 from accelbench_ipu.precision import ipu_precision_plan
 from accelbench_ipu.settings import IpuSettings, settings_from_config
 
-_GPT_MODULES = ("wte", "wpe", "drop", "blocks", "ln_f", "lm_head")
 _ACCUM_TYPES = ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type")
 
 
@@ -91,9 +91,16 @@ def build_options(poptorch: ModuleType, settings: IpuSettings, strategy: Any) ->
 class PopTorchExecutor(Executor):
     """Pipelined, sharded, serial-phased, parallel-phased (or single-IPU) GPT training through PopTorch."""
 
-    def __init__(self, request: ExecutorRequest) -> None:
+    def __init__(
+        self, request: ExecutorRequest, on_memory: Callable[[memory.GraphMemory], None] | None = None
+    ) -> None:
         self.request = request
-        self.settings = settings_from_config(request.config)  # refuses impossible requests up front
+        self._on_memory = on_memory  # the plugin's memory reading (its epoch_end reports it)
+        if request.units is None:
+            raise ConfigError("the IPU mapping needs the workload's model parts (ExecutorRequest.units)")
+        self.settings = settings_from_config(
+            request.config, request.units
+        )  # refuses impossible requests up front
         s = self.settings
         self.plan = ipu_precision_plan(
             request.config.precision, s.partials, s.stochastic_rounding, s.loss_scaling
@@ -117,17 +124,18 @@ class PopTorchExecutor(Executor):
         knows PopTorch's defaults)."""
         return self.plan
 
+    @property
+    def graph_memory(self) -> memory.GraphMemory:
+        """Per-IPU memory from the last compile's graph profile (or why it is unknown)."""
+        return self._memory
+
     def setup(self, job: TrainingJob) -> None:
         poptorch = self._poptorch = import_poptorch()
         model = job.model
-        missing = [name for name in _GPT_MODULES if not hasattr(model, name)]
-        if missing:
+        if len(job.units.units) != self.settings.layout.n_layer:
             raise BackendError(
-                f"the IPU mapping needs the GPT's modules; this model lacks {', '.join(missing)}"
-            )
-        if len(model.blocks) != self.settings.layout.n_layer:
-            raise BackendError(
-                f"the layout was planned for {self.settings.layout.n_layer} layers, the model has {len(model.blocks)}"
+                f"the layout was planned for {self.settings.layout.n_layer} units, the model has "
+                f"{len(job.units.units)}"
             )
         self._check_fixed_batches(job)
         if self.plan.param_dtype == "float16":
@@ -176,9 +184,10 @@ class PopTorchExecutor(Executor):
         if self.plan.param_dtype == "float16":
             extras.update({name: torch.float32 for name in _ACCUM_TYPES if name in accepted})
         clip = self._job.grad_clip_norm
-        clipped = clip is not None and "max_grad_norm" in accepted
-        if clipped:
-            extras["max_grad_norm"] = float(clip)  # type: ignore[arg-type]
+        clip_norm = float(clip) if clip is not None and "max_grad_norm" in accepted else None
+        clipped = clip_norm is not None
+        if clip_norm is not None:
+            extras["max_grad_norm"] = clip_norm
         optimizer = adamw(
             groups,
             lr=defaults["lr"],
@@ -195,7 +204,7 @@ class PopTorchExecutor(Executor):
             "weight_decay_groups": [g["weight_decay"] for g in reference.param_groups],
             "loss_scaling": self.settings.loss_scaling,
             "moments_accum_type": "float32" if self.plan.param_dtype == "float16" else "as parameters",
-            "grad_clip_norm": float(clip) if clipped else None,  # type: ignore[arg-type]
+            "grad_clip_norm": clip_norm,
             "grad_clip_note": None
             if clipped or clip is None
             else f"not applied: this poptorch's AdamW has no max_grad_norm (the workload asks for {clip})",
@@ -220,7 +229,8 @@ class PopTorchExecutor(Executor):
         else:
             state, self._compile["compile_cold_s"] = "unknown (no cache files seen)", first
         self._memory = profile.read(compiled=state != "hit")
-        memory.set_current(self._memory)
+        if self._on_memory is not None:
+            self._on_memory(self._memory)
         if state == "miss":
             # load what was just cached: a second wrapper (PopTorch wraps a model once at a time)
             self._trainer.destroy()

@@ -1,14 +1,14 @@
-"""The IPU layout of the GPT workload: which blocks, stages and phases each strategy builds.
+"""The IPU layout of a workload's model: which blocks, stages and phases each strategy builds.
 
-A pure function of (strategy, layers, IPUs per replica, optional layers-per-IPU list); nothing here imports
-poptorch, so the layout is checked before anything is built and is tested without an SDK.
+A pure function of (strategy, the workload's model parts, IPUs per replica, optional layers-per-IPU list); nothing
+here imports poptorch, so the layout is checked before anything is built and is tested without an SDK. The parts come
+from the workload (:class:`accelbench.workloads.ModelUnits`), so the mapping never reaches into a model's
+attributes; for the GPT:
 
-The GPT is cut into blocks in execution order:
-
-- ``embedding``: token and position embeddings and dropout (``wte``, ``wpe``, ``drop``);
-- ``layer{i}``: transformer layer i, or, where layers are too few or too coarse for the IPUs, its two halves
-  ``layer{i}.attn`` (from ``ln_1``) and ``layer{i}.mlp`` (from ``ln_2``, with the residual that follows);
-- ``head``: the final LayerNorm, the LM head and the loss.
+- ``embedding``: from the first stem module (the token embedding), with the rest of the stem;
+- ``layer{i}``: unit i (a transformer layer), or, where units are too few or too coarse for the IPUs, its two
+  halves ``layer{i}.attn`` (from the unit) and ``layer{i}.mlp`` (from its split point, the second LayerNorm);
+- ``head``: from the first head module (the final LayerNorm), with the LM head and the loss.
 
 The LM head's weight *is* the token embedding (tied), and PopTorch needs layers sharing weights on one IPU,
 so the head always runs on IPU 0 with the embedding:
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from accelbench.errors import ConfigError
+from accelbench.workloads import ModelUnits
 
 STRATEGIES = ("single", "pipelined", "sharded", "serial-phased", "parallel-phased")
 MAX_IPUS = 64  # the largest single partition PopTorch reserves (an IPU-POD64)
@@ -123,12 +124,15 @@ def parse_layers_per_ipu(text: str | None) -> list[int] | None:
 
 def plan_layout(
     strategy: str,
-    n_layer: int,
+    parts: ModelUnits,
     ipus: int,
     layers_per_ipu: Sequence[int] | None = None,
     model: str = "the model",
 ) -> Layout:
     """The layout for ``strategy`` over ``ipus`` IPUs per replica, or a ConfigError saying what would work."""
+    n_layer = len(parts.units)
+    if not parts.stem or not parts.head:
+        raise ConfigError(f"{model}: the IPU mapping needs a stem (embedding) and a head to place on IPU 0")
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown IPU strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
     if n_layer < 1:
@@ -145,22 +149,22 @@ def plan_layout(
                 "split the model with --strategy pipelined, sharded, serial-phased or parallel-phased, or use "
                 "--replicas for data parallelism"
             )
-        return _one_stage(strategy, n_layer)
+        return _one_stage(strategy, parts)
     if strategy in ("pipelined", "sharded"):
-        return _pipeline(strategy, n_layer, ipus, layers_per_ipu, model)
-    return _phased(strategy, n_layer, ipus, model)
+        return _pipeline(strategy, parts, ipus, layers_per_ipu, model)
+    return _phased(strategy, parts, ipus, model)
 
 
 # --------------------------------------------------------------------------------------------------------
 
 
-def _units(n_layer: int, granularity: Granularity) -> list[tuple[str, str]]:
+def _units(parts: ModelUnits, granularity: Granularity) -> list[tuple[str, str]]:
     """(block id, module path) of each layer unit, in execution order."""
     if granularity == "layer":
-        return [(f"layer{i}", f"blocks.{i}") for i in range(n_layer)]
+        return [(f"layer{i}", path) for i, path in enumerate(parts.units)]
     units = []
-    for i in range(n_layer):
-        units += [(f"layer{i}.attn", f"blocks.{i}"), (f"layer{i}.mlp", f"blocks.{i}.ln_2")]
+    for i, (path, split) in enumerate(zip(parts.units, parts.split_points, strict=True)):
+        units += [(f"layer{i}.attn", path), (f"layer{i}.mlp", split)]
     return units
 
 
@@ -171,27 +175,29 @@ def _even_split(total: int, parts: int) -> list[int]:
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
 
 
-def _one_stage(strategy: str, n_layer: int) -> Layout:
-    units = _units(n_layer, "layer")
+def _one_stage(strategy: str, parts: ModelUnits) -> Layout:
+    n_layer = len(parts.units)
+    units = _units(parts, "layer")
     ids = ["embedding", *(u for u, _ in units), "head"]
-    modules = ["wte", *(m for _, m in units), "ln_f"]
+    modules = [parts.stem[0], *(m for _, m in units), parts.head[0]]
     blocks = tuple(BlockSpec(b, m, ipu=0, stage=0) for b, m in zip(ids, modules, strict=True))
     return Layout(strategy, 1, n_layer, "layer", blocks, (StageSpec(tuple(ids), 0),))
 
 
-def _pipeline(strategy: str, n_layer: int, n: int, counts: Sequence[int] | None, model: str) -> Layout:
+def _pipeline(strategy: str, parts: ModelUnits, n: int, counts: Sequence[int] | None, model: str) -> Layout:
+    n_layer = len(parts.units)
     if n == 1:
         if counts is not None and list(counts) != [n_layer]:
             raise ConfigError(f"--layers-per-ipu {_fmt(counts)} for 1 IPU: the only split is {n_layer}")
-        return _one_stage(strategy, n_layer)
+        return _one_stage(strategy, parts)
     granularity: Granularity
     if counts is not None:
         _check_counts(counts, n, n_layer)
         granularity, per_ipu = "layer", list(counts)
     else:
-        granularity, per_ipu = _choose_split(n_layer, n, strategy, model)
-    units = _units(n_layer, granularity)
-    blocks: list[BlockSpec] = [BlockSpec("embedding", "wte", ipu=0, stage=0)]
+        granularity, per_ipu = _choose_split(n_layer, n, strategy, model, halves=bool(parts.split_points))
+    units = _units(parts, granularity)
+    blocks: list[BlockSpec] = [BlockSpec("embedding", parts.stem[0], ipu=0, stage=0)]
     stage_blocks: list[list[str]] = [["embedding"]]
     cursor = 0
     for ipu, count in enumerate(per_ipu):
@@ -201,7 +207,7 @@ def _pipeline(strategy: str, n_layer: int, n: int, counts: Sequence[int] | None,
             blocks.append(BlockSpec(block_id, module, ipu=ipu, stage=ipu))
             stage_blocks[ipu].append(block_id)
         cursor += count
-    blocks.append(BlockSpec("head", "ln_f", ipu=0, stage=n))
+    blocks.append(BlockSpec("head", parts.head[0], ipu=0, stage=n))
     stage_blocks.append(["head"])
     stages = tuple(StageSpec(tuple(b), ipu=i if i < n else 0) for i, b in enumerate(stage_blocks))
     notes = ("the LM head shares its weight with the token embedding, so it runs on IPU 0 as the last stage",)
@@ -229,17 +235,19 @@ def _check_counts(counts: Sequence[int], n: int, n_layer: int) -> None:
         )
 
 
-def _choose_split(n_layer: int, n: int, strategy: str, model: str) -> tuple[Granularity, list[int]]:
+def _choose_split(
+    n_layer: int, n: int, strategy: str, model: str, halves: bool = True
+) -> tuple[Granularity, list[int]]:
     """Whole layers when that balances as well as half layers; half layers when layers are too few or too
     coarse (12 layers on 8 IPUs: 1.5 layers each instead of 1 or 2). IPU 0 may get no layer: it holds the
     embedding and the head."""
     options: list[tuple[int, Granularity, list[int]]] = []
-    for granularity, units in (("layer", n_layer), ("half-layer", 2 * n_layer)):
+    for granularity, units in _granularities(n_layer, halves):
         if units < n - 1:
             continue
         split = _even_split(units, n) if units >= n else [0] + [1] * (n - 1)
         load = max(split) * (2 if granularity == "layer" else 1)  # in half layers
-        options.append((load, granularity, split))  # type: ignore[arg-type]
+        options.append((load, granularity, split))
     if not options:
         fits = _largest_pow2(2 * n_layer + 1)
         raise ConfigError(
@@ -252,15 +260,16 @@ def _choose_split(n_layer: int, n: int, strategy: str, model: str) -> tuple[Gran
     return granularity, split
 
 
-def _phased(strategy: str, n_layer: int, n: int, model: str) -> Layout:
+def _phased(strategy: str, parts: ModelUnits, n: int, model: str) -> Layout:
+    n_layer = len(parts.units)
     serial = strategy == "serial-phased"
     if not serial and n == 1:
-        units = _units(n_layer, "layer")
+        units = _units(parts, "layer")
         ids = ("embedding", *(u for u, _ in units), "head")
-        modules = ("wte", *(m for _, m in units), "ln_f")
-        blocks = tuple(BlockSpec(b, m, ipu=0, stage=0, phase=0) for b, m in zip(ids, modules, strict=True))
+        modules = (parts.stem[0], *(m for _, m in units), parts.head[0])
+        whole = tuple(BlockSpec(b, m, ipu=0, stage=0, phase=0) for b, m in zip(ids, modules, strict=True))
         note = "one IPU: even phases run on even IPUs and odd on odd, so the whole model is phase 0"
-        return Layout(strategy, 1, n_layer, "layer", blocks, (StageSpec(ids, 0, 0),), phases=1, notes=(note,))
+        return Layout(strategy, 1, n_layer, "layer", whole, (StageSpec(ids, 0, 0),), phases=1, notes=(note,))
     if not serial and n % 2:
         raise ConfigError(
             f"parallel-phased over {n} IPUs: even phases run on the even IPUs and odd phases on the odd ones, so "
@@ -271,8 +280,10 @@ def _phased(strategy: str, n_layer: int, n: int, model: str) -> Layout:
     def group_ipus(phase: int) -> list[int]:
         return list(range(n)) if serial else list(range(phase % 2, n, 2))
 
-    granularity, phases = _phase_count(n_layer, group, serial, strategy, n, model)
-    units = _units(n_layer, granularity)
+    granularity, phases = _phase_count(
+        n_layer, group, serial, strategy, n, model, halves=bool(parts.split_points)
+    )
+    units = _units(parts, granularity)
     notes: list[str] = []
     if not serial:
         notes.append(
@@ -286,15 +297,15 @@ def _phased(strategy: str, n_layer: int, n: int, model: str) -> Layout:
         for ipu in group_ipus(phase):
             chosen = units[cursor : cursor + per_slot[len(stages)]]
             cursor += len(chosen)
-            ids = [b for b, _ in chosen]
+            stage_ids = [b for b, _ in chosen]
             index = len(stages)
             if phase == 0 and ipu == 0:
-                blocks.append(BlockSpec("embedding", "wte", ipu=0, stage=index, phase=0))
-                ids.insert(0, "embedding")
+                blocks.append(BlockSpec("embedding", parts.stem[0], ipu=0, stage=index, phase=0))
+                stage_ids.insert(0, "embedding")
             blocks += [BlockSpec(b, m, ipu=ipu, stage=index, phase=phase) for b, m in chosen]
-            stages.append(StageSpec(tuple(ids), ipu, phase))
+            stages.append(StageSpec(tuple(stage_ids), ipu, phase))
     last = next(i for i, s in enumerate(stages) if s.phase == phases - 1 and s.ipu == 0)
-    blocks.append(BlockSpec("head", "ln_f", ipu=0, stage=last, phase=phases - 1))
+    blocks.append(BlockSpec("head", parts.head[0], ipu=0, stage=last, phase=phases - 1))
     stages[last] = StageSpec((*stages[last].blocks, "head"), 0, phases - 1)
     notes.append(
         "the LM head shares its weight with the token embedding, so it runs on IPU 0 in the last phase"
@@ -305,7 +316,7 @@ def _phased(strategy: str, n_layer: int, n: int, model: str) -> Layout:
 
 
 def _phase_count(
-    n_layer: int, group: int, serial: bool, strategy: str, n: int, model: str
+    n_layer: int, group: int, serial: bool, strategy: str, n: int, model: str, halves: bool = True
 ) -> tuple[Granularity, int]:
     """Granularity and number of phases: every phase has a stage (one or more units) on each IPU of its group.
 
@@ -315,12 +326,12 @@ def _phase_count(
     """
     minimum = 1 if serial else 3
     fitting: list[tuple[Granularity, int, bool]] = []
-    for granularity, units in (("layer", n_layer), ("half-layer", 2 * n_layer)):
+    for granularity, units in _granularities(n_layer, halves):
         phases = units // group
         if not serial and phases % 2 == 0:
             phases -= 1
         if phases >= minimum:
-            fitting.append((granularity, phases, units == phases * group))  # type: ignore[arg-type]
+            fitting.append((granularity, phases, units == phases * group))
     if not fitting:
         need_halves = minimum * group
         fits = [p for p in (1, 2, 4, 8, 16, 32, 64) if (p if serial else 3 * (p // 2)) <= 2 * n_layer]
@@ -338,6 +349,12 @@ def _phase_count(
     exact = [f for f in fitting if f[2]]
     granularity, phases, _ = (exact or fitting)[0]
     return granularity, phases
+
+
+def _granularities(n_layer: int, halves: bool) -> list[tuple[Granularity, int]]:
+    """(granularity, units to place): whole layers, then half layers where the workload can split its units."""
+    out: list[tuple[Granularity, int]] = [("layer", n_layer)]
+    return [*out, ("half-layer", 2 * n_layer)] if halves else out
 
 
 def _largest_pow2(limit: int) -> int:

@@ -52,18 +52,6 @@ NOT_COMPILED = GraphMemory(
     None, None, "unknown: IPU memory comes from the compile-time graph profile; not compiled yet"
 )
 
-_current = NOT_COMPILED
-
-
-def current() -> GraphMemory:
-    """The reading of the last compile in this process (what the memory hook reports)."""
-    return _current
-
-
-def set_current(reading: GraphMemory) -> None:
-    global _current
-    _current = reading
-
 
 def pva_available() -> bool:
     return importlib.util.find_spec("pva") is not None

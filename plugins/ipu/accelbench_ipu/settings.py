@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from accelbench.config import RunConfig, RunOption
 from accelbench.errors import ConfigError
+from accelbench.workloads import ModelUnits
 from accelbench_ipu.layout import MAX_IPUS, Layout, is_power_of_two, parse_layers_per_ipu, plan_layout
 
 BACKEND = "ipu"
@@ -25,8 +26,10 @@ BACKEND = "ipu"
 def run_options() -> list[RunOption]:
     """The ``accelbench run`` options this plugin reads (``backend_options`` keys use ``_`` for ``-``)."""
 
-    def option(name: str, type_: str, default: Any, text: str) -> RunOption:
-        return RunOption(name=name, type=type_, default=default, help=text, backend=BACKEND)  # type: ignore[arg-type]
+    def option(
+        name: str, type_: Literal["str", "int", "float", "bool"], default: Any, text: str
+    ) -> RunOption:
+        return RunOption(name=name.replace("-", "_"), type=type_, default=default, help=text, backend=BACKEND)
 
     return [
         option("ipus", "int", None, "IPUs per replica (default: --devices / --replicas); a power of two"),
@@ -103,8 +106,9 @@ class IpuSettings:
         return self.micro_batch * self.replicas * self.gradient_accumulation
 
 
-def settings_from_config(config: RunConfig) -> IpuSettings:
-    """Validate the run for IPUs and work out the layout; raise ConfigError saying what would work."""
+def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
+    """Validate the run for IPUs and work out the layout over the workload's model ``parts``; raise ConfigError
+    saying what would work."""
     opts = config.backend_options
     replicas = _int(opts, "replicas", 1)
     device_iterations = _int(opts, "device_iterations", 1)
@@ -153,9 +157,9 @@ def settings_from_config(config: RunConfig) -> IpuSettings:
 
     layout = plan_layout(
         config.strategy,
-        _n_layer(config),
+        parts,
         ipus,
-        parse_layers_per_ipu(opts.get("layers_per_ipu")),  # type: ignore[arg-type]
+        parse_layers_per_ipu(_optional_str(opts, "layers_per_ipu")),
         model=config.model,
     )
     ga, source = _gradient_accumulation(config.batch_size, device_iterations, replicas, requested_ga, layout)
@@ -243,15 +247,9 @@ def _batches(batch: int, multiple: int, suffix: str = "") -> str:
     return f"batch sizes that work{suffix}: multiples of {multiple}, e.g. {' or '.join(map(str, choices))}"
 
 
-def _n_layer(config: RunConfig) -> int:
-    if config.workload != "gpt":
-        raise ConfigError(
-            f"workload {config.workload!r}: the IPU mapping places the GPT workload's modules (embedding, "
-            "transformer layers, head); use --workload gpt"
-        )
-    from accelbench.workloads.gpt import resolve_size
-
-    return resolve_size(config)[0]
+def _optional_str(opts: dict[str, Any], key: str) -> str | None:
+    value = opts.get(key)
+    return None if value is None else str(value)
 
 
 def _int(opts: dict[str, Any], key: str, default: int) -> int:
@@ -276,7 +274,7 @@ def _optional_int(opts: dict[str, Any], key: str) -> int | None:
 def _float(opts: dict[str, Any], key: str, default: float) -> float:
     value = opts.get(key, default)
     try:
-        return float(value)  # type: ignore[arg-type]
+        return float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"--{key.replace('_', '-')} {value!r}: a number is needed") from None
 

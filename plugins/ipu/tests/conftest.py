@@ -35,7 +35,6 @@ def poptorch_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     detect.probe.cache_clear()
     yield
     detect.probe.cache_clear()
-    memory.set_current(memory.NOT_COMPILED)
 
 
 @pytest.fixture(scope="session", autouse=True)

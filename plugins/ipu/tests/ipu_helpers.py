@@ -12,7 +12,8 @@ from accelbench.config import RunConfig
 from accelbench.engine.executor import ExecutorRequest, World
 from accelbench.workloads import TrainingJob
 from accelbench.workloads.chardata import CharCorpus, RandomWindows
-from accelbench.workloads.gpt import GPT, GPTConfig, configure_adamw
+from accelbench.workloads.gpt import GPTWorkload, gpt_units, resolve_size
+from accelbench.workloads.gpt.model import GPT, GPTConfig, configure_adamw
 
 HERE = Path(__file__).parent
 FAKE_POPTORCH = HERE / "fake_poptorch"
@@ -40,7 +41,12 @@ def ipu_config(**fields: object) -> RunConfig:
     }
     options = fields.pop("backend_options", {})
     base.update(fields)
-    return RunConfig(**base, backend_options=options)  # type: ignore[arg-type]
+    gpt = {k: base.pop(k) for k in ("n_layer", "n_head", "n_embd", "block_size", "dropout") if k in base}
+    gpt = {k: v for k, v in gpt.items() if v is not None}  # a named size: no custom dimensions
+    from accelbench.plugins import get_host
+
+    config = RunConfig(**base, backend_options=options, workload_options=gpt)  # type: ignore[arg-type]
+    return get_host().resolve(config)  # the GPT's options completed, as a run has them
 
 
 def request_for(config: RunConfig) -> ExecutorRequest:
@@ -52,24 +58,30 @@ def request_for(config: RunConfig) -> ExecutorRequest:
         precision=ipu_precision_plan(config.precision),
         world=World(),
         synchronize=lambda device: None,
+        units=GPTWorkload().units(config),
     )
 
 
 def job_for(config: RunConfig, corpus: CharCorpus, model: GPT | None = None) -> TrainingJob:
     """The GPT workload's job for ``config`` (as GPTWorkload.build makes it), optionally around a prebuilt
     model so the large seed-study models are built once per test module."""
+    options = config.workload_options
+    block_size = int(options["block_size"])
+    n_layer, n_head, n_embd = resolve_size(config)
     if model is None:
         torch.manual_seed(config.seed)
-        n_layer, n_head, n_embd = config.n_layer, config.n_head, config.n_embd
-        model = GPT(GPTConfig(n_layer, n_head, n_embd, config.block_size, corpus.vocab_size, config.dropout))  # type: ignore[arg-type]
-    data = RandomWindows(corpus, config.block_size, config.batch_size, config.seed, config.steps_per_epoch)
+        model = GPT(
+            GPTConfig(n_layer, n_head, n_embd, block_size, corpus.vocab_size, float(options["dropout"]))
+        )
+    data = RandomWindows(corpus, block_size, config.batch_size, config.seed, config.steps_per_epoch)
     lr = config.learning_rate
     return TrainingJob(
         model=model,
         data=data,
         make_optimizer=lambda m, device: configure_adamw(m, device, lr),
-        flops_per_sample=model.flops_per_token() * config.block_size,
+        flops_per_sample=model.flops_per_token() * block_size,
         flops_formula="test",
-        tokens_per_sample=config.block_size,
+        tokens_per_sample=block_size,
+        units=gpt_units(n_layer),
         grad_clip_norm=1.0,
     )

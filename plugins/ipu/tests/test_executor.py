@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelbench_ipu import memory, plugin
 from accelbench_ipu.executor import PopTorchExecutor
+from accelbench_ipu.plugin import IpuBackend
 from ipu_helpers import REAL_POPTORCH, ipu_config, job_for, request_for, stand_in_only
 
 from accelbench.errors import BackendError, ConfigError
 from accelbench.workloads.chardata import CharCorpus
 
+BACKEND = IpuBackend()  # the plugin object; the executors it builds report their memory to it
+
 
 def start(corpus: CharCorpus, **fields: object) -> PopTorchExecutor:
     config = ipu_config(**fields)
-    executor = PopTorchExecutor(request_for(config))
+    executor = BACKEND.accelbench_executor(request_for(config))
     executor.setup(job_for(config, corpus))
     return executor
 
@@ -170,7 +172,7 @@ def test_memory_from_the_graph_profile_per_ipu(corpus: CharCorpus, with_pva: Non
     try:
         train(executor, 1)
         per_ipu = executor.describe()["memory"]["per_ipu_bytes"]
-        stats = plugin.accelbench_memory_stats(torch.device("cpu"))
+        stats = BACKEND.accelbench_epoch_end(torch.device("cpu")).memory
     finally:
         executor.close()
     assert len(per_ipu) == 4 and all(b > 0 for b in per_ipu)
@@ -182,7 +184,7 @@ def test_memory_is_unknown_without_pva(corpus: CharCorpus, without_pva: None) ->
     executor = start(corpus, strategy="sharded", devices=2)
     try:
         train(executor, 1)
-        stats = plugin.accelbench_memory_stats(torch.device("cpu"))
+        stats = BACKEND.accelbench_epoch_end(torch.device("cpu")).memory
     finally:
         executor.close()
     assert stats.peak_bytes is None and "pva" in stats.source and "not importable" in stats.source
@@ -194,8 +196,8 @@ def test_memory_unknown_when_profile_turned_off(corpus: CharCorpus, with_pva: No
         train(executor, 1)
     finally:
         executor.close()
-    assert memory.current().stats().peak_bytes is None
-    assert "turned off" in memory.current().source
+    assert BACKEND.graph_memory.stats().peak_bytes is None
+    assert "turned off" in BACKEND.graph_memory.source
 
 
 def test_a_partial_last_batch_is_refused_before_compiling(corpus: CharCorpus) -> None:

@@ -7,6 +7,7 @@ import pytest
 from accelbench_ipu.layout import Layout, parse_layers_per_ipu, plan_layout
 
 from accelbench.errors import ConfigError
+from accelbench.workloads.gpt import gpt_units
 
 IPU_COUNTS = [1, 2, 4, 8, 16]
 SPLIT_STRATEGIES = ["pipelined", "sharded", "serial-phased", "parallel-phased"]
@@ -57,7 +58,7 @@ def check_rules(layout: Layout) -> None:
 @pytest.mark.parametrize("ipus", IPU_COUNTS)
 @pytest.mark.parametrize("strategy", SPLIT_STRATEGIES)
 def test_seed_models_place_on_every_ipu_count(strategy: str, ipus: int, model: str) -> None:
-    layout = plan_layout(strategy, SEED_MODELS[model], ipus, model=model)
+    layout = plan_layout(strategy, gpt_units(SEED_MODELS[model]), ipus, model=model)
     check_rules(layout)
     assert layout.ipus == ipus
     if strategy in ("pipelined", "sharded"):
@@ -80,7 +81,7 @@ def test_seed_models_place_on_every_ipu_count(strategy: str, ipus: int, model: s
 def test_pipeline_splits_layers_evenly(
     strategy: str, ipus: int, granularity: str, per_ipu_units: list[int]
 ) -> None:
-    layout = plan_layout(strategy, 12, ipus)
+    layout = plan_layout(strategy, gpt_units(12), ipus)
     assert layout.granularity == granularity
     units = [
         sum(1 for b in layout.blocks if b.ipu == i and b.block_id.startswith("layer")) for i in range(ipus)
@@ -91,7 +92,7 @@ def test_pipeline_splits_layers_evenly(
 
 
 def test_layers_per_ipu_list_is_followed() -> None:
-    layout = plan_layout("pipelined", 12, 4, [0, 4, 4, 4])
+    layout = plan_layout("pipelined", gpt_units(12), 4, [0, 4, 4, 4])
     check_rules(layout)
     assert [s.blocks for s in layout.stages] == [
         ("embedding",),
@@ -112,7 +113,7 @@ def test_layers_per_ipu_list_is_followed() -> None:
 )
 def test_bad_layers_per_ipu_say_what_works(counts: list[int], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        plan_layout("pipelined", 12, 4, counts)
+        plan_layout("pipelined", gpt_units(12), 4, counts)
     assert "3,3,3,3" in str(info.value)
 
 
@@ -124,11 +125,11 @@ def test_layers_per_ipu_text() -> None:
     with pytest.raises(ConfigError, match="negative"):
         parse_layers_per_ipu("4,-1")
     with pytest.raises(ConfigError, match="applies to pipelined and sharded"):
-        plan_layout("serial-phased", 12, 4, [3, 3, 3, 3])
+        plan_layout("serial-phased", gpt_units(12), 4, [3, 3, 3, 3])
 
 
 def test_phased_layouts_one_layer_per_stage() -> None:
-    serial = plan_layout("serial-phased", 12, 4)
+    serial = plan_layout("serial-phased", gpt_units(12), 4)
     assert serial.phases == 3 and serial.granularity == "layer"
     assert [s.blocks for s in serial.phase_stages(0)] == [
         ("embedding", "layer0"),
@@ -137,16 +138,18 @@ def test_phased_layouts_one_layer_per_stage() -> None:
         ("layer3",),
     ]
     assert serial.phase_stages(2)[0].blocks == ("layer8", "head")
-    one = plan_layout("serial-phased", 12, 1)
+    one = plan_layout("serial-phased", gpt_units(12), 1)
     assert one.phases == 12  # one IPU: each layer's weights stream in for its own phase
-    parallel = plan_layout("parallel-phased", 12, 8)
+    parallel = plan_layout("parallel-phased", gpt_units(12), 8)
     assert parallel.phases == 3 and [s.ipu for s in parallel.phase_stages(1)] == [1, 3, 5, 7]
-    single_ipu = plan_layout("parallel-phased", 12, 1)
+    single_ipu = plan_layout("parallel-phased", gpt_units(12), 1)
     assert single_ipu.phases == 1 and single_ipu.stages[0].blocks[-1] == "head"
 
 
 def test_parallel_phased_keeps_an_odd_phase_count_for_the_tied_head() -> None:
-    layout = plan_layout("parallel-phased", 12, 2)  # 12 layers over 1-IPU groups: 12 phases would end odd
+    layout = plan_layout(
+        "parallel-phased", gpt_units(12), 2
+    )  # 12 layers over 1-IPU groups: 12 phases would end odd
     check_rules(layout)
     assert layout.phases == 11
     assert layout.stages[-1].ipu == 0 and layout.stages[-1].blocks[-1] == "head"
@@ -158,10 +161,10 @@ def test_gpt_nano_fits_or_is_refused_with_what_works(strategy: str, ipus: int) -
     """gpt-nano's 3 layers (6 half layers) cannot fill 8 or 16 IPUs (nor 8 for parallel phased)."""
     fits = {"pipelined": 4, "sharded": 4, "serial-phased": 4, "parallel-phased": 4}[strategy]
     if ipus <= fits:
-        check_rules(plan_layout(strategy, 3, ipus, model="gpt-nano"))
+        check_rules(plan_layout(strategy, gpt_units(3), ipus, model="gpt-nano"))
         return
     with pytest.raises(ConfigError) as info:
-        plan_layout(strategy, 3, ipus, model="gpt-nano")
+        plan_layout(strategy, gpt_units(3), ipus, model="gpt-nano")
     text = str(info.value)
     assert "gpt-nano has 3 transformer layers" in text
     assert f"--ipus {fits} or fewer" in text
@@ -169,18 +172,18 @@ def test_gpt_nano_fits_or_is_refused_with_what_works(strategy: str, ipus: int) -
 
 def test_other_refusals() -> None:
     with pytest.raises(ConfigError, match="strategy 'single' runs a whole replica on one IPU"):
-        plan_layout("single", 12, 2)
+        plan_layout("single", gpt_units(12), 2)
     with pytest.raises(ConfigError, match="two groups must be equally large; use an even number"):
-        plan_layout("parallel-phased", 12, 3)
+        plan_layout("parallel-phased", gpt_units(12), 3)
     with pytest.raises(ConfigError, match="unknown IPU strategy 'ddp'"):
-        plan_layout("ddp", 12, 2)
+        plan_layout("ddp", gpt_units(12), 2)
 
 
 def test_describe_records_the_layout() -> None:
-    pipelined = plan_layout("pipelined", 12, 2).describe()
+    pipelined = plan_layout("pipelined", gpt_units(12), 2).describe()
     assert pipelined["stages"][-1] == {"stage": 2, "ipu": 0, "blocks": ["head"]}
     assert pipelined["blocks"]["layer0"] == "blocks.0" and pipelined["blocks"]["head"] == "ln_f"
-    phased = plan_layout("serial-phased", 12, 4).describe()
+    phased = plan_layout("serial-phased", gpt_units(12), 4).describe()
     assert len(phased["phases"]) == 3 and phased["phases"][0][0]["blocks"] == ["embedding", "layer0"]
-    halves = plan_layout("pipelined", 12, 8).describe()
+    halves = plan_layout("pipelined", gpt_units(12), 8).describe()
     assert halves["blocks"]["layer0.mlp"] == "blocks.0.ln_2"

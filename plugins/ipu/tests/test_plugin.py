@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelbench_ipu import detect, plugin
+from accelbench_ipu import detect
 from accelbench_ipu.peaks import IN_PROCESSOR_MEMORY_MK2
+from accelbench_ipu.plugin import IpuBackend
 from accelbench_ipu.precision import ipu_precision_plan
 from ipu_helpers import FAKE_POPTORCH, REAL_POPTORCH, ipu_config, stand_in_only
 
@@ -31,6 +32,8 @@ M2000_INFO = """Device Info:
   firmware version: 2.6.5
   ipu architecture: ipu2
 """
+
+plugin = IpuBackend()  # the plugin object, as the host instantiates it
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -66,7 +69,9 @@ def test_the_plugin_registers_the_ipu_backend(host: PluginHost) -> None:
         "parallel-phased",
     ]
     assert backend.supported_precisions(torch.device("ipu")) == ["fp32", "fp16-mixed"]
-    assert backend.collective_backend(torch.device("ipu")) == "none"
+    assert (
+        backend.collective_backend(torch.device("ipu")) is None
+    )  # no torch.distributed: replication is PopTorch's
     assert backend.setup_device(0) == torch.device("cpu")  # PopTorch takes host tensors
 
 
@@ -199,8 +204,8 @@ def test_peak_tables(part: str, precision: str, partials: str, flops: float | No
 
 def test_timing_and_memory_hooks() -> None:
     cpu = torch.device("cpu")
-    assert plugin.accelbench_synchronize(cpu) is True and plugin.accelbench_reset_peak_memory(cpu) is True
-    stats = plugin.accelbench_memory_stats(cpu)
+    assert plugin.accelbench_synchronize(cpu) is None and plugin.accelbench_epoch_start(cpu) is None
+    stats = plugin.accelbench_epoch_end(cpu).memory
     assert stats.peak_bytes is None and "not compiled yet" in stats.source
 
 

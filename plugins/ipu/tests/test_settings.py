@@ -8,10 +8,13 @@ from accelbench_ipu.settings import run_options, settings_from_config
 from ipu_helpers import ipu_config
 
 from accelbench.errors import ConfigError
+from accelbench.workloads import ModelUnits
+from accelbench.workloads.gpt import GPTWorkload
 
 
 def settings(**fields: object):  # type: ignore[no-untyped-def]
-    return settings_from_config(ipu_config(**fields))
+    config = ipu_config(**fields)
+    return settings_from_config(config, GPTWorkload().units(config))
 
 
 def test_layout_from_devices_and_replicas() -> None:
@@ -102,8 +105,10 @@ def test_precision_options() -> None:
 def test_other_refusals() -> None:
     with pytest.raises(ConfigError, match="multi-host IPU-PODs need Graphcore's poprun"):
         settings(nnodes=2)
-    with pytest.raises(ConfigError, match="use --workload gpt"):
-        settings(workload="other")
+    # any workload's model maps to IPUs through its parts; one without a stem and a head to put on IPU 0 cannot
+    headless = ModelUnits(stem=(), units=("blocks.0",), head=())
+    with pytest.raises(ConfigError, match="needs a stem \\(embedding\\) and a head"):
+        settings_from_config(ipu_config(), headless)
     with pytest.raises(ConfigError, match="--replicas 'two': a whole number"):
         settings(backend_options={"replicas": "two"})
     with pytest.raises(ConfigError, match="--device-iterations 0: must be at least 1"):
@@ -121,7 +126,7 @@ def test_other_refusals() -> None:
 
 
 def test_run_options_are_declared_for_the_ipu_backend() -> None:
-    options = {o.name: o for o in run_options()}
+    options = {o.cli_flag: o for o in run_options()}  # by the flag users type (the key is its _ spelling)
     assert {
         "ipus",
         "replicas",

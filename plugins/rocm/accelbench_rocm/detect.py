@@ -13,10 +13,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
-from accelbench.devices import DeviceInfo
-from accelbench.errors import BackendError
+from accelbench.devices import DeviceInfo, refuse_torch_build, torch_build
 from accelbench_rocm import peaks, probe, smi
 from accelbench_rocm.precision import base_arch
 from accelbench_rocm.visible import visible_gpus
@@ -27,14 +24,11 @@ KFD = Path("/dev/kfd")  # the ROCm compute driver's device node
 def detect_devices(environ: Mapping[str, str] = os.environ) -> list[DeviceInfo]:
     """The GPUs (GCDs) a run would see, in HIP ordinal order; [] when there are none or no ROCm stack."""
     amdsmi = smi.session()
-    if torch.version.hip is None:
+    built = torch_build()  # read without importing torch: detection stays cheap
+    if built is None or built.hip is None:
         gpus = smi.physical_gpus(amdsmi) if amdsmi is not None else []
         if gpus:  # the hardware is there but torch cannot drive it: say why rather than "no device"
-            build = f"CUDA build (CUDA {torch.version.cuda})" if torch.version.cuda else "CPU-only build"
-            raise BackendError(
-                f"amdsmi sees {len(gpus)} AMD GPU(s) but torch {torch.__version__} is a {build}; install a ROCm "
-                "build of torch (https://pytorch.org/get-started/locally/)"
-            )
+            refuse_torch_build(built, f"amdsmi sees {len(gpus)} AMD GPU(s)", "ROCm")
         return []
     if amdsmi is not None:
         visible = visible_gpus(environ, smi.physical_gpus(amdsmi))

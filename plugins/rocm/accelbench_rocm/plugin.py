@@ -2,141 +2,172 @@
 
 A ROCm build of torch drives AMD GPUs through the ``cuda`` device type (HIP), so allocator statistics and
 synchronisation are torch.cuda's; what differs is here: detection through ``torch.version.hip`` and amdsmi (the
-gfx architecture and compute units recorded, one MI250X GCD = one device), HIP/ROCR visible devices, RCCL (the
-"nccl" backend name), precisions by architecture, amdsmi device memory and energy, and the Instinct peak table.
+gfx architecture and compute units recorded, one MI250X GCD = one device), HIP/ROCR visible devices, precisions by
+architecture, amdsmi device memory and energy, and the Instinct peak table. The collective backend is the core
+default, "nccl", under which name RCCL registers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from accelbench import hookimpl
-from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
+from accelbench.devices import (
+    BackendInfo,
+    DeviceInfo,
+    EpochReadings,
+    PeakFigures,
+    allocator_memory,
+    readings_with_energy,
+)
 from accelbench.errors import BackendError
-from accelbench.precision import PrecisionPlan
 from accelbench_rocm import __version__, detect, peaks, smi
 from accelbench_rocm import precision as precision_rules
 from accelbench_rocm.visible import HIP_ENV, ROCR_ENV
 
-_windows: dict[int, smi.EpochWindow] = {}  # device index -> energy window of the running epoch
-_handles: dict[int, Any] = {}  # device index -> amdsmi handle
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.precision import PrecisionPlan
 
 
-@hookimpl
-def accelbench_backend() -> BackendInfo:
-    return BackendInfo(
-        name="rocm",
-        device_type="cuda",  # ROCm builds of torch expose AMD GPUs as "cuda" devices
-        device_unit="GPU as HIP enumerates it: one GCD (an MI250X is two devices), or one MI300X partition",
-        priority=100,
-        description="AMD GPUs through ROCm/HIP; amdsmi (extra 'amdsmi') for detection, device memory and energy.",
-    )
+class RocmBackend:
+    """The ROCm backend. The amdsmi handles and each device's running epoch (its energy accumulator) live here."""
 
+    accelbench_contract = "2.0"
 
-@hookimpl
-def accelbench_detect_devices() -> list[DeviceInfo]:
-    return detect.detect_devices()
+    def __init__(self) -> None:
+        self._windows: dict[int, smi.EpochWindow] = {}  # device index -> energy window of the running epoch
+        self._handles: dict[int, Any] = {}  # device index -> amdsmi handle
 
-
-@hookimpl
-def accelbench_runtime_versions() -> dict[str, str]:
-    versions = {"torch": torch.__version__, "hip": str(torch.version.hip), "accelbench_rocm": __version__}
-    with contextlib.suppress(Exception):  # a build without RCCL: nothing to record
-        versions["rccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
-    amdsmi = smi.session()
-    if amdsmi is not None:
-        versions.update(smi.versions(amdsmi))
-    return versions
-
-
-@hookimpl
-def accelbench_setup_device(device_type: str, local_rank: int) -> torch.device:
-    if torch.version.hip is None or not torch.cuda.is_available():
-        raise BackendError(
-            f"no ROCm GPU is available in this process (torch {torch.__version__}, HIP {torch.version.hip}); "
-            "check `amd-smi list` and that torch is a ROCm build"
+    @hookimpl
+    def accelbench_backend(self) -> BackendInfo:
+        return BackendInfo(
+            name="rocm",
+            device_type="cuda",  # ROCm builds of torch expose AMD GPUs as "cuda" devices
+            device_unit="GPU as HIP enumerates it: one GCD (an MI250X is two devices), or one MI300X partition",
+            priority=100,
+            description="AMD GPUs through ROCm/HIP; amdsmi (extra 'amdsmi') for detection, device memory and energy.",
         )
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        shown = ", ".join(
-            f"{k}={os.environ[k]!r}" for k in (ROCR_ENV, HIP_ENV, "CUDA_VISIBLE_DEVICES") if k in os.environ
+
+    @hookimpl
+    def accelbench_recorded_environment(self) -> list[str]:
+        return [HIP_ENV, ROCR_ENV, "CUDA_VISIBLE_DEVICES", "HSA_*", "HIP_*", "NCCL_*", "RCCL_*", "MIOPEN_*",
+                "PYTORCH_ROCM_ARCH"]  # fmt: skip
+
+    @hookimpl
+    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+        return detect.detect_devices()
+
+    @hookimpl
+    def accelbench_runtime_versions(self) -> dict[str, str]:
+        import torch
+
+        versions = {"torch": torch.__version__, "hip": str(torch.version.hip), "accelbench_rocm": __version__}
+        with contextlib.suppress(Exception):  # a build without RCCL: nothing to record
+            versions["rccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+        amdsmi = smi.session()
+        if amdsmi is not None:
+            versions.update(smi.versions(amdsmi))
+        return versions
+
+    @hookimpl
+    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+        import torch
+
+        if torch.version.hip is None or not torch.cuda.is_available():
+            raise BackendError(
+                f"no ROCm GPU is available in this process (torch {torch.__version__}, HIP {torch.version.hip}); "
+                "check `amd-smi list` and that torch is a ROCm build"
+            )
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            shown = ", ".join(
+                f"{k}={os.environ[k]!r}"
+                for k in (ROCR_ENV, HIP_ENV, "CUDA_VISIBLE_DEVICES")
+                if k in os.environ
+            )
+            raise BackendError(
+                f"local rank {local_rank} needs GPU {local_rank} but this process sees {count} "
+                f"({shown or 'no visible-device variable set'}); start at most {count} processes per node "
+                "(an MI250X counts as two)"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+
+    @hookimpl
+    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+        return precision_rules.supported_precisions(_arch(device))
+
+    @hookimpl
+    def accelbench_precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
+        precision_rules.check_tf32_policy()
+        return precision_rules.make_plan(precision, _arch(device))
+
+    @hookimpl
+    def accelbench_epoch_start(self, device: torch.device) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+        amdsmi = smi.session()
+        handle = self._smi_handle(amdsmi, device)
+        if amdsmi is not None and handle is not None:  # the epoch starts now: read the energy accumulator
+            self._windows[_index(device)] = smi.EpochWindow.open(amdsmi, handle, self._bdf(device) or "")
+
+    @hookimpl
+    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+        import torch
+
+        amdsmi = smi.session()
+        handle = self._smi_handle(amdsmi, device)
+        used = smi.memory_used(amdsmi, handle) if amdsmi is not None and handle is not None else None
+        total = int(torch.cuda.get_device_properties(device).total_memory)
+        memory = allocator_memory(torch.cuda, device, "torch HIP caching allocator", used, total)
+        window = self._windows.pop(_index(device), None)
+        if amdsmi is None or window is None:
+            return EpochReadings(memory=memory)
+        source = (
+            "amdsmi energy accumulator (amdsmi_get_energy_count x counter resolution; on an MI250X the accumulator "
+            "is the whole package, shared by its two GCDs)"
         )
-        raise BackendError(
-            f"local rank {local_rank} needs GPU {local_rank} but this process sees {count} ({shown or 'no visible-device variable set'}); "
-            f"start at most {count} processes per node (an MI250X counts as two)"
+        return readings_with_energy(
+            memory, window.close(amdsmi), f"amdsmi:{window.bdf or _index(device)}", source
         )
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
 
+    @hookimpl
+    def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
+        return peaks.peak_for(device, precision)
 
-@hookimpl
-def accelbench_collective_backend(device: torch.device) -> str:
-    import torch.distributed as dist
+    def _bdf(self, device: torch.device) -> str | None:
+        index = _index(device)
+        devices = detect.detect_devices()
+        return devices[index].details.get("bdf") if index < len(devices) else None
 
-    # RCCL registers under NCCL's name; without it gloo (which carries HIP tensors as CUDA ones) is recorded.
-    return "nccl" if dist.is_available() and dist.is_nccl_available() else "gloo"
-
-
-@hookimpl
-def accelbench_supported_precisions(device: torch.device) -> list[str]:
-    return precision_rules.supported_precisions(_arch(device))
-
-
-@hookimpl
-def accelbench_precision_plan(precision: str, device: torch.device) -> PrecisionPlan:
-    precision_rules.check_tf32_policy()
-    return precision_rules.make_plan(precision, _arch(device))
-
-
-@hookimpl
-def accelbench_reset_peak_memory(device: torch.device) -> bool:
-    torch.cuda.reset_peak_memory_stats(device)
-    amdsmi = smi.session()
-    handle = _smi_handle(amdsmi, device)
-    if handle is not None:  # the epoch starts now: read the energy accumulator
-        _windows[_index(device)] = smi.EpochWindow.open(amdsmi, handle)
-    return True
-
-
-@hookimpl
-def accelbench_memory_stats(device: torch.device) -> MemoryStats:
-    amdsmi = smi.session()
-    handle = _smi_handle(amdsmi, device)
-    return MemoryStats(
-        peak_bytes=int(torch.cuda.max_memory_allocated(device)),
-        source="torch HIP caching allocator peak (torch.cuda.max_memory_allocated)",
-        peak_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
-        device_used_bytes=smi.memory_used(amdsmi, handle) if handle is not None else None,
-        total_bytes=int(torch.cuda.get_device_properties(device).total_memory),
-    )
-
-
-@hookimpl
-def accelbench_device_telemetry(device: torch.device) -> dict[str, float] | None:
-    amdsmi = smi.session()
-    window = _windows.pop(_index(device), None)
-    if amdsmi is None or window is None:
-        return None
-    return window.close(amdsmi)
-
-
-@hookimpl
-def accelbench_peak_figures(device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
-    return peaks.peak_for(device, precision)
+    def _smi_handle(self, amdsmi: Any, device: torch.device) -> Any | None:
+        """The amdsmi handle of ``device``, found by PCI address through detection (HIP ordinal -> amdsmi GPU)."""
+        if amdsmi is None:
+            return None
+        index = _index(device)
+        if index not in self._handles:
+            bdf = self._bdf(device)
+            self._handles[index] = smi.handle_for_bdf(amdsmi, bdf) if bdf else None
+        return self._handles[index]
 
 
 def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+    import torch
+
+    return device.index if device.index is not None else int(torch.cuda.current_device())
 
 
 def _arch(device: torch.device) -> str:
     """The gfx architecture of ``device``. Asked with an index-less device before HIP is initialised (the
     launcher's preflight), it comes from detection, so the launcher starts no HIP runtime of its own; on a mixed
     node the precisions are those every GPU supports."""
+    import torch
+
     if device.index is not None or torch.cuda.is_initialized():
         return precision_rules.base_arch(getattr(torch.cuda.get_device_properties(device), "gcnArchName", ""))
     archs = {d.arch for d in detect.detect_devices() if d.arch}
@@ -151,15 +182,3 @@ def _arch(device: torch.device) -> str:
         )
     ]
     return sorted(common or archs)[0]
-
-
-def _smi_handle(amdsmi: Any, device: torch.device) -> Any | None:
-    """The amdsmi handle of ``device``, found by PCI address through detection (HIP ordinal -> amdsmi GPU)."""
-    if amdsmi is None:
-        return None
-    index = _index(device)
-    if index not in _handles:
-        devices = detect.detect_devices()
-        bdf = devices[index].details.get("bdf") if index < len(devices) else None
-        _handles[index] = smi.handle_for_bdf(amdsmi, bdf) if bdf else None
-    return _handles[index]

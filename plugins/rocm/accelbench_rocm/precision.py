@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import torch
-
 from accelbench.errors import ConfigError
 from accelbench.precision import PrecisionPlan, standard_plan
 
@@ -41,6 +39,8 @@ def check_tf32_policy(environ: Mapping[str, str] = os.environ) -> None:
 
 def make_plan(precision: str, arch: str) -> PrecisionPlan:
     """The plan for ``precision`` on a GPU of ``arch``; sets torch's fp32 matmul switch to IEEE, as recorded."""
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = False  # on ROCm builds this also governs hipBLASLt's XF32 path
     plan = standard_plan(precision, matmul_math="ieee-fp32")
     notes = [plan.notes] if plan.notes else []

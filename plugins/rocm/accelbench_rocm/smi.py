@@ -131,10 +131,11 @@ class EpochWindow:
     handle: Any
     started: float = field(default_factory=lambda: time.monotonic())
     energy_j: float | None = None
+    bdf: str = ""  # the GPU's PCI address, naming the energy counter's domain
 
     @classmethod
-    def open(cls, amdsmi: ModuleType, handle: Any) -> EpochWindow:
-        return cls(handle=handle, energy_j=_energy_joules(amdsmi, handle))
+    def open(cls, amdsmi: ModuleType, handle: Any, bdf: str = "") -> EpochWindow:
+        return cls(handle=handle, energy_j=_energy_joules(amdsmi, handle), bdf=bdf)
 
     def close(self, amdsmi: ModuleType) -> dict[str, float]:
         elapsed = time.monotonic() - self.started

@@ -245,12 +245,13 @@ def install_amdsmi(
     monkeypatch: pytest.MonkeyPatch, gpus: list[FakeAmdGpu], driver: bool = True
 ) -> FakeAmdSmi:
     """``amdsmi`` reporting ``gpus`` (or, with ``driver=False``, a machine without the amdgpu driver)."""
-    from accelbench_rocm import plugin, smi
+    from accelbench_rocm import smi
 
     fake = FakeAmdSmi(gpus, driver=driver)
     monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
-    monkeypatch.setattr(smi, "_session", None)  # as in a fresh process
-    monkeypatch.setattr(plugin, "_handles", {})
+    monkeypatch.setattr(
+        smi, "_session", None
+    )  # as in a fresh process (the plugin object's handles are new too)
     return fake
 
 
@@ -266,8 +267,7 @@ def install_gpus(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeAmdGpu]) -> tup
 
 def remove_amdsmi(monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine where the amdsmi package is not installed."""
-    from accelbench_rocm import plugin, smi
+    from accelbench_rocm import smi
 
     monkeypatch.setitem(sys.modules, "amdsmi", None)
     monkeypatch.setattr(smi, "_session", None)
-    monkeypatch.setattr(plugin, "_handles", {})

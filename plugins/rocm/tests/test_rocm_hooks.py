@@ -54,15 +54,17 @@ def test_memory_and_energy_belong_to_the_bound_gcd(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(smi, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     backend = rocm()
     device = backend.setup_device(0)
-    backend.reset_peak_memory(device)
+    backend.epoch_start(device)
     clock.now += 4.0
     gpus[1].energy_accumulator += 131_070_000  # x 15.259 uJ = 2000 J
     gpus[1].temperature_c = 80
-    readings = backend.telemetry(device)
-    assert readings["energy_j"] == pytest.approx(2000.0, rel=1e-3)
+    epoch = backend.epoch_end(device)
+    readings = epoch.telemetry
+    assert epoch.energy is not None and epoch.energy.joules == pytest.approx(2000.0, rel=1e-3)
+    assert epoch.energy.domain == "amdsmi:0000:15:00.0"  # the bound GCD's counter, by its PCI address
     assert readings["power_w"] == pytest.approx(500.0, rel=1e-3)
     assert readings["temperature_c"] == 80.0
-    stats = backend.memory_stats(device)
+    stats = epoch.memory
     assert stats.device_used_bytes == 9 * 2**30 and stats.total_bytes == 192 * 2**30
     assert "HIP caching allocator" in stats.source
 
@@ -71,8 +73,9 @@ def test_a_gcd_without_a_power_sensor_reports_no_energy(monkeypatch: pytest.Monk
     install_gpus(monkeypatch, mi250x_gcds())
     backend = rocm()
     device = backend.setup_device(1)  # the second GCD: amdsmi reports the package's power on the first
-    backend.reset_peak_memory(device)
-    assert set(backend.telemetry(device)) == {"temperature_c"}
+    backend.epoch_start(device)
+    epoch = backend.epoch_end(device)
+    assert set(epoch.telemetry) == {"temperature_c"} and epoch.energy is None
 
 
 def test_without_amdsmi_device_figures_are_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,9 +83,10 @@ def test_without_amdsmi_device_figures_are_unknown(monkeypatch: pytest.MonkeyPat
     remove_amdsmi(monkeypatch)
     backend = rocm()
     device = backend.setup_device(0)
-    backend.reset_peak_memory(device)
-    assert backend.memory_stats(device).device_used_bytes is None
-    assert backend.telemetry(device) == {}
+    backend.epoch_start(device)
+    epoch = backend.epoch_end(device)
+    assert epoch.memory.device_used_bytes is None
+    assert epoch.telemetry == {} and epoch.energy is None
 
 
 def test_runtime_versions(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """Which Intel GPU devices this process may use, without starting the Level Zero runtime in it.
 
-Order of questions: can this torch drive Intel GPUs at all (:mod:`accelbench_xpu.paths`); is there a GPU render
-node (Linux); then torch.xpu itself in a probe subprocess. Each device records what it is (card or tile), the
+Order of questions: is there a GPU render node (Linux; answered without importing torch); can this torch drive
+Intel GPUs at all (:mod:`accelbench_xpu.paths`); then torch.xpu itself in a probe subprocess. Each device records what it is (card or tile), the
 hierarchy in force and the affinity mask.
 """
 
@@ -20,8 +20,10 @@ DRI = Path("/dev/dri")
 
 def detect_devices(environ: Mapping[str, str] = os.environ) -> list[DeviceInfo]:
     """The devices a run would see; [] when torch cannot drive Intel GPUs or there is no GPU."""
+    if not gpu_node_present():  # first: it needs no torch, so a machine without GPUs answers at once
+        return []
     path = paths.resolve(environ)
-    if path.device is None or not gpu_node_present():
+    if path.device is None:
         return []
     return [_device(ordinal, row, path, environ) for ordinal, row in enumerate(probe.run_probe(path.device))]
 

@@ -22,8 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from accelbench.errors import ConfigError
 
 PATH_ENV = "ACCELBENCH_XPU_PATH"
@@ -60,6 +58,8 @@ def resolve(
 ) -> XpuPath:
     """The path this process takes (arguments default to what this torch and environment have;
     ``installed(module)`` answers like ``importlib.util.find_spec``)."""
+    import torch
+
     installed = installed or importlib.util.find_spec
     if torch_has_xpu is None:
         torch_has_xpu = bool(getattr(torch._C, "_has_xpu", False))

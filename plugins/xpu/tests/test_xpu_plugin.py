@@ -173,11 +173,13 @@ def test_memory_telemetry_and_synchronisation_go_through_torch_xpu(monkeypatch: 
     device = backend.setup_device(0)
     backend.synchronize(device)
     assert fake.synchronized == 1
-    stats = backend.memory_stats(device)
+    epoch = backend.epoch_end(device)
+    stats = epoch.memory
     assert (stats.peak_bytes, stats.device_used_bytes, stats.total_bytes) == (42 * 2**20, 3 * GIB, 64 * GIB)
-    assert backend.telemetry(device) == {"temperature_c": 38.0}
+    assert epoch.telemetry == {"temperature_c": 38.0}
     fake.devices[0].sysman = False  # no pyzes: unknown, not zero
-    assert backend.memory_stats(device).device_used_bytes is None and backend.telemetry(device) == {}
+    epoch = backend.epoch_end(device)
+    assert epoch.memory.device_used_bytes is None and epoch.telemetry == {}
 
 
 def test_with_intel_gpus_xpu_is_chosen_and_an_explicit_backend_still_wins(
@@ -193,22 +195,55 @@ def test_power_and_utilisation_are_sampled_through_the_epoch(monkeypatch: pytest
     fake = install_xpus(monkeypatch, [FakeXpuDevice(power_w=420.0, utilization_pct=96.0)])
     backend = xpu()
     device = backend.setup_device(0)
-    backend.reset_peak_memory(device)  # the runner: an epoch starts, the sampler with it
+    backend.epoch_start(device)  # the runner: an epoch starts, the sampler with it
     time.sleep(0.1)  # the epoch
     fake.devices[0].power_w = 380.0  # the draw changes during the epoch: the mean follows
     time.sleep(0.1)
-    readings = backend.telemetry(device)
+    readings = backend.epoch_end(device).telemetry
     assert 380.0 < readings["power_w"] < 420.0
     assert readings["utilization_pct"] == 96.0 and readings["temperature_c"] == 38.0
     assert readings["telemetry_samples"] >= 2
-    assert backend.telemetry(device) == {"temperature_c": 38.0}, "the sampler stops with the epoch"
+    assert backend.epoch_end(device).telemetry == {"temperature_c": 38.0}, "the sampler stops with the epoch"
 
 
 def test_readings_the_gpu_refuses_are_left_out_not_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     install_xpus(monkeypatch, [FakeXpuDevice(power_permitted=False)])
     backend = xpu()
     device = backend.setup_device(0)
-    backend.reset_peak_memory(device)
+    backend.epoch_start(device)
     time.sleep(0.05)
-    readings = backend.telemetry(device)
+    readings = backend.epoch_end(device).telemetry
     assert "power_w" not in readings and readings["utilization_pct"] == 97.0
+
+
+def intel_card(root: Path, name: str, energy_uj: int | None, vendor: str = "0x8086") -> Path:
+    """A DRM card as the i915/xe driver shows it in sysfs, with a hwmon energy counter (microjoules)."""
+    device = root / name / "device"
+    (device / "hwmon" / "hwmon3").mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    counter = device / "hwmon" / "hwmon3" / "energy1_input"
+    if energy_uj is not None:
+        counter.write_text(f"{energy_uj}\n")
+    return counter
+
+
+def test_energy_from_the_cards_hwmon_counter_when_the_card_is_known(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from accelbench_xpu.plugin import XpuBackend
+
+    install_xpus(monkeypatch, [FakeXpuDevice()])
+    counter = intel_card(tmp_path, "card1", 5_000_000)
+    intel_card(tmp_path, "card0", 7, vendor="0x1234")  # another vendor's card does not count
+    (tmp_path / "card1-DP-1").mkdir()  # a connector, not a card
+    plugin = XpuBackend(drm=tmp_path)
+    device = torch.device("xpu", 0)
+    plugin.accelbench_epoch_start(device)
+    counter.write_text("65000000\n")  # 60 J later
+    energy = plugin.accelbench_epoch_end(device).energy
+    assert energy is not None and energy.joules == 60.0 and energy.domain == "hwmon:card1"
+    assert plugin.accelbench_epoch_end(device).energy is None, "a reading belongs to one epoch"
+    # two Intel cards: which one this rank runs on is not known here, so the energy is unknown, not guessed
+    intel_card(tmp_path, "card2", 1)
+    plugin.accelbench_epoch_start(device)
+    assert plugin.accelbench_epoch_end(device).energy is None

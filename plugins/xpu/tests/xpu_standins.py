@@ -103,7 +103,7 @@ class FakeXpu:
 def install_xpus(monkeypatch: pytest.MonkeyPatch, devices: list[FakeXpuDevice], xccl: bool = True) -> FakeXpu:
     """An XPU build of torch (torch >= 2.8 has xccl) on a machine with ``devices``."""
     import torch.distributed as dist
-    from accelbench_xpu import detect, plugin, probe
+    from accelbench_xpu import detect, probe
 
     for name in ("ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ACCELBENCH_XPU_PATH"):
         monkeypatch.delenv(name, raising=False)
@@ -112,9 +112,7 @@ def install_xpus(monkeypatch: pytest.MonkeyPatch, devices: list[FakeXpuDevice], 
     monkeypatch.setattr(dist, "is_xccl_available", lambda: xccl, raising=False)
     monkeypatch.setattr(detect, "gpu_node_present", lambda: True)
     monkeypatch.setattr(probe, "run_probe", lambda path: [_row(d) for d in devices])
-    monkeypatch.setattr(plugin, "_pinning", None)
-    monkeypatch.setattr(plugin, "_samplers", {})
-    return fake
+    return fake  # the plugin object's state (pinning, samplers) is new with each plugin host
 
 
 def _row(device: FakeXpuDevice) -> dict:

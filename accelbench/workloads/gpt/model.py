@@ -1,4 +1,4 @@
-"""The GPT reference workload: a GPT-2 family model, trained character-level as in the seed study.
+"""The GPT model: a GPT-2 family transformer, and its optimizer recipe (imported when a run builds the model).
 
 Configuration-compatible with minGPT's model table, written for speed the way a tuned loop is: fused
 scaled-dot-product attention (flash / memory-efficient kernels where the device has them), PyTorch's
@@ -14,30 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from accelbench.config import RunConfig
-from accelbench.errors import ConfigError
-from accelbench.workloads import TrainingJob
-from accelbench.workloads.chardata import CharCorpus, RandomWindows
-
-# layers, heads, embedding (minGPT's table and the seed study's larger sizes and IPU sizes)
-MODEL_SIZES: dict[str, tuple[int, int, int]] = {
-    "gpt-nano": (3, 3, 48),
-    "gpt-micro": (4, 4, 128),
-    "gpt-mini": (6, 6, 192),
-    "gopher-44m": (8, 16, 512),
-    "gpt2": (12, 12, 768),
-    "gpt2-medium": (24, 16, 1024),
-    "gpt2-large": (36, 20, 1280),
-    "gpt2-xl": (48, 25, 1600),
-    "gpt2-xxl": (96, 25, 1600),
-    "gpt2-xxxl": (100, 30, 1920),
-    "gpt2-4xl": (190, 30, 1920),
-    "ipu-384": (12, 12, 384),
-    "ipu-768": (12, 12, 768),
-}
-
-FLOPS_FORMULA = "6N + 12*l*d*s per token (PaLM appendix B; N = parameters without position embeddings)"
 
 
 @dataclass(frozen=True)
@@ -169,67 +145,3 @@ def _fused_adamw_devices() -> set[str]:
         return set(_get_fused_kernels_supported_devices())
     except ImportError:  # older torch: the devices that had fused AdamW
         return {"cuda", "xpu", "cpu", "mps"}
-
-
-def resolve_size(config: RunConfig) -> tuple[int, int, int]:
-    if config.model == "custom":
-        assert config.n_layer and config.n_head and config.n_embd  # RunConfig validated this
-        return config.n_layer, config.n_head, config.n_embd
-    if config.model not in MODEL_SIZES:
-        raise ConfigError(
-            f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}, "
-            "or --model custom --layers L --heads H --embd D"
-        )
-    return MODEL_SIZES[config.model]
-
-
-class GPTWorkload:
-    """Registered by the core as workload ``gpt``."""
-
-    name = "gpt"
-    description = "GPT-2 family, character-level, random windows (the seed study's lightning-GPT setup)"
-
-    def model_names(self) -> list[str]:
-        return [*MODEL_SIZES, "custom"]
-
-    def build(self, config: RunConfig) -> TrainingJob:
-        n_layer, n_head, n_embd = resolve_size(config)
-        corpus = CharCorpus.from_file(config.data) if config.data else CharCorpus.generated()
-        data = RandomWindows(
-            corpus, config.block_size, config.batch_size, config.seed, config.steps_per_epoch
-        )
-        torch.manual_seed(config.seed)
-        cfg = GPTConfig(
-            n_layer,
-            n_head,
-            n_embd,
-            config.block_size,
-            corpus.vocab_size,
-            config.dropout,
-            config.vocab_multiple,
-        )
-        model = GPT(cfg)
-        lr = config.learning_rate
-        return TrainingJob(
-            model=model,
-            data=data,
-            make_optimizer=lambda m, device: configure_adamw(m, device, lr),
-            flops_per_sample=model.flops_per_token() * config.block_size,
-            flops_formula=FLOPS_FORMULA,
-            tokens_per_sample=config.block_size,
-            grad_clip_norm=1.0,
-            summary={
-                "name": config.model,
-                "n_layer": n_layer,
-                "n_head": n_head,
-                "n_embd": n_embd,
-                "block_size": config.block_size,
-                "vocab_size": corpus.vocab_size,
-                "vocab_padded_to": cfg.padded_vocab_size,
-                "dropout": config.dropout,
-                "parameters": model.num_parameters(),
-                "flops_per_token": model.flops_per_token(),  # of the unpadded model: padding is not useful work
-                "attention": "torch scaled_dot_product_attention (causal)",
-                "tied_embedding_head": True,
-            },
-        )

@@ -1,0 +1,117 @@
+"""Finding and reading result files, fast: a summary per run, bad files named and skipped (fatal with --strict).
+
+Records gathered from many systems are many small JSON files. Each is parsed and checked in one step by
+:class:`~accelbench.compare.summary.RecordView` (pydantic's JSON parser, only the fields compare uses become
+Python objects), which is several times cheaper than loading and validating a whole record. A file that fails
+that check is read again the careful way (:func:`accelbench.results.read_record`), so the reason given for a
+malformed, foreign or newer-schema file is worded as everywhere else in accelbench, and a record of an older
+schema version is migrated (:func:`accelbench.results.migrate`) before it is summarised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from accelbench.compare.summary import Interner, RecordView, RunSummary, summarize
+from accelbench.errors import AccelbenchError, ResultFileError
+from accelbench.results import migrate, read_record
+
+
+@dataclass
+class RecordSet:
+    """What reading a set of files and folders gave: a summary per run, and the files skipped with the reason."""
+
+    records: list[RunSummary] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    duplicates: list[Path] = field(default_factory=list)
+
+
+def _walk(folder: str) -> Iterator[str]:
+    """``*.json`` files under ``folder`` in path order (names compared part by part, as sorting Paths does).
+
+    Temporary files of an atomic write in progress (``.tmp-*``) are not records yet and are left alone; links to
+    folders are not followed (a loop would never end).
+    """
+    with os.scandir(folder) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(entry.path)
+        elif entry.name.endswith(".json") and not entry.name.startswith(".tmp-") and entry.is_file():
+            yield entry.path
+
+
+def result_files(paths: Sequence[Path | str]) -> list[str]:
+    """Files named on the command line as given; folders searched recursively for ``*.json``."""
+    files: list[str] = []
+    for path in paths:
+        text = os.fspath(path)
+        if os.path.isdir(text):
+            files.extend(_walk(text))
+        elif os.path.isfile(text):
+            files.append(text)
+        else:
+            raise AccelbenchError(
+                f"{path}: no such file or directory; give result files or folders holding them"
+            )
+    return files
+
+
+def find_result_files(paths: Sequence[Path]) -> list[Path]:
+    """:func:`result_files` as paths."""
+    return [Path(p) for p in result_files(paths)]
+
+
+def read_view(file: str) -> RecordView:
+    """The fields compare uses of one result file, validated; :class:`ResultFileError` saying what is wrong."""
+    try:
+        with open(file, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ResultFileError(f"{Path(file)}: cannot read: {exc}") from exc
+    try:
+        return RecordView.model_validate_json(data)
+    except ValidationError:
+        pass
+    # not a current-version record with the fields compare uses: find out why, or migrate an older version
+    read_record(Path(file))  # raises ResultFileError naming what is wrong
+    try:
+        return RecordView.model_validate(migrate(json.loads(data)))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise ResultFileError(f"{Path(file)}: invalid result record: {problems}") from exc
+
+
+def load_records(paths: Sequence[Path | str], strict: bool = False) -> RecordSet:
+    """Read every result file under ``paths`` into a :class:`RecordSet` of run summaries.
+
+    A malformed, foreign or newer-schema file is skipped and reported by name (with ``strict``, the first one in
+    path order raises :class:`ResultFileError`). The same run found twice (a record copied into two folders)
+    counts once.
+    """
+    result = RecordSet()
+    seen: set[str] = set()
+    intern = Interner()
+    for file in result_files(paths):
+        try:
+            view = read_view(file)
+        except ResultFileError as exc:
+            if strict:
+                raise
+            path = Path(file)
+            result.skipped.append((path, str(exc).removeprefix(f"{path}: ")))
+            continue
+        if view.run_id in seen:
+            result.duplicates.append(Path(file))
+            continue
+        seen.add(view.run_id)
+        result.records.append(summarize(view, file, intern))
+    return result

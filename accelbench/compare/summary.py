@@ -1,0 +1,265 @@
+"""What compare keeps of a result record: the fields it uses, validated, in a small summary per run.
+
+Validating a whole record (every epoch, rank, device and option) costs far more than reading it, and keeping whole
+records makes memory grow with the number of files; at 100,000 records both matter. :class:`RecordView` is the
+part of the result schema (:mod:`accelbench.results`) that compare and report read, with the same types, so a file
+whose fields compare uses are missing or of the wrong type is still refused; fields it does not use are not
+looked at. :class:`RunSummary` is what is kept of each run: the workload key, system facts and environment are
+shared between runs that have the same (interned), so compare holds about 1 KB per run (142 MiB at 100,000 runs,
+benchmarks/compare_scale.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from accelbench.compare.environment import Environment, environment_of
+from accelbench.compare.keys import WorkloadKey
+from accelbench.config import RunConfig
+from accelbench.results import SCHEMA_NAME, SCHEMA_VERSION, Status
+
+Scalar = str | int | float | bool
+
+
+class _View(BaseModel):
+    # the fields compare reads are checked; anything else in the record is not its business
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Outcome(_View):
+    status: Status
+    message: str | None = None
+
+
+def _as_in_run_config(name: str) -> Any:
+    """A configuration field as :class:`RunConfig` declares it: the same default and bounds."""
+    return RunConfig.model_fields[name]
+
+
+class _ConfigView(_View):
+    """The configuration fields compare reads, with RunConfig's own defaults and bounds."""
+
+    workload: str = _as_in_run_config("workload")
+    model: str = _as_in_run_config("model")
+    batch_size: int = _as_in_run_config("batch_size")
+    precision: str = _as_in_run_config("precision")
+    strategy: str = _as_in_run_config("strategy")
+    data: str | None = None  # a path; only its file name is compared
+    steps_per_epoch: int | None = _as_in_run_config("steps_per_epoch")
+    learning_rate: float = _as_in_run_config("learning_rate")
+    compile: bool = _as_in_run_config("compile")
+    threads: int | None = _as_in_run_config("threads")
+    backend_options: dict[str, Scalar] = _as_in_run_config("backend_options")
+
+
+class _System(_View):
+    host: str
+    os: str
+    python: str
+    cpu_model: str
+    torch_version: str
+    torch_cuda: str | None
+    torch_hip: str | None
+    torch_threads: int
+    accelbench_version: str
+    scheduler: str | None
+    job_id: str | None
+    environment: dict[str, str]
+
+
+class _BackendInfo(_View):
+    name: str
+    device_unit: str
+
+
+class _Device(_View):
+    name: str
+
+
+class _Backend(_View):
+    info: _BackendInfo
+    distribution: str | None
+    version: str | None
+    devices: list[_Device]
+    devices_used: int
+    collective_backend: str | None
+    runtime_versions: dict[str, str]
+
+
+class _Precision(_View):
+    name: str
+    param_dtype: str
+    autocast_dtype: str | None
+    loss_scaling: Literal["dynamic", "none"] = "none"
+    matmul_math: str
+
+
+class _Epoch(_View):
+    wall_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    joules_per_sample: float | None = None
+
+
+class _Steady(_View):
+    mfu: float | None
+
+
+class _Source(_View):
+    source: str
+
+
+class _Metrics(_View):
+    compile_s: float | None
+    epochs: list[_Epoch]
+    warmup: _Epoch | None
+    steady: _Steady | None
+    memory: _Source | None
+    peak_memory_max_bytes: int | None
+    peak: _Source | None
+
+
+class RecordView(_View):
+    """The fields of a current-version result record that compare and report use."""
+
+    schema_name: Literal[SCHEMA_NAME] = Field(alias="schema")  # type: ignore[valid-type]
+    schema_version: Literal[SCHEMA_VERSION]  # type: ignore[valid-type]  # older versions are migrated first
+    run_id: str
+    created_at: datetime
+    engine: str = "native"
+    outcome: _Outcome
+    config: _ConfigView
+    system: _System
+    backend: _Backend
+    precision: _Precision | None
+    workload: dict[str, Any]
+    workload_identity: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    executor: dict[str, Any]
+    plugins: dict[str, str]
+    world_size: int = 1
+    nodes: int = 1
+    launcher: str = "none"
+    metrics: _Metrics | None
+
+
+@dataclass(frozen=True, slots=True)
+class SystemFacts:
+    """What a system label can be made of (see :data:`accelbench.compare.keys.SYSTEM_FIELDS`); shared by the runs
+    of one system."""
+
+    host: str
+    backend: str
+    device: str
+    device_unit: str
+    threads: int | None
+    compile: bool
+    engine: str
+    backend_options: tuple[tuple[str, Scalar], ...]
+    job_id: str | None
+    cpu: str
+    torch: str
+    accelbench: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """A run's measurements, as compare pools them: every steady epoch (after the warm-up) is one measurement."""
+
+    epoch_s: tuple[float, ...]
+    samples_per_s: tuple[float, ...]
+    tokens_per_s: tuple[float, ...]
+    joules_per_sample: tuple[float | None, ...]
+    peak_memory_bytes: int | None
+    mfu: float | None
+    compile_s: float | None
+    warmup_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run as compare sees it: where it came from, what ran where, how it ended, and its figures."""
+
+    file: str
+    run_id: str
+    created_at: datetime
+    status: str
+    message: str | None
+    model_name: str  # the size name asked for (``custom``, ``gpt2``); ``key.model`` is the display name
+    key: WorkloadKey
+    devices: int
+    system: SystemFacts
+    environment: Environment
+    parameters: float | None
+    figures: RunFigures | None  # None when the run measured nothing (e.g. out of memory while building)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file)
+
+    @property
+    def ok(self) -> bool:
+        """Succeeded with measurements: the runs whose figures count."""
+        return self.status == "ok" and self.figures is not None
+
+
+class Interner:
+    """One shared copy of each equal value (workload keys, system facts, environments) across the runs read."""
+
+    def __init__(self) -> None:
+        self._pool: dict[Any, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        return self._pool.setdefault(value, value)
+
+
+def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
+    """The summary of one validated record."""
+    c, s, b = view.config, view.system, view.backend
+    metrics = view.metrics
+    figures = None
+    if metrics is not None:
+        steady = metrics.epochs[1:]  # epoch 0 is the warm-up
+        figures = RunFigures(
+            epoch_s=tuple(e.wall_s for e in steady),
+            samples_per_s=tuple(e.samples_per_s for e in steady),
+            tokens_per_s=tuple(e.tokens_per_s for e in steady),
+            joules_per_sample=tuple(e.joules_per_sample for e in steady),
+            peak_memory_bytes=metrics.peak_memory_max_bytes,
+            mfu=metrics.steady.mfu if metrics.steady else None,
+            compile_s=metrics.compile_s,
+            warmup_s=metrics.warmup.wall_s if metrics.warmup else None,
+        )
+    system = SystemFacts(
+        host=s.host,
+        backend=b.info.name,
+        device=b.devices[0].name if b.devices else "no device",
+        device_unit=b.info.device_unit,
+        threads=c.threads,
+        compile=c.compile,
+        engine=view.engine,
+        backend_options=tuple(sorted(c.backend_options.items())),
+        job_id=s.job_id,
+        cpu=s.cpu_model,
+        torch=s.torch_version,
+        accelbench=s.accelbench_version,
+    )
+    parameters = view.workload.get("parameters")
+    return RunSummary(
+        file=file,
+        run_id=view.run_id,
+        created_at=view.created_at,
+        status=view.outcome.status,
+        message=view.outcome.message,
+        model_name=intern(c.model),
+        key=intern(WorkloadKey.from_fields(vars(c), view.workload_identity)),
+        devices=b.devices_used,
+        system=intern(system),
+        environment=intern(environment_of(view)),
+        parameters=float(parameters) if isinstance(parameters, (int, float)) and parameters else None,
+        figures=figures,
+    )

@@ -1,0 +1,46 @@
+"""`accelbench report` on the command line: the selection options of `compare`, and where the report goes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from accelbench.compare import add_selection_arguments, comparison_from_args
+from accelbench.report.drawing import FIGURE_FORMATS
+from accelbench.report.html import build_report, write_report
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `report` subcommand's options."""
+    add_selection_arguments(parser)
+    parser.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=Path("accelbench-report.html"),
+        help="the HTML file (default: accelbench-report.html)",
+    )
+    parser.add_argument(
+        "--figures", type=Path, metavar="DIR", help="also write every figure as a file into DIR"
+    )
+    parser.add_argument(
+        "--figure-format",
+        choices=FIGURE_FORMATS,
+        default="svg",
+        help="figure format, embedded and written (default: svg)",
+    )
+    parser.add_argument("--title", default="accelbench report", help="the report's title")
+
+
+def report_command(args: argparse.Namespace, err: Console) -> int:
+    """`accelbench report`: compare the records, draw the views, write one HTML file."""
+    comparison = comparison_from_args(args, err)
+    report = build_report(comparison, args.title, args.figure_format)
+    written = write_report(report, args.output, args.figures, args.figure_format)
+    err.print(Text(f"report written to {args.output} ({len(report.figures)} figure(s))"), soft_wrap=True)
+    if written:
+        err.print(Text(f"figures written to {args.figures}"), soft_wrap=True)
+    return 0

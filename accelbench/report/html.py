@@ -1,0 +1,283 @@
+"""The report page: one self-contained HTML file, every string from a record escaped, figures as data URIs.
+
+Embedding the figures makes the report one file that opens anywhere, without a network; ``--figures DIR`` also
+writes them as files. Host names, messages and paths come from records gathered from other machines, so each is
+escaped (:func:`esc`) wherever it lands in the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from accelbench import __version__
+from accelbench.compare import Comparison, RunSummary, cell_row, columns
+from accelbench.errors import AccelbenchError
+from accelbench.report.drawing import FIGURE_FORMATS, STYLE, ReportFigure, load_matplotlib
+from accelbench.report.entries import entries
+from accelbench.report.figures import (
+    axis_figures,
+    compile_figures,
+    energy_figures,
+    epoch_time_figures,
+    largest_fit_tables,
+    memory_by_batch_figures,
+    memory_by_model_figures,
+    scaling_figures,
+    strategy_figures,
+)
+
+_MIME = {"svg": "image/svg+xml", "png": "image/png"}
+
+
+def esc(value: object) -> str:
+    """Escape anything for HTML text and attribute values."""
+    return html.escape(str(value), quote=True)
+
+
+def html_table(header: Sequence[str], rows: Iterable[Sequence[str]], css: str = "") -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f'<table class="{esc(css)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1200px;
+       color: #1d232a; line-height: 1.45; padding: 0 1rem; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { border-bottom: 1px solid #ccd; padding-bottom: .2rem;
+     margin-top: 2.2rem; } h3 { font-size: 1rem; margin-bottom: .3rem; }
+.meta, .caption, .none { color: #5a6572; font-size: .9rem; }
+table { border-collapse: collapse; margin: .4rem 0 1.2rem; font-size: .85rem; }
+th, td { border: 1px solid #d5dae0; padding: .25rem .5rem; text-align: left; vertical-align: top; }
+th { background: #f1f4f7; } tbody tr:nth-child(even) { background: #fafbfc; }
+figure { margin: 1rem 0 2rem; } figure img { max-width: 100%; border: 1px solid #e3e7eb; }
+.skipped { color: #8a4b00; } nav ul { columns: 2; }
+"""
+
+
+@dataclass
+class Report:
+    html: str
+    figures: list[ReportFigure]
+
+
+@dataclass
+class View:
+    """A section of the report: its anchor, heading, what it shows, and its figures."""
+
+    anchor: str
+    heading: str
+    intro: str
+    figures: list[ReportFigure]
+    nav: str
+
+
+def build_report(
+    comparison: Comparison, title: str = "accelbench report", figure_format: str = "svg"
+) -> Report:
+    """The HTML page and its figures (rendered lazily by the caller if it wants files too)."""
+    matplotlib = load_matplotlib()
+    if figure_format not in FIGURE_FORMATS:
+        raise AccelbenchError(f"--figure-format {figure_format!r}: choose one of {', '.join(FIGURE_FORMATS)}")
+    items = entries(comparison)
+    with matplotlib.rc_context(STYLE):
+        views = []
+        if comparison.axis:
+            views.append(
+                View(
+                    "vs",
+                    f"Along {comparison.axis}",
+                    f"--vs {comparison.axis}: each workload's runs side by side per {comparison.axis} and system "
+                    "(seed study, figure 2, along any field).",
+                    axis_figures(comparison),
+                    f"Along {comparison.axis}",
+                )
+            )
+        views += [
+            View(
+                "epoch-time",
+                "Epoch time per system, precision and batch size",
+                "Single-device runs (seed study, figure 2).",
+                epoch_time_figures(items, comparison.systems),
+                "Epoch time",
+            ),
+            View(
+                "scaling",
+                "Scaling across device counts",
+                "The same workload at several device counts on one system (seed study, figure 3).",
+                scaling_figures(items),
+                "Scaling",
+            ),
+            View(
+                "memory-batch",
+                "Peak memory against batch size",
+                "Seed study, figure 4.",
+                memory_by_batch_figures(items),
+                "Memory against batch size",
+            ),
+            View(
+                "memory-model",
+                "Peak memory against model size",
+                "Seed study, figure 6 and table 5; the tables below list what fitted.",
+                memory_by_model_figures(items),
+                "Memory against model size",
+            ),
+            View(
+                "strategies",
+                "Strategy comparison across model sizes and device counts",
+                "DDP, FSDP and ZeRO stages (seed study, figure 6).",
+                strategy_figures(items),
+                "Strategies",
+            ),
+            View(
+                "compile",
+                "Compile time and epoch time per strategy",
+                "IPU strategies, or any run with a compile step (seed study, figure 8).",
+                compile_figures(items),
+                "Compile time",
+            ),
+        ]
+        if comparison.has_energy:
+            views.append(
+                View(
+                    "energy",
+                    "Energy per sample",
+                    "Where the devices' energy counters were read; a figure is never estimated.",
+                    energy_figures(items, comparison.systems),
+                    "Energy",
+                )
+            )
+        body: list[str] = []
+        figures: list[ReportFigure] = []
+        for view in views:
+            body.append(
+                f'<h2 id="{view.anchor}">{esc(view.heading)}</h2><p class="caption">{esc(view.intro)}</p>'
+            )
+            if not view.figures:
+                body.append('<p class="none">No records for this view.</p>')
+            for fig in view.figures:
+                figures.append(fig)
+                data = base64.b64encode(fig.encode(figure_format)).decode("ascii")
+                body.append(
+                    f'<figure id="figure-{len(figures)}"><h3>Figure {len(figures)}. {esc(fig.title)}</h3>'
+                    f'<img alt="{esc(fig.title)}" src="data:{_MIME[figure_format]};base64,{data}">'
+                    f'<figcaption class="caption">{esc(fig.caption)}</figcaption></figure>'
+                )
+            if view.anchor == "memory-model":
+                for table_title, rows in largest_fit_tables(items):
+                    body.append(f"<h3>Largest model that fits: {esc(table_title)}</h3>")
+                    body.append(html_table(["model", "peak memory", "steady epoch time (s)"], rows))
+    page = _page(comparison, title, views, body)
+    return Report(page, figures)
+
+
+def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[str]) -> str:
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    links = [
+        ("systems", "Systems"),
+        ("comparison", "Comparison"),
+        ("environment", "What differs between the environments"),
+        *((v.anchor, v.nav) for v in views),
+        ("records", "Records"),
+    ]
+    nav = "".join(f'<li><a href="#{anchor}">{esc(text)}</a></li>' for anchor, text in links)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="meta">{len(comparison.records)} result record(s) from {len(comparison.systems)} system(s); '
+        f"baseline: {esc(comparison.baseline)}; generated {esc(generated)} by accelbench {esc(__version__)}.</p>",
+        f"<nav><ul>{nav}</ul></nav>",
+    ]
+    if comparison.skipped:
+        items = "".join(f"<li><code>{esc(p)}</code>: {esc(reason)}</li>" for p, reason in comparison.skipped)
+        parts.append(
+            f'<p class="skipped">Skipped files (not valid result records):</p><ul class="skipped">{items}</ul>'
+        )
+    parts.append('<h2 id="systems">Systems</h2>')
+    parts.append(
+        html_table(
+            ["system", "hosts", "backend", "device", "one device is", "records"], _system_rows(comparison)
+        )
+    )
+    parts.append('<h2 id="comparison">Comparison</h2>')
+    parts.append(f'<p class="caption">{esc(_comparison_caption(comparison))}</p>')
+    header = columns(comparison)
+    for group in comparison.groups:
+        parts.append(f"<h3>{esc(group.describe())}</h3>")
+        parts.append(html_table(header, (cell_row(c, comparison, group) for c in group.cells), "comparison"))
+    parts.append('<h2 id="environment">What differs between the environments</h2>')
+    if comparison.environment:
+        rows = [
+            [attribute, *(" | ".join(v[s]) or "-" for s in comparison.systems)]
+            for attribute, v in comparison.environment
+        ]
+        parts.append(html_table(["attribute", *comparison.systems], rows))
+    else:
+        parts.append('<p class="none">No differences in versions, precision plans or device definitions.</p>')
+    parts += body
+    parts.append('<h2 id="records">Records</h2>')
+    record_rows = [
+        [r.file, system, r.model_name, r.status, (r.message or "")[:300]] for system, r in comparison.records
+    ]
+    parts.append(html_table(["file", "system", "model", "outcome", "message"], record_rows))
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _comparison_caption(comparison: Comparison) -> str:
+    if comparison.axis:
+        against = (
+            f"Compared along {comparison.axis}: speed ×N = epoch time at the baseline {comparison.axis} (marked "
+            "baseline) over this epoch time on the same system (>1 is faster)."
+        )
+    else:
+        against = f"speed ×N = epoch time of the baseline ({comparison.baseline}) over this epoch time (>1 is faster)."
+    energy = (
+        " J/sample: joules per sample from the devices' energy counters." if comparison.has_energy else ""
+    )
+    return (
+        f"{against} Epoch time: median of the steady epochs (after the warm-up) of all successful runs, ± half "
+        "their range. Beyond noise: two-sided Mann-Whitney test of the steady epoch times against the baseline's "
+        f"at α = {comparison.alpha:g}.{energy}"
+    )
+
+
+def _system_rows(comparison: Comparison) -> list[list[str]]:
+    """Per system: its hosts, backend, device, what one device is, and how many records."""
+    by_system: dict[str, list[RunSummary]] = {}
+    for system, r in comparison.records:
+        by_system.setdefault(system, []).append(r)
+    rows = []
+    for system in comparison.systems:
+        mine = by_system[system]
+        hosts = sorted({r.system.host for r in mine})
+        first = mine[0].system
+        device = "none" if first.device == "no device" else first.device
+        rows.append([system, ", ".join(hosts), first.backend, device, first.device_unit, str(len(mine))])
+    return rows
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "figure"
+
+
+def write_report(report: Report, output: Path, figures_dir: Path | None, figure_format: str) -> list[Path]:
+    """Write the HTML file, and the figures as files when asked; returns the figure files written."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report.html, encoding="utf-8")
+    written = []
+    if figures_dir is not None:
+        figures_dir.mkdir(parents=True, exist_ok=True)
+        for i, fig in enumerate(report.figures, 1):
+            path = figures_dir / f"{i:02d}-{_slug(fig.title)}.{figure_format}"
+            path.write_bytes(fig.encode(figure_format))
+            written.append(path)
+    return written

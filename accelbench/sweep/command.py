@@ -1,0 +1,89 @@
+"""The ``accelbench sweep`` command line: its options, and from them a resolved sweep that is run, listed
+(``--dry-run``) or described (``--list``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from accelbench.errors import AccelbenchError
+from accelbench.exitcodes import ExitCode
+from accelbench.sweep import spec
+from accelbench.sweep.display import print_start, print_summary
+from accelbench.sweep.runner import dry_run, run_sweep
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `sweep` subcommand's options."""
+    parser.add_argument("sweep", nargs="?", help="a sweep file (.toml, .yaml) or a built-in suite name")
+    parser.add_argument("--list", action="store_true", help="list the built-in suites and their scales")
+    parser.add_argument(
+        "--scale",
+        default=spec.BASE_SCALE,
+        help=f"sizes: '{spec.BASE_SCALE}' (as written: the seed study's) or a scale the file defines, e.g. 'tiny'",
+    )
+    parser.add_argument(
+        "--output-dir", type=Path, default=Path("results"), help="where records go (default: results/)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="fix a run option for every point, e.g. --set precision=bf16-mixed --set backend=cuda (repeatable)",
+    )
+    parser.add_argument("--repeats", type=int, help="runs per point (overrides the file's 'repeats')")
+    parser.add_argument(
+        "--memory-cap",
+        help="address-space limit per point, e.g. 4GiB (CPU runs only: emulates a device with that much memory)",
+    )
+    parser.add_argument("--point-timeout", type=float, help="seconds before a point is stopped (SIGTERM)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list the points and which are done; run nothing"
+    )
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress display; only the final summary"
+    )
+
+
+def list_suites(console: Console) -> None:
+    """Each built-in suite with its scales and description (``--list``)."""
+    for name, path in sorted(spec.builtin_suites().items()):
+        data = spec.read_sweep_file(path)
+        scales = ", ".join([spec.BASE_SCALE, *data.get("scales", {})])
+        console.print(Text(name, style="bold"), Text(f"(scales: {scales})"), soft_wrap=True)
+        console.print(Text("  " + " ".join(str(data.get("description", "")).split())), soft_wrap=True)
+
+
+def sweep_command(args: argparse.Namespace, err: Console) -> int:
+    """`accelbench sweep`: resolve the sweep, then run it (or list it with --dry-run)."""
+    if args.list:
+        list_suites(Console())
+        return ExitCode.OK
+    if not args.sweep:
+        raise AccelbenchError(
+            "name a sweep file or a built-in suite (`accelbench sweep --list` shows the suites)"
+        )
+    path = spec.resolve_sweep_source(args.sweep)
+    sweep = spec.load_sweep(path, args.scale, spec.parse_set(args.set), output_dir=args.output_dir)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise AccelbenchError(f"--repeats {args.repeats}: give at least 1")
+        sweep.repeats = args.repeats
+    if args.memory_cap:
+        sweep.memory_cap = spec.parse_memory(args.memory_cap)
+    if args.point_timeout is not None and args.point_timeout <= 0:
+        raise AccelbenchError(f"--point-timeout {args.point_timeout}: give a positive number of seconds")
+
+    if args.dry_run:
+        dry_run(sweep, args.output_dir, Console())
+        return ExitCode.OK
+    print_start(err, sweep, args.scale, args.output_dir)
+    live = not args.quiet and err.is_terminal
+    console = err if not args.quiet else Console(stderr=True, quiet=True)
+    summary = run_sweep(sweep, args.output_dir, console, live, args.point_timeout)
+    print_summary(err, sweep, summary, args.output_dir)
+    return summary.exit_code
