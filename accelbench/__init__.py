@@ -9,8 +9,9 @@ import pluggy
 
 PROJECT = "accelbench"
 # The plugin contract (accelbench.hookspecs) this accelbench implements. A plugin declares the version it was written
-# for (``accelbench_contract = "2.0"``); the same major version and a minor version not newer than this one load.
-CONTRACT_VERSION = "2.0"
+# for (``accelbench_contract = "2.1"``); the same major version and a minor version not newer than this one load.
+# 2.1 added the optional ``accelbench_known_devices`` (the devices a peak table knows, for ``accelbench estimate``).
+CONTRACT_VERSION = "2.1"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 hookspec = pluggy.HookspecMarker(PROJECT)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from accelbench import __version__
 from accelbench.config import RunConfig, RunOption, cli_fields, flag_of
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.exitcodes import ExitCode
+from accelbench.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,7 +43,9 @@ _WORKLOAD = "workload_option:"
 
 
 def build_parser(
-    backend_options: Sequence[RunOption] = (), workload_options: Sequence[RunOption] = ()
+    backend_options: Sequence[RunOption] = (),
+    workload_options: Sequence[RunOption] = (),
+    listed: Mapping[str, str] | None = None,
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelbench", description="Benchmark AI training on any accelerator, with honest numbers."
@@ -61,7 +65,7 @@ def build_parser(
         metavar="FILE",
         help="start from a run configuration (JSON), or a result record to repeat its run; flags override it",
     )
-    add_config_arguments(run)
+    add_config_arguments(run, listed)
     _add_declared(run, workload_options, _WORKLOAD, "workload options")
     _add_declared(run, backend_options, _BACKEND, "backend options (from plugins)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display or summary")
@@ -80,12 +84,31 @@ def build_parser(
     add_compare_arguments(sub.add_parser("compare", help="result records from many systems, side by side"))
     add_report_arguments(sub.add_parser("report", help="a self-contained HTML report with figures"))
     add_sweep_arguments(sub.add_parser("sweep", help="run a grid of points (or a built-in suite), resumably"))
+
+    from accelbench.estimate.arguments import add_estimate_arguments
+
+    estimate = sub.add_parser(
+        "estimate", help="predict step time, memory and communication of a run without running it"
+    )
+    estimate.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE",
+                          help="start from a run configuration (JSON) or a result record; flags override it")  # fmt: skip
+    add_config_arguments(estimate, listed)
+    _add_declared(estimate, workload_options, _WORKLOAD, "workload options")
+    _add_declared(estimate, backend_options, _BACKEND, "backend options (from plugins)")
+    add_estimate_arguments(estimate)
+    from accelbench.comm.options import add_comm_arguments
+
+    add_comm_arguments(
+        sub.add_parser("comm", help="collective bandwidth (all_reduce, all_gather, ...) in nccl-tests' terms")
+    )
     return parser
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, listed: Mapping[str, str] | None = None) -> None:
     """One flag per core run option, generated from RunConfig's fields (defaults are RunConfig's: a flag the
-    user does not give is absent from the namespace, so ``--config`` values are not overridden by defaults)."""
+    user does not give is absent from the namespace, so ``--config`` values are not overridden by defaults).
+    ``listed``: the values to show for open-ended fields (``precision``, ``strategy``, ``model``) as installed."""
+    listed = {"precision": ", ".join(PRECISIONS), **(listed or {})}
     for name in cli_fields():
         info = RunConfig.model_fields[name]
         flag = "--" + flag_of(name)
@@ -97,10 +120,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(flag, action="store_true", **kwargs)
             continue
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         if choices:
             kwargs["choices"] = choices
         else:
-            kwargs["metavar"] = flag_of(name).upper().replace("-", "_")
+            kwargs["metavar"] = str(extra.get("metavar") or flag_of(name).upper().replace("-", "_"))
+        if name in listed:  # shown, but RunConfig and the preflight judge them (with hints, not argparse's)
+            kwargs["help"] = f"{kwargs['help']}; choices: {listed[name]}"
         parser.add_argument(flag, type=kind, **kwargs)
 
 
@@ -191,6 +217,10 @@ def _config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: cannot read it: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(
+            f"--config {path}: not a run configuration: its JSON is nested too deeply"
+        ) from None
     if isinstance(raw, dict) and raw.get("schema") == "accelbench.result":
         from accelbench.results import migrate
 
@@ -206,16 +236,34 @@ def _config_file(path: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (`accelbench schema | head`): stop quietly, as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail again
+        return ExitCode.CLOSED_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         backend_options: list[RunOption] = []
         workload_options: list[RunOption] = []
-        if argv[:1] == ["run"]:  # only `run` has plugin-made options: load plugins for it alone
+        listed: dict[str, str] = {}
+        if argv[:1] in (["run"], ["estimate"]):  # only these have plugin-made options: load plugins for them
             from accelbench.plugins import get_host
 
             host = get_host()
             backend_options, workload_options = host.run_options(), host.workload_run_options()
-        args = build_parser(backend_options, workload_options).parse_args(argv)
+            listed = {
+                "strategy": ", ".join(
+                    sorted({s for b in host.backends.values() for s in b.supported_strategies()})
+                ),
+                "model": "; ".join(
+                    f"{name}: {', '.join(w.model_names())}" for name, w in host.workloads.items()
+                ),
+            }
+        args = build_parser(backend_options, workload_options, listed).parse_args(argv)
     except AccelbenchError as exc:
         return _refused(exc)
     args.argv = argv
@@ -227,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": cmd_compare,
         "report": cmd_report,
         "sweep": cmd_sweep,
+        "estimate": cmd_estimate,
+        "comm": cmd_comm,
     }[args.command]
     try:
         return int(handler(args, _stderr()))
@@ -253,11 +303,12 @@ def _refused(exc: AccelbenchError) -> int:
 
 
 def cmd_run(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.display import LiveProgress, summary_table
-    from accelbench.engine.runner import NoProgress, preflight, run
+    from accelbench.display import LiveProgress, LogProgress
+    from accelbench.engine.runner import NoProgress, Progress, preflight, run
     from accelbench.engine.signals import TERMINATION
-    from accelbench.launch import check_launch, detect_launch
+    from accelbench.launch import RUN_ID_ENV, check_launch, detect_launch
     from accelbench.plugins import get_host
+    from accelbench.results import RecordNotSaved
 
     launch = detect_launch()
     if launch.launcher != "none":  # a worker of torchrun, srun or mpirun: the job's shape comes from there
@@ -268,19 +319,42 @@ def cmd_run(args: argparse.Namespace, err: Console) -> int:
     config = config_from_args(args)
     host = get_host()
     TERMINATION.install()
-    needs_workers = launch.launcher == "none" and config.devices * config.nnodes > 1
-    if needs_workers and preflight(config, host).collective is not None:  # IPUs replicate in one process
-        return launch_and_wait(args, config, err)
-    live = not args.quiet and err.is_terminal and launch.rank == 0
-    with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
-        record, path, status = run(config, host, LiveProgress(err) if live else NoProgress(), launch)
+    worker = launch.launcher == "torchrun" and os.environ.get(RUN_ID_ENV) is not None  # one we started
+    if launch.rank == 0 and not worker:  # said once, by the process the user started
+        checked = preflight(config, host)
+        for warning in checked.warnings:
+            err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
+        if (
+            launch.launcher == "none"
+            and config.devices * config.nnodes > 1
+            and checked.collective is not None
+        ):
+            return launch_and_wait(args, config, err)  # IPUs replicate in one process
+    progress: Progress = NoProgress()
+    if not args.quiet and launch.rank == 0:
+        progress = LiveProgress(err) if err.is_terminal else LogProgress(sys.stderr)
+    try:
+        with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
+            record, path, status = run(config, host, progress, launch)
+    except RecordNotSaved as exc:  # measured, but the folder could not take it: the record goes to stdout
+        print(exc.text, flush=True)
+        err.print(f"[bold red]error:[/] {_escape(str(exc))}", highlight=False, soft_wrap=True)
+        return ExitCode.ERROR
     if record is not None:
         if args.json:
             print(record.to_json(), flush=True)
         if not args.quiet:
+            from accelbench.display import summary_table
+
             err.print(summary_table(record))
             err.print(f"result record: {path}", highlight=False, soft_wrap=True)
     return ExitCode.of_status(status)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 @contextlib.contextmanager
@@ -300,15 +374,15 @@ def _stdout_to_stderr() -> Iterator[None]:
 def launch_and_wait(args: argparse.Namespace, config: RunConfig, err: Console) -> int:
     """Start this same command as one worker per device through torch.distributed's launcher, and wait."""
     from accelbench.launch import launch_workers
-    from accelbench.results import read_record, write_record
+    from accelbench.results import fallback_dir, read_record, write_record
 
     argv = sys.argv[1:] if args.argv is None else args.argv
-    run_id, failures = launch_workers(
-        argv, config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint
-    )
+    launched = launch_workers(argv, config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint)
+    failures = launched.failures
     if config.node_rank != 0:
-        return ExitCode.ERROR if failures else ExitCode.OK
-    found = sorted(config.output_dir.glob(f"*_{run_id[:8]}.json"))
+        return ExitCode.ERROR if failures else ExitCode.INTERRUPTED if launched.signal else ExitCode.OK
+    pattern = f"*_{launched.run_id[:8]}.json"
+    found = sorted(config.output_dir.glob(pattern))
     if found:
         record = read_record(found[-1])
         if failures and record.outcome.status != "ok":  # add what only the launcher saw: exit codes
@@ -318,12 +392,30 @@ def launch_and_wait(args: argparse.Namespace, config: RunConfig, err: Console) -
                 update={"outcome": record.outcome.model_copy(update={"message": message})}
             )
             write_record(record, config.output_dir, path=found[-1])
+        if launched.signal:
+            err.print(
+                f"[bold yellow]{launched.signal}:[/] the workers were stopped; the record keeps the epochs every "
+                f"rank completed: {found[-1]}",
+                highlight=False,
+                soft_wrap=True,
+            )
         return ExitCode.of_status(record.outcome.status)
+    kept = sorted(fallback_dir().glob(pattern))
     for rank, (code, message) in sorted(failures.items()):
         err.print(
-            f"[bold red]rank {rank} failed[/] (exit code {code}): {message}", highlight=False, soft_wrap=True
+            f"[bold red]rank {rank} failed[/] (exit code {code}): {_escape(message)}",
+            highlight=False,
+            soft_wrap=True,
         )
-    err.print("[bold red]error:[/] no result record was written (rank 0 ended before it could write one)")
+    if kept:
+        err.print(
+            f"[bold red]error:[/] the record could not be written to {config.output_dir}; it was kept in {kept[-1]}"
+        )
+    elif launched.signal:
+        err.print(f"[bold yellow]{launched.signal}:[/] the run was stopped before anything was measured")
+        return ExitCode.INTERRUPTED
+    else:
+        err.print("[bold red]error:[/] no result record was written (rank 0 ended before it could write one)")
     return ExitCode.ERROR
 
 
@@ -360,11 +452,10 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
     out = Console()
     table = Table(title="system", show_header=False)
     for key, value in system.model_dump().items():
-        shown = _gib(value) if key == "memory_bytes" and value else value
-        table.add_row(key, json.dumps(shown) if isinstance(shown, dict) else str(shown))
+        table.add_row(key.removesuffix("_bytes").replace("_", " "), _shown(key, value))
     out.print(table)
     listing = Table(title="backends and devices (highest detection priority first)")
-    for col in ("backend", "device unit", "devices", "peak (dense, per device)", "runtime"):
+    for col in ("backend", "devices", "peak (dense, per device)", "runtime"):
         listing.add_column(col)
     for b in backends:
         names = "\n".join(_device_line(d) for d in b["devices"]) or (
@@ -378,13 +469,25 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
         peaks += f"\nmemory {bandwidth / 1e12:g} TB/s" if bandwidth else ""
         peaks += f"\n({source})" if source else "" if peaks else "unknown"
         runtime = ", ".join(f"{k} {v}" for k, v in b["runtime_versions"].items())
-        listing.add_row(b["backend"]["name"], b["backend"]["device_unit"], names, peaks, runtime)
+        listing.add_row(b["backend"]["name"], names, peaks, runtime)
     out.print(listing)
     return ExitCode.OK
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+def _shown(key: str, value: Any) -> str:
+    """A system fact as a person reads it: sizes in GiB, mappings as ``k: v`` lines, nothing as "none"."""
+    if value is None or value == {} or value == "":
+        return {"scheduler": "none (not in a batch job)", "job_id": "none", "torch_cuda": "none (not a CUDA build)",
+                "torch_hip": "none (not a ROCm build)", "environment": "none recorded"}.get(key, "unknown")  # fmt: skip
+    if key.endswith("_bytes") and isinstance(value, int):
+        return _gib(value)
+    if isinstance(value, dict):
+        return "\n".join(f"{k}: {v}" for k, v in value.items())
+    return str(value)
 
 
 def _device_line(device: dict[str, Any]) -> str:
@@ -413,7 +516,10 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
     for record in host.records:
         row = record.to_json()
         backend = host.backends.get(record.backend.name) if record.backend else None
-        row["devices"] = [d.model_dump() for d in backend.detect()] if backend else []
+        detected = backend.detect() if backend else []
+        row["devices"] = [d.model_dump() for d in detected]
+        row["strategies"] = _answer(backend.supported_strategies) if backend else None
+        row["precisions"] = _answer(functools.partial(_precisions, backend)) if backend and detected else None
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -432,14 +538,36 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
         out.print(f"[bold]{row['name']}[/] ({dist}): {status}", highlight=False, soft_wrap=True)
         if row["backend"]:
             about = f" ({row['backend']['description']})" if row["backend"]["description"] else ""
-            devices = ", ".join(d["name"] for d in row["devices"]) or f"none detected{about}"
-            out.print(f"  backend {row['backend']['name']}: {devices}", highlight=False, soft_wrap=True)
+            names = ", ".join(d["name"] for d in row["devices"]) or f"none detected{about}"
+            out.print(f"  backend {row['backend']['name']}: {names}", highlight=False, soft_wrap=True)
+            precisions = row["precisions"] or "(the device decides; none detected here)"
+            out.print(f"  precisions: {_listed(precisions)}", highlight=False, soft_wrap=True)
+            out.print(f"  strategies: {_listed(row['strategies'])}", highlight=False, soft_wrap=True)
         if row["hooks"]:
             hooks = ", ".join(h.removeprefix("accelbench_") for h in row["hooks"])
             out.print(f"  hooks: {hooks}", highlight=False, soft_wrap=True)
         for warning in row["warnings"]:
             out.print(f"  [yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
     return ExitCode.OK
+
+
+def _answer(ask: Any) -> list[str] | str:
+    """A backend's answer, or what went wrong asking (``plugins`` reports, it does not fail)."""
+    try:
+        return list(ask())
+    except Exception as exc:  # noqa: BLE001 - a plugin's fault is shown, not raised
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
+def _precisions(backend: Any) -> list[str]:
+    """Asked as the launcher asks, of the device type (no index): no device runtime is initialised for it."""
+    import torch
+
+    return list(backend.supported_precisions(torch.device(backend.info.device_type)))
+
+
+def _listed(value: list[str] | str | None) -> str:
+    return ", ".join(value) if isinstance(value, list) else str(value)
 
 
 def cmd_schema(args: argparse.Namespace, err: Console) -> int:
@@ -461,10 +589,22 @@ def cmd_report(args: argparse.Namespace, err: Console) -> int:
     return report_command(args, err)
 
 
+def cmd_estimate(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.estimate.command import estimate_command
+
+    return estimate_command(config_from_args(args), args, err)
+
+
 def cmd_sweep(args: argparse.Namespace, err: Console) -> int:
     from accelbench.sweep import sweep_command
 
     return sweep_command(args, err)
+
+
+def cmd_comm(args: argparse.Namespace, err: Console) -> int:
+    from accelbench.comm.command import comm_command
+
+    return comm_command(args, err)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -20,6 +20,13 @@ from accelbench.errors import ConfigError
 from accelbench.precision import PRECISIONS
 
 Scalar = str | int | float | bool
+
+# --epochs auto: a warm-up, then steady epochs until the last MIN_STEADY_EPOCHS agree within AUTO_TOLERANCE (at most
+# AUTO_MAX_EPOCHS). MIN_STEADY_EPOCHS is also what compare's noise test needs per run: 4 against 4 epoch times can
+# reach p < 0.05, 3 against 3 cannot.
+MIN_STEADY_EPOCHS = 4
+AUTO_TOLERANCE = 0.05
+AUTO_MAX_EPOCHS = 12
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -34,6 +41,66 @@ def _flag(flag: str | None = None, *, metavar: str | None = None, cli: bool = Tr
     if not cli:
         extra["cli"] = False
     return extra
+
+
+# Tensor, pipeline and composed parallelism (accelbench.engine.parallel). The data axis of a mesh is written by what
+# runs on it: dp (FSDP2, the default), fsdp or ddp.
+DATA_AXES = {"dp": "fsdp", "fsdp": "fsdp", "ddp": "ddp"}
+MESH_AXES = ("dp", "tp", "pp")  # the mesh's axes by their generic names (as --placement lists them)
+PARALLEL_STRATEGIES = ("tp", "pp", "mesh")
+# torch.distributed.pipelining's schedules by accelbench's names -> the stages each pipeline rank holds: "one"; "loop"
+# (v >= 1 stages, rank r holding stages r, r+p, ...; default 2); "v" (exactly 2, V-shaped: r and 2p-1-r)
+PP_SCHEDULES = {
+    "gpipe": "one",
+    "1f1b": "one",
+    "interleaved-1f1b": "loop",
+    "looped-bfs": "loop",
+    "interleaved-zb": "loop",
+    "zbv": "v",
+    "dualpipev": "v",
+}
+
+
+def fewest_microbatches(schedule: str, pipeline_ranks: int, virtual_stages: int) -> int:
+    """The fewest microbatches torch's ``schedule`` accepts: 1F1B needs one per pipeline rank, DualPipeV one per
+    stage; the others run any number."""
+    if schedule == "1f1b":
+        return pipeline_ranks
+    if schedule == "dualpipev":
+        return pipeline_ranks * virtual_stages
+    return 1
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``--mesh`` text -> sizes by axis, canonical: ``dp=2,tp=2`` -> ``{"fsdp": 2, "tp": 2}``. The data axis is named
+    by what runs on it (dp means FSDP2), axes come in the order data, tp, pp, and axes of size 1 are left out.
+    Raises ValueError saying what is wrong and what would work."""
+    sizes: dict[str, int] = {}
+    for part in text.replace(" ", "").split(","):
+        axis, sep, size = part.partition("=")
+        axis = axis.lower()
+        if (
+            not sep
+            or not size.isdigit()
+            or int(size) < 1
+            or (axis not in DATA_AXES and axis not in ("tp", "pp"))
+        ):
+            raise ValueError(
+                f"--mesh {text!r}: {part!r} is not AXIS=SIZE; write sizes of the axes dp (FSDP2; or fsdp, ddp), tp "
+                "and pp, e.g. --mesh dp=2,tp=2"
+            )
+        name = DATA_AXES.get(axis, axis)
+        generic = "dp" if axis in DATA_AXES else axis
+        if any(("dp" if a in DATA_AXES.values() else a) == generic for a in sizes):
+            raise ValueError(f"--mesh {text!r}: the {generic} axis is given twice")
+        sizes[name] = int(size)
+    order = ("fsdp", "ddp", "tp", "pp")
+    return {axis: sizes[axis] for axis in order if sizes.get(axis, 1) > 1}
+
+
+def format_mesh(sizes: Mapping[str, int]) -> str:
+    """Canonical ``--mesh`` text of :func:`parse_mesh`'s sizes: ``fsdp=2,tp=2``."""
+    return ",".join(f"{axis}={size}" for axis, size in sizes.items())
 
 
 class RunConfig(BaseModel):
@@ -51,17 +118,31 @@ class RunConfig(BaseModel):
         description="native: accelbench's loop; lightning: the same workload through Lightning Fabric",
     )
     model: str = Field(
-        default="gpt-nano", description="the workload's size name (see --help of the workload)"
+        default="gpt-nano",
+        description="the workload's size name (custom: the sizes given as workload options)",
     )
     batch_size: int = Field(default=64, gt=0, description="per-device batch size")
-    epochs: int = Field(default=2, gt=0, description="epochs; the first is reported apart as the warm-up")
+    grad_accum: int = Field(
+        default=1,
+        gt=0,
+        description="gradient accumulation: each batch is split into this many micro-batches, one optimizer "
+        "step per batch (the batch size must be a multiple of it)",
+    )
+    epochs: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        default="auto",
+        description="epochs (the first is reported apart as the warm-up), or auto: a warm-up, then steady epochs "
+        "until the last 4 agree within 5% (at most 12); recorded with how it decided",
+        json_schema_extra=_flag(metavar="N|auto"),
+    )
     steps_per_epoch: int | None = Field(
         default=None, gt=0, description="cap the steps of each epoch (quick runs; recorded)"
     )
-    precision: str = Field(default="fp32", description=f"one of {', '.join(PRECISIONS)}")
+    precision: str = Field(
+        default="fp32", description="numeric precision (mixed: autocast over fp32 weights)"
+    )
     strategy: str = Field(
         default="single",
-        description="distribution strategy: single, ddp, fsdp, deepspeed-zero1/2/3, a plugin's",
+        description="how training is spread over devices (plugins may add strategies)",
     )
     devices: int = Field(
         default=1,
@@ -77,6 +158,41 @@ class RunConfig(BaseModel):
         default=600.0,
         gt=0,
         description="seconds a rank waits for its peers before the run ends with an error",
+    )
+    mesh: str | None = Field(
+        default=None,
+        description="device mesh for tensor and pipeline parallelism, composed with data parallelism: AXIS=SIZE,... "
+        "over dp (FSDP2; or fsdp, ddp), tp and pp, e.g. dp=2,tp=2; the sizes multiply to the device count; picks "
+        "the strategy (mesh; tp or pp alone)",
+    )
+    placement: str = Field(
+        default="auto",
+        description="mesh axes from outermost to innermost, e.g. dp,pp,tp: the innermost takes consecutive ranks "
+        "(one node); auto: pp,dp,tp (tensor parallelism inside a node, pipeline stages across nodes)",
+        json_schema_extra=_flag(metavar="auto|AXES"),
+    )
+    pp_schedule: Literal[
+        "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev"
+    ] = Field(default="1f1b", description="pipeline schedule (torch.distributed.pipelining)")
+    microbatches: int | None = Field(
+        default=None,
+        gt=0,
+        description="pipeline microbatches per step, dividing --batch-size (default: the pipeline's stages)",
+    )
+    virtual_stages: int | None = Field(
+        default=None,
+        gt=0,
+        description="pipeline stages per rank: interleaved-1f1b, looped-bfs, interleaved-zb (default 2); zbv and "
+        "dualpipev: 2; gpipe and 1f1b: 1",
+    )
+    pp_split: Literal["layers", "parameters"] = Field(
+        default="layers",
+        description="how the workload's units are dealt to pipeline stages: equal layer counts, or balanced "
+        "parameters (embeddings and head counted)",
+    )
+    sequence_parallel: bool = Field(
+        default=False,
+        description="with tensor parallelism, norms and dropouts on sequence shards (Megatron's sequence parallelism)",
     )
     seed: int = Field(default=0, description="seed of the model initialisation and the data order")
     data: Path | None = Field(
@@ -99,6 +215,17 @@ class RunConfig(BaseModel):
     peak_tflops: float | None = Field(
         default=None, gt=0.0, description="peak TFLOP/s per device for MFU (overrides the backend's table)"
     )
+    profile: bool = Field(
+        default=False,
+        description="after the timed epochs, profile --profile-steps steady steps (torch.profiler): where a step's "
+        "time goes, in the record and the summary, and a Chrome trace beside the record",
+    )
+    profile_steps: int = Field(default=8, gt=0, description="steps analysed by --profile")
+    comm_records: Path | None = Field(
+        default=None,
+        description="comm records (a file or folder from `accelbench comm` on this system): the prediction stored "
+        "in the record then has communication time, and so a step time, for multi-device runs",
+    )
     output_dir: Path = Field(default=Path("results"), description="where result records go")
     workload_options: dict[str, Scalar] = Field(
         default_factory=dict,
@@ -119,11 +246,164 @@ class RunConfig(BaseModel):
             raise ValueError(f"unknown precision {value!r}{hint}; choose one of: {', '.join(PRECISIONS)}")
         return value
 
+    @field_validator("epochs", mode="before")
+    @classmethod
+    def _count_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        raise ValueError(f"{value!r} is neither a number of epochs (1 or more, e.g. 5) nor auto")
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _host_and_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, sep, port = value.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(
+                f"{value!r} is not HOST:PORT with a port from 1 to 65535 (e.g. node01:29500: the first node's name "
+                "and a free port, the same on every node)"
+            )
+        return value.strip()
+
     @model_validator(mode="after")
-    def _compile_mode_needs_compile(self) -> RunConfig:
+    def _consistent(self) -> RunConfig:
         if self.compile_mode != "default" and not self.compile:
             raise ValueError(f"--compile-mode {self.compile_mode} needs --compile")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(
+                f"--node-rank {self.node_rank} with --nnodes {self.nnodes}: node ranks count from 0, so the last "
+                f"node is {self.nnodes - 1}"
+            )
         return self
+
+    @model_validator(mode="after")
+    def _parallel_layout(self) -> RunConfig:
+        """``--mesh`` and ``--strategy tp/pp`` as one canonical layout (the mesh, the strategy it is, the pipeline's
+        defaults filled in), so a sweep's point and the record of its run agree, and what cannot run is refused
+        before anything starts. Checks that need the model (heads, layers) are the preflight's."""
+        world = self.devices * self.nnodes
+        if self.mesh is None and self.strategy in ("tp", "pp"):
+            self.mesh = f"{self.strategy}={world}"
+        if self.mesh is None:
+            if self.strategy == "mesh":
+                raise ValueError("--strategy mesh needs --mesh AXIS=SIZE,..., e.g. --mesh dp=2,tp=2")
+            self._no_layout_options("a tp or pp axis (--mesh, or --strategy tp/pp)")
+            return self
+        given = self.mesh
+        sizes = parse_mesh(given)
+        product = 1
+        for size in sizes.values():
+            product *= size
+        if product != world:
+            raise ValueError(
+                f"--mesh {given}: its sizes multiply to {product} device(s), but the job has {world} (--devices "
+                f"{self.devices} x --nnodes {self.nnodes}); give a mesh whose sizes multiply to {world}"
+            )
+        if not sizes:
+            raise ValueError(
+                f"--mesh {given} on {world} device(s): no axis larger than 1; tensor or pipeline parallelism needs at "
+                "least 2 devices (--devices N)"
+            )
+        chosen = "mesh" if len(sizes) > 1 else next(iter(sizes))
+        if self.strategy == "single":
+            self.strategy = chosen
+        elif self.strategy != chosen:
+            raise ValueError(
+                f"--strategy {self.strategy} with --mesh {given}: that mesh runs as strategy {chosen!r}; leave "
+                f"--strategy out (or give --strategy {chosen})"
+            )
+        if chosen in DATA_AXES.values():  # data parallelism alone: the ddp/fsdp strategies, no mesh to record
+            self.mesh = None
+            self._no_layout_options("a tp or pp axis in --mesh")
+            return self
+        self.mesh = format_mesh(sizes)
+        generic = {"dp" if axis in DATA_AXES.values() else axis for axis in sizes}
+        self._check_parallel_options(sizes, generic)
+        return self
+
+    def _no_layout_options(self, needs: str) -> None:
+        given = [
+            f"--{flag}"
+            for flag, value, default in (
+                ("microbatches", self.microbatches, None),
+                ("virtual-stages", self.virtual_stages, None),
+                ("sequence-parallel", self.sequence_parallel, False),
+                ("placement", self.placement, "auto"),
+            )
+            if value != default
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} describe(s) tensor or pipeline parallelism: it needs {needs}"
+            )
+
+    def _check_parallel_options(self, sizes: dict[str, int], generic: set[str]) -> None:
+        """The mesh's options against each other and against the rest of the run (``sizes``: canonical)."""
+        if self.placement != "auto":
+            order = [a.strip().lower() for a in self.placement.split(",")]
+            if sorted(order) != sorted(generic):
+                raise ValueError(
+                    f"--placement {self.placement}: list the axes of --mesh {self.mesh} ({', '.join(sorted(generic))}) "
+                    "once each, outermost first, e.g. --placement "
+                    + ",".join(a for a in MESH_AXES if a in generic)
+                )
+            self.placement = ",".join(order)
+        if "ddp" in sizes and "tp" in sizes:
+            raise ValueError(
+                f"--mesh {self.mesh}: DDP cannot hold tensor-parallel (DTensor) parameters; write the data axis as "
+                "dp= (FSDP2) to compose data with tensor parallelism"
+            )
+        if self.sequence_parallel and "tp" not in sizes:
+            raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")
+        unsupported = [
+            what
+            for what, present in (
+                (f"--precision {self.precision} (its dynamic loss scaling)", self.precision == "fp16-mixed"),
+                ("--compile", self.compile),
+                ("--engine lightning", self.engine != "native"),
+                (f"--grad-accum {self.grad_accum} (use --microbatches with a pp axis)", self.grad_accum > 1),
+            )
+            if present
+        ]
+        if unsupported:
+            raise ValueError(
+                f"strategy {self.strategy} (--mesh {self.mesh}) does not support {', '.join(unsupported)} yet; "
+                "bf16-mixed, bf16-true and fp32 run, eagerly, on the native engine"
+            )
+        pp = sizes.get("pp", 1)
+        if pp == 1:
+            if self.microbatches is not None or self.virtual_stages is not None:
+                raise ValueError(
+                    "--microbatches and --virtual-stages describe a pipeline: they need a pp axis"
+                )
+            return
+        kind = PP_SCHEDULES[self.pp_schedule]
+        virtual = self.virtual_stages or (1 if kind == "one" else 2)
+        if (kind == "one" and virtual != 1) or (kind == "v" and virtual != 2):
+            holds = "one stage" if kind == "one" else "exactly 2 stages (V-shaped)"
+            raise ValueError(
+                f"--pp-schedule {self.pp_schedule} holds {holds} per rank, not --virtual-stages {virtual}; for more "
+                "stages per rank use interleaved-1f1b, looped-bfs or interleaved-zb"
+            )
+        self.virtual_stages = virtual
+        stages = pp * virtual
+        if self.microbatches is None:
+            self.microbatches = stages
+        if self.batch_size % self.microbatches:
+            fits = [m for m in range(1, self.batch_size + 1) if self.batch_size % m == 0]
+            raise ValueError(
+                f"--microbatches {self.microbatches} does not divide --batch-size {self.batch_size} (per replica); "
+                f"choose from {', '.join(map(str, fits))}, or another batch size"
+            )
+        fewest = fewest_microbatches(self.pp_schedule, pp, virtual)
+        if self.microbatches < fewest:
+            raise ValueError(
+                f"--pp-schedule {self.pp_schedule} needs at least {fewest} microbatches on {pp} pipeline ranks, not "
+                f"--microbatches {self.microbatches}"
+            )
 
 
 def flag_of(field: str) -> str:

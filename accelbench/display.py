@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
+from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from accelbench.results import EpochMetrics, ResultRecord
+from accelbench.results import EpochMetrics, PredictionCheck, ResultRecord, check_prediction
 
 _REFRESH_S = 0.25  # the display is updated at most this often, so a fast step loop pays ~100 ns per step
 
@@ -27,36 +30,84 @@ def progress_bar(console: Console, counted: str, transient: bool) -> Progress:
     )
 
 
+def fmt_duration(seconds: float) -> str:
+    """``0:42``, ``12:05``, ``3:02:11``: a duration as a clock shows it."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class RunClock:
+    """Where a run stands and when it should end: the rate of the current epoch, and the remaining time from the
+    last completed epoch's time (the current epoch's pace before one has completed)."""
+
+    def __init__(self) -> None:
+        self.epoch = self.expected = self.steps = self.done = 0
+        self.samples_per_step = 1
+        self.start = 0.0
+        self.last_epoch_s: float | None = (
+            None  # the latest completed epoch after the warm-up (or the warm-up)
+        )
+
+    def start_epoch(self, epoch: int, expected: int, steps: int, samples_per_step: int) -> None:
+        self.epoch, self.expected, self.steps, self.done = epoch, expected, steps, 0
+        self.samples_per_step = samples_per_step
+        self.start = time.perf_counter()
+
+    def label(self) -> str:
+        warmup = " (warm-up)" if self.epoch == 1 and self.expected > 1 else ""
+        return f"epoch {self.epoch}/{self.expected}{warmup}"
+
+    def rate(self, now: float) -> float:
+        return self.done * self.samples_per_step / max(now - self.start, 1e-9)
+
+    def remaining_s(self, now: float) -> float | None:
+        """Seconds until the run's expected last epoch ends; None before anything can be said."""
+        if not self.done:
+            return None
+        elapsed = now - self.start
+        this_epoch = elapsed / self.done * max(self.steps - self.done, 0)
+        per_epoch = self.last_epoch_s if self.last_epoch_s is not None else elapsed / self.done * self.steps
+        return this_epoch + per_epoch * max(self.expected - self.epoch, 0)
+
+    def end_epoch(self, wall_s: float) -> None:
+        if self.epoch > 1 or self.last_epoch_s is None:
+            self.last_epoch_s = wall_s
+        self.done = self.steps
+
+
 class LiveProgress:
-    """Epoch / step / rate on stderr. The per-step cost is one counter increment and one clock read."""
+    """Epoch / step / rate / the run's ETA on a terminal. The per-step cost is one counter increment and one clock
+    read."""
 
     def __init__(self, console: Console) -> None:
         self._progress = progress_bar(console, "{task.fields[rate]}", transient=False)
         self._task = TaskID(0)  # replaced by each epoch's task
-        self._steps = 0
-        self._reported = 0
-        self._start = 0.0
+        self._clock = RunClock()
         self._next = 0.0
-        self._samples_per_step = 1
         self._progress.start()
 
     def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:
-        label = f"epoch {epoch + 1}/{epochs}" + (" (warm-up)" if epoch == 0 and epochs > 1 else "")
-        self._task = self._progress.add_task(label, total=steps, rate="")
-        self._steps = self._reported = 0
-        self._samples_per_step = samples_per_step
-        self._start = time.perf_counter()
-        self._next = self._start + _REFRESH_S
+        self._clock.start_epoch(epoch, epochs, steps, samples_per_step)
+        self._task = self._progress.add_task(self._clock.label(), total=steps, rate="")
+        self._next = self._clock.start + _REFRESH_S
 
     def step(self) -> None:
-        self._steps += 1
+        self._clock.done += 1
         now = time.perf_counter()
         if now >= self._next:
             self._next = now + _REFRESH_S
-            rate = self._steps * self._samples_per_step / (now - self._start)
-            self._progress.update(self._task, completed=self._steps, rate=f"~{rate:,.0f} samples/s")
+            eta = self._clock.remaining_s(now)
+            self._progress.update(
+                self._task,
+                completed=self._clock.done,
+                rate=f"~{self._clock.rate(now):,.0f} samples/s"
+                + (f", run ends in ~{fmt_duration(eta)}" if eta is not None else ""),
+            )
 
     def end_epoch(self, metrics: EpochMetrics) -> None:
+        self._clock.end_epoch(metrics.wall_s)
         loss = f", loss {metrics.loss:.3f}" if metrics.loss is not None else ""
         self._progress.update(
             self._task, completed=metrics.steps, rate=f"{metrics.samples_per_s:,.0f} samples/s{loss}"
@@ -64,6 +115,58 @@ class LiveProgress:
 
     def close(self) -> None:
         self._progress.stop()
+
+
+class LogProgress:
+    """Plain progress lines for output that is not a terminal (a Slurm or PBS batch log, ``| tee``): one line per
+    epoch, and one every ``every_s`` seconds within a long epoch, each with the rate and the run's ETA."""
+
+    def __init__(self, stream: TextIO, every_s: float = 30.0) -> None:
+        self._stream = stream
+        self._every = every_s
+        self._clock = RunClock()
+        self._next = 0.0
+
+    def _line(self, text: str) -> None:
+        self._stream.write(f"[accelbench {datetime.now().strftime('%H:%M:%S')}] {text}\n")
+        self._stream.flush()
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:
+        self._clock.start_epoch(epoch, epochs, steps, samples_per_step)
+        self._next = self._clock.start + self._every
+        if epoch == 1:
+            self._line(f"training: {steps} steps of {samples_per_step} samples per epoch")
+
+    def step(self) -> None:
+        self._clock.done += 1
+        now = time.perf_counter()
+        if now >= self._next:
+            self._next = now + self._every
+            c = self._clock
+            eta = c.remaining_s(now)
+            self._line(
+                f"{c.label()}: step {c.done}/{c.steps} ({c.done / max(c.steps, 1):.0%}), "
+                f"{c.rate(now):,.1f} samples/s"
+                + (f", run ends in ~{fmt_duration(eta)}" if eta is not None else "")
+            )
+
+    def end_epoch(self, metrics: EpochMetrics) -> None:
+        c = self._clock
+        c.end_epoch(metrics.wall_s)
+        left = (c.expected - c.epoch) * (c.last_epoch_s or 0.0)
+        loss = f", loss {metrics.loss:.4f}" if metrics.loss is not None else ""
+        ends = f"; run ends in ~{fmt_duration(left)}" if c.expected > c.epoch else ""
+        self._line(
+            f"{c.label()} done: {metrics.wall_s:.3f} s, {metrics.samples_per_s:,.1f} samples/s{loss}{ends}"
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def short_formula(formula: str) -> str:
+    """A FLOPs formula's short name: the text before its parenthesised source (the record keeps it whole)."""
+    return formula.split(" (", 1)[0]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -74,6 +177,35 @@ def fmt_bytes(n: float | None) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
+
+
+def prediction_text(check: PredictionCheck) -> str:
+    """``step 12.1 ms (measured 14.0 ms, -14%); peak 512 MiB (measured 540 MiB, -5%)``, and what is missing."""
+
+    def part(
+        name: str, predicted: float | None, measured: float | None, error: float | None, fmt: Any
+    ) -> str:
+        if predicted is None:
+            return f"{name} unknown"
+        seen = (
+            f"measured {fmt(measured)}, {error:+.0%}"
+            if measured is not None and error is not None
+            else "not measured"
+        )
+        return f"{name} {fmt(predicted)} ({seen})"
+
+    parts = [
+        part(
+            "step",
+            check.predicted_step_s,
+            check.measured_step_s,
+            check.step_error,
+            lambda s: f"{s * 1e3:.1f} ms",
+        ),
+        part("peak", check.predicted_peak_bytes, check.measured_peak_bytes, check.memory_error, fmt_bytes),
+    ]
+    text = "; ".join(parts) + " (accelbench estimate's model)"
+    return text + (f"; {escape(check.note)}" if check.note else "")
 
 
 def summary_table(record: ResultRecord) -> Table:
@@ -87,11 +219,14 @@ def summary_table(record: ResultRecord) -> Table:
     table.add_row(
         "outcome", record.outcome.status + (f": {record.outcome.message}" if record.outcome.message else "")
     )
-    table.add_row(
-        "device",
-        f"{record.backend.devices_used} x {record.backend.devices[0].name} "
-        f"({record.backend.info.device_unit})",
-    )
+    table.add_row("device", f"{record.backend.devices_used} x {record.backend.devices[0].name}")
+    if record.world_size > 1 or c.strategy != "single":
+        nodes = f" on {record.nodes} nodes" if record.nodes > 1 else ""
+        collective = f", {record.backend.collective_backend}" if record.backend.collective_backend else ""
+        launcher = f", launched by {record.launcher}" if record.launcher != "none" else ""
+        table.add_row(
+            "strategy", f"{c.strategy} over {record.world_size} process(es){nodes}{collective}{launcher}"
+        )
     if record.precision:
         table.add_row("precision", f"{record.precision.name} (matmul math: {record.precision.matmul_math})")
     options = ", ".join(
@@ -107,13 +242,16 @@ def summary_table(record: ResultRecord) -> Table:
     if m.compile_s is not None:
         table.add_row("compile", f"{m.compile_s:.2f} s")
     for e in m.epochs:
-        label = "warm-up epoch" if e.epoch == 0 and len(m.epochs) > 1 else f"epoch {e.epoch + 1}"
-        table.add_row(label, f"{e.wall_s:.3f} s, {e.samples_per_s:,.1f} samples/s, loss {e.loss:.4f}")
+        label = f"epoch {e.epoch}" + (" (warm-up)" if e.epoch == 1 and len(m.epochs) > 1 else "")
+        loss = f", loss {e.loss:.4f}" if e.loss is not None else ""
+        table.add_row(label, f"{e.wall_s:.3f} s, {e.samples_per_s:,.1f} samples/s{loss}")
     if m.steady:
         s = m.steady
         table.add_row("steady epoch (median)", f"{s.epoch_s_median:.3f} s over {s.epochs} epoch(s)")
         table.add_row("throughput", f"{s.samples_per_s:,.1f} samples/s, {s.tokens_per_s:,.0f} tokens/s")
-        table.add_row("achieved", f"{s.achieved_flops_per_s / 1e12:.4f} TFLOP/s ({m.flops_formula})")
+        table.add_row(
+            "achieved", f"{s.achieved_flops_per_s / 1e12:.4g} TFLOP/s ({short_formula(m.flops_formula)})"
+        )
         table.add_row(
             "MFU",
             f"{s.mfu:.1%} of {m.peak.source}"
@@ -122,9 +260,48 @@ def summary_table(record: ResultRecord) -> Table:
         )
     elif m.epochs:
         table.add_row("steady state", "needs at least 2 epochs (the first is the warm-up)")
+    if record.profile is not None:
+        prof = record.profile
+        split = ", ".join(
+            f"{name} {seconds / prof.step_s:.0%}"
+            for name, seconds in prof.seconds.items()
+            if seconds > 0.005 * prof.step_s
+        )
+        overlapped = (
+            f"; {prof.overlapped_communication_s * 1e3:.1f} ms communication overlapped"
+            if prof.overlapped_communication_s
+            else ""
+        )
+        table.add_row(
+            "step time split",
+            f"{split} of {prof.step_s * 1e3:.1f} ms ({prof.steps} profiled steps{overlapped})",
+        )
+        top = ", ".join(f"{op.name.removeprefix('aten::')} {op.share:.0%}" for op in prof.top_operators[:5])
+        table.add_row("top operators", top + (f"; trace: {prof.trace}" if prof.trace else ""))
+        timeline = prof.device_timeline
+        if timeline:  # CUDA/ROCm with the hta extra: Holistic Trace Analysis's reading of the same trace
+            overlap = timeline.get("comm_comp_overlap_pct")
+            table.add_row(
+                "device timeline",
+                f"idle {timeline['idle_fraction']:.0%}, compute {timeline['compute_fraction']:.0%}, non-compute "
+                f"{timeline['non_compute_fraction']:.0%} of {timeline['span_s'] * 1e3:.1f} ms a step"
+                + (f"; communication overlapped with compute {overlap:.0f}%" if overlap is not None else "")
+                + " (Holistic Trace Analysis)",
+            )
+        elif prof.device_timeline_source and "not installed" in prof.device_timeline_source:
+            table.add_row("device timeline", escape(prof.device_timeline_source))
+    if m.epochs_decision:
+        table.add_row("epochs", m.epochs_decision)
+    if m.host is not None:
+        table.add_row("host", ("[bold yellow]" if m.host.contended else "") + escape(m.host.note))
+    if record.data.get("bottleneck"):  # a workload's data pipeline that kept the training loop waiting
+        table.add_row("data", "[bold yellow]" + escape(str(record.data["bottleneck"])))
     if m.peak_memory_max_bytes is not None:
         source = f" ({m.memory.source})" if m.memory else ""
         table.add_row("peak memory", fmt_bytes(m.peak_memory_max_bytes) + source)
+    check = check_prediction(record)
+    if check is not None:
+        table.add_row("predicted", prediction_text(check))
     if m.steady and m.steady.joules_per_sample is not None:
         table.add_row(
             "energy",

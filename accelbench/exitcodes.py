@@ -13,6 +13,9 @@ class ExitCode(IntEnum):
     )
     OOM = 3  # out of memory (record written)
     INTERRUPTED = 130  # Ctrl-C or SIGTERM (record written with the completed epochs)
+    CLOSED_PIPE = (
+        141  # the output's reader went away (as a program killed by SIGPIPE); nothing else is affected
+    )
 
     @classmethod
     def of_status(cls, status: str) -> ExitCode:

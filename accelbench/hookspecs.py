@@ -1,4 +1,4 @@
-"""The accelbench plugin contract, version 2.0: every hook a backend or workload plugin may implement.
+"""The accelbench plugin contract, version 2.1: every hook a backend or workload plugin may implement.
 
 A plugin is a module, a class (instantiated once when plugins load) or an object, registered under the
 ``accelbench`` entry-point group of its distribution. An object's methods are its hooks, so state a backend keeps
@@ -13,7 +13,7 @@ between hooks (an epoch's counters, an open library session) lives on the object
     from accelbench.devices import BackendInfo
 
     class MyDeviceBackend:
-        accelbench_contract = "2.0"          # the contract version this plugin implements
+        accelbench_contract = "2.1"          # the contract version this plugin implements
 
         @hookimpl
         def accelbench_backend(self) -> BackendInfo:
@@ -22,7 +22,8 @@ between hooks (an epoch's counters, an open library session) lives on the object
 **Contract version.** A plugin declares ``accelbench_contract = "MAJOR.MINOR"`` (a module or object attribute).
 The host loads it when MAJOR equals :data:`accelbench.CONTRACT_VERSION`'s and MINOR is not newer; otherwise, or
 when the attribute is missing (a plugin written for contract 1), ``accelbench plugins`` reports it as failed,
-saying which version it was built for, and none of its hooks is registered.
+saying which version it was built for, and none of its hooks is registered. Version 2.1 added the optional
+``accelbench_known_devices``; a plugin that implements it declares ``"2.1"``.
 
 **Who is called.** The registration hooks (``accelbench_backend``, ``accelbench_register_workloads``,
 ``accelbench_run_options``, ``accelbench_recorded_environment``) are called on every plugin. Every other hook is
@@ -260,3 +261,16 @@ def accelbench_peak_figures(device: DeviceInfo, precision: PrecisionPlan) -> Pea
     """Dense peak FLOP/s (and memory bandwidth) of one ``device`` for the math ``precision`` really uses, from a
     table the plugin owns. First result. None when unknown: MFU is then reported as unknown. The user's
     ``--peak-tflops`` overrides this."""
+
+
+@hookspec(firstresult=True)
+def accelbench_known_devices() -> list[DeviceInfo] | None:
+    """The devices this backend's peak table knows, each as detection would report it, so that ``accelbench
+    estimate --device NAME`` can predict for a system that is not here. First result. Contract 2.1; optional.
+
+    :returns: one :class:`~accelbench.devices.DeviceInfo` per product: ``name``, ``arch`` and the ``details`` the
+        plugin's own :func:`accelbench_peak_figures` keys on (so it answers for them as for a detected device),
+        ``memory_bytes`` the datasheet capacity of one device (one GCD, tile or IPU where that is the unit), and in
+        ``details`` a ``label`` as people name the product ("H100 SXM5") and comma-separated ``aliases`` that
+        ``--device`` accepts ("H100,H100 SXM"). None (the default): this backend has no catalogue.
+    """

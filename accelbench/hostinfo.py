@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -26,3 +27,73 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CpuUsage:
+    """A reading of this process's use of the host's cores; the difference of two readings describes an interval.
+
+    ``cpu_s``: seconds its threads ran on a core (all threads, live or ended); ``wait_s``: seconds its live threads
+    were ready to run but waited for a core (the kernel's per-thread schedstat run delay; None where there is none);
+    ``load_1m``: the host's 1-minute load average. Waiting is what a shared, busy node costs a run.
+    """
+
+    cpu_s: float
+    wait_s: float | None
+    load_1m: float | None
+
+
+def cpu_usage(proc: Path = Path("/proc/self")) -> CpuUsage:
+    """This process's CPU reading now (a few hundred microseconds: one small file per thread)."""
+    times = os.times()
+    wait_ns, read = 0, 0
+    try:
+        for task in (proc / "task").iterdir():
+            try:
+                wait_ns += int((task / "schedstat").read_text().split()[1])
+                read += 1
+            except (OSError, IndexError, ValueError):
+                continue  # the thread ended meanwhile, or the kernel keeps no schedstat
+    except OSError:
+        pass  # no /proc: not Linux
+    try:
+        load: float | None = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        load = None
+    return CpuUsage(times.user + times.system, wait_ns / 1e9 if read else None, load)
+
+
+def cpu_list(cpus: set[int] | list[int]) -> str:
+    """CPU numbers in the kernel's cpulist notation: {0, 1, 2, 3, 8} -> '0-3,8'."""
+    ranges: list[str] = []
+    ordered = sorted(cpus)
+    start = prev = ordered[0] if ordered else -1
+    for cpu in [*ordered[1:], None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        ranges.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(ranges) if ordered else ""
+
+
+def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> dict[str, str]:
+    """The host's NUMA nodes and their CPUs, as the kernel lists them ({'node0': '0-15', 'node1': '16-31'});
+    empty where the kernel exposes none (not Linux, or a container without /sys)."""
+    nodes: dict[str, str] = {}
+    try:
+        folders = sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:]))
+        for folder in folders:
+            nodes[folder.name] = (folder / "cpulist").read_text().strip()
+    except (OSError, ValueError):
+        return {}
+    return nodes
+
+
+def cpu_affinity() -> str | None:
+    """The CPUs this process may run on (its affinity mask) in cpulist notation; None where unknown."""
+    try:
+        return cpu_list(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return None

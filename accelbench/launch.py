@@ -77,10 +77,10 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
     if "TORCHELASTIC_RUN_ID" in env or {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= env.keys():
         world = _int(env, "WORLD_SIZE")
         local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
-        return LaunchEnv(
+        return _checked(LaunchEnv(
             "torchrun", _int(env, "RANK"), _int(env, "LOCAL_RANK"), world, local_world,
             max(1, world // max(1, local_world)), addr, port,
-        )  # fmt: skip
+        ), "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE")  # fmt: skip
     if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:  # inside an srun step, not the batch script
         world = _int(env, "SLURM_STEP_NUM_TASKS")
         nnodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", default=1)
@@ -90,26 +90,51 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
         )
         local_world = int(per_node.group()) if per_node else max(1, world // nnodes)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
-        return LaunchEnv(
+        return _checked(LaunchEnv(
             "slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", default=0), world,
             local_world, nnodes,
             addr or (first_host(nodelist) if nodelist else None), port or _port_from_job(env),
-        )  # fmt: skip
+        ), "SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS, SLURM_STEP_TASKS_PER_NODE")  # fmt: skip
     if "OMPI_COMM_WORLD_SIZE" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
-        return LaunchEnv(
+        return _checked(LaunchEnv(
             "openmpi", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0),
-            world, local_world, max(1, world // local_world), addr or _single_node_addr(world, local_world), port,
-        )  # fmt: skip
+            world, local_world, max(1, world // max(1, local_world)),
+            addr or _single_node_addr(world, local_world), port,
+        ), "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_SIZE")  # fmt: skip
     if "PMI_SIZE" in env and "PMI_RANK" in env:  # Intel MPI, MPICH (hydra)
         world = _int(env, "PMI_SIZE")
         local_world = _int(env, "MPI_LOCALNRANKS", default=world)
-        return LaunchEnv(
+        return _checked(LaunchEnv(
             "mpich", _int(env, "PMI_RANK"), _int(env, "MPI_LOCALRANKID", default=0), world, local_world,
-            max(1, world // local_world), addr or _single_node_addr(world, local_world), port,
-        )  # fmt: skip
+            max(1, world // max(1, local_world)), addr or _single_node_addr(world, local_world), port,
+        ), "PMI_RANK, MPI_LOCALRANKID, PMI_SIZE, MPI_LOCALNRANKS")  # fmt: skip
     return LaunchEnv("none")
+
+
+def _checked(env: LaunchEnv, variables: str) -> LaunchEnv:
+    """A launcher's description that adds up, or a ConfigError naming the variables that do not."""
+    problems = []
+    if env.world_size < 1 or env.local_world_size < 1:
+        problems.append(
+            f"world size {env.world_size} and local size {env.local_world_size} must be at least 1"
+        )
+    if not 0 <= env.rank < max(1, env.world_size):
+        problems.append(f"rank {env.rank} is outside 0..{env.world_size - 1}")
+    if not 0 <= env.local_rank < max(1, env.local_world_size):
+        problems.append(f"local rank {env.local_rank} is outside 0..{env.local_world_size - 1}")
+    if env.local_world_size > env.world_size >= 1:
+        problems.append(
+            f"{env.local_world_size} processes on this node exceed the world size {env.world_size}"
+        )
+    if env.master_port is not None and not 1 <= env.master_port <= 65535:
+        problems.append(f"MASTER_PORT {env.master_port} is not a port (1-65535)")
+    if problems:
+        raise ConfigError(
+            f"the {env.launcher} environment does not add up ({variables}): " + "; ".join(problems)
+        )
+    return env
 
 
 def _single_node_addr(world: int, local_world: int) -> str | None:
@@ -172,17 +197,31 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+@dataclass(frozen=True)
+class Launched:
+    """How a launch ended: the run id the workers shared, the workers that failed (``{global rank: (exit code,
+    message)}``), and the signal that stopped the launcher itself (a scheduler's SIGTERM, Ctrl-C), if one did."""
+
+    run_id: str
+    failures: dict[int, tuple[int, str]]
+    signal: str | None = None
+
+
 def launch_workers(
     argv: Sequence[str],
     nproc_per_node: int,
     nnodes: int = 1,
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
-) -> tuple[str, dict[int, tuple[int, str]]]:
+) -> Launched:
     """Run ``accelbench <argv>`` as ``nproc_per_node`` workers through torch.distributed's elastic launcher.
 
-    Returns the run id the workers share and, for workers that failed, ``{global rank: (exit code, message)}``.
+    On SIGTERM or Ctrl-C the launcher passes the signal on to the workers, which write an ``interrupted`` record
+    with the epochs every rank completed, and waits for them; that ends here as :attr:`Launched.signal`.
     """
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -213,7 +252,11 @@ def launch_workers(
     try:
         elastic_launch(config, sys.executable)("-m", "accelbench.cli", *argv)
     except ChildFailedError as exc:
-        return run_id, {rank: (f.exitcode, f.message) for rank, f in exc.failures.items()}
+        return Launched(run_id, {rank: (f.exitcode, f.message) for rank, f in exc.failures.items()})
+    except SignalException as exc:  # the workers were sent the signal too, and have ended
+        return Launched(run_id, {}, signal.Signals(exc.sigval).name)
+    except KeyboardInterrupt:
+        return Launched(run_id, {}, "SIGINT")
     finally:
         os.environ.pop(RUN_ID_ENV, None)
-    return run_id, {}
+    return Launched(run_id, {})

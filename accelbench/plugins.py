@@ -44,6 +44,15 @@ DEFAULTS_NAME = "accelbench.defaults"
 _HOOK_NAMES = sorted(name for name in dir(hookspecs) if name.startswith("accelbench_"))
 
 
+# the vendor plugins this project ships (backend name -> distribution), for the hint when one is asked for but absent
+FIRST_PARTY_PLUGINS = {
+    "cuda": "accelbench-cuda",
+    "rocm": "accelbench-rocm",
+    "xpu": "accelbench-xpu",
+    "ipu": "accelbench-ipu",
+}
+
+
 @dataclass
 class PluginRecord:
     """One plugin as `accelbench plugins` shows it."""
@@ -212,6 +221,14 @@ class Backend:
         answer = self._ask("accelbench_peak_figures", device=device, precision=precision)
         return None if answer is None else self._typed("accelbench_peak_figures", answer, PeakFigures)
 
+    def known_devices(self) -> list[DeviceInfo]:
+        """The devices this backend's peak table knows (``accelbench_known_devices``), [] without a catalogue."""
+        answer = self._ask("accelbench_known_devices")
+        if answer is None:
+            return []
+        devices = self._typed("accelbench_known_devices", answer, list)
+        return [self._typed("accelbench_known_devices", d, DeviceInfo) for d in devices]
+
 
 class PluginHost:
     """Loads plugins once and hands out backends and workloads."""
@@ -365,6 +382,11 @@ class PluginHost:
                 failed = [r for r in self.failed if r.name == name]
                 if failed:
                     hint = f" (plugin {name!r} is installed but failed to load: {failed[0].error})"
+                elif name in FIRST_PARTY_PLUGINS:
+                    hint = (
+                        f" (its plugin is not installed: pip install {FIRST_PARTY_PLUGINS[name]}, or from a checkout "
+                        f"pip install ./plugins/{name})"
+                    )
                 raise ConfigError(f"unknown backend {name!r}{hint}; installed backends: {known}")
             return self._backends[name]
         for backend in self.backends.values():
@@ -409,8 +431,20 @@ class PluginHost:
 
     def resolve(self, config: RunConfig) -> RunConfig:
         """``config`` with its workload's options checked and completed with their defaults (what the record
-        keeps), and the workload's own checks passed. Raises ConfigError naming the option."""
+        keeps), its size defaulted to the workload's first size name when ``--model`` was not given, the batch
+        checked against ``--grad-accum``, and the workload's own checks passed. Raises ConfigError naming the
+        option."""
         workload = self.workload(config.workload)
+        if "model" not in config.model_fields_set and config.model not in workload.model_names():
+            # no --model given: the workload's own default size (the first it names), not the GPT's gpt-nano
+            config = config.model_copy(update={"model": workload.model_names()[0]})
+        if config.batch_size % config.grad_accum:
+            lower = config.batch_size // config.grad_accum * config.grad_accum
+            fits = " or ".join(str(b) for b in (lower, lower + config.grad_accum) if b > 0)
+            raise ConfigError(
+                f"--batch-size {config.batch_size} is not divisible by --grad-accum {config.grad_accum}: each batch "
+                f"is split into {config.grad_accum} equal micro-batches; use a batch size of {fits}"
+            )
         if config.model not in workload.model_names():
             raise ConfigError(
                 f"unknown model {config.model!r} for workload {workload.name!r}; "

@@ -17,12 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accelbench.config import RunConfig
 from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
-from accelbench.errors import ResultFileError
+from accelbench.errors import AccelbenchError, ConfigError, ResultFileError
 from accelbench.precision import PrecisionPlan
 from accelbench.system import SystemInfo
 
 SCHEMA_NAME = "accelbench.result"
-SCHEMA_VERSION = 2  # 2: workload options and identity, energy; v1 records are migrated on read (migrate)
+SCHEMA_VERSION = 2  # 2: workload options and identity, energy, host load, epochs from 1; v1 records are migrated on read (migrate)
 
 Status = Literal["ok", "oom", "error", "interrupted"]
 
@@ -40,7 +40,7 @@ class Outcome(_Model):
 class EpochMetrics(_Model):
     """One epoch, aggregated over ranks: wall time of the slowest rank, samples of all ranks."""
 
-    epoch: int = Field(description="0-based; epoch 0 is the warm-up.")
+    epoch: int = Field(description="Counted from 1, as everywhere in accelbench; epoch 1 is the warm-up.")
     wall_s: float
     steps: int
     samples: int
@@ -60,6 +60,101 @@ class EpochMetrics(_Model):
     )
     joules_per_sample: float | None = None
     samples_per_joule: float | None = None
+    cpu_s: float | None = Field(
+        default=None, description="CPU seconds the ranks' processes used over the epoch (summed over ranks)."
+    )
+    cpu_wait_s: float | None = Field(
+        default=None,
+        description="Seconds the ranks' threads were ready to run but waited for a core (the kernel's schedstat "
+        "run delay, summed over ranks); None where the kernel keeps no schedstat.",
+    )
+    load_avg: float | None = Field(
+        default=None, description="The 1-minute load average at the epoch's end (max over hosts)."
+    )
+
+
+class HostContention(_Model):
+    """How busy the host was while the run measured, and whether that makes its figures suspect."""
+
+    waiting: float | None = Field(
+        description="Of the time the run's threads were ready to run, the fraction they waited for a core "
+        "(median over the steady epochs, or over all epochs without steady ones); None where unknown."
+    )
+    load_avg: float | None = Field(description="Highest 1-minute load average seen at an epoch's end.")
+    cores: int = Field(description="Cores the run's processes may use (affinity), on rank 0's host.")
+    contended: bool = Field(description="True when the figures are suspect: waiting >= threshold.")
+    contended_epochs: list[int] = Field(
+        default_factory=list, description="Epochs whose own waiting fraction reached the threshold."
+    )
+    threshold: float = Field(description="The waiting fraction from which a host counts as contended.")
+    note: str = Field(description="The finding in words.")
+
+
+class OperatorTime(_Model):
+    """One operator's share of a profiled step (seed 001's table 6)."""
+
+    name: str
+    category: str = Field(description="kernel or intra-op dispatch (see StepProfile).")
+    seconds: float = Field(description="Seconds per step.")
+    share: float = Field(description="Fraction of the profiled step.")
+
+
+class StepProfile(_Model):
+    """Where a step's time goes (``run --profile``): a window of steps profiled after the timed epochs, split into
+    categories that sum to the step (definitions: accelbench/engine/profile.py and docs/profile.md)."""
+
+    steps: int = Field(description="Steps analysed (after the profiler's own warm-up steps).")
+    window: str = Field(description="Which steps were profiled, in words.")
+    step_s: float = Field(description="Mean wall time of a profiled step (with the profiler's overhead).")
+    timed_step_s: float | None = Field(
+        description="Mean step time of the timed steady epochs, for the profiler's overhead."
+    )
+    seconds: dict[str, float] = Field(
+        description="Mean seconds per step: data, optimizer, communication (exposed), kernel, intra-op dispatch, "
+        "inter-op dispatch. They sum to step_s."
+    )
+    overlapped_communication_s: float | None = Field(
+        description="Communication hidden behind computation, per step (not part of the sum); None where unseen."
+    )
+    top_operators: list[OperatorTime]
+    trace: str | None = Field(description="The gzipped Chrome trace beside the record (opens in Perfetto).")
+    source: str
+    device_timeline: dict[str, float] | None = Field(
+        default=None,
+        description="CUDA/ROCm only: Holistic Trace Analysis's reading of the trace: span_s, idle_s, compute_s, "
+        "non_compute_s (per step) with their fractions of span_s, comm_comp_overlap_pct, steps (docs/profile.md).",
+    )
+    device_timeline_source: str | None = Field(
+        default=None, description="Who computed device_timeline (HTA and its version), or why it is absent."
+    )
+
+
+class RunPrediction(_Model):
+    """The analytical model's prediction for the run's own configuration (``accelbench estimate``'s, made from the
+    built model, the device's peak and, with ``--comm-records``, the collectives' measured bus bandwidth), stored
+    beside what was measured. Figures are per device and step; None where the model lacks what it needs (the
+    ``note`` says what)."""
+
+    step_time_s: float | None = Field(description="compute + optimizer + exposed communication.")
+    compute_s: float | None = Field(description="FLOPs / (peak x efficiency), with the pipeline bubble.")
+    optimizer_s: float | None = None
+    comm_s: float | None = Field(description="The collectives' time at their bus bandwidth.")
+    comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")
+    samples_per_s: float | None = Field(description="Samples per second of the whole job.")
+    peak_memory_bytes: float | None = Field(description="Peak memory of one device, the breakdown's sum.")
+    memory_bytes: dict[str, float | None] = Field(
+        default_factory=dict, description="The peak by kind: weights, gradients, optimizer, activations, ..."
+    )
+    comm_bytes_per_step: float | None = Field(
+        description="Bus bytes one device moves per step (nccl-tests' convention)."
+    )
+    flops_per_step: float | None = None
+    peak_flops_per_s: float | None = None
+    peak_source: str | None = None
+    efficiency: float | None = Field(default=None, description="Assumed fraction of the peak a step reaches.")
+    overlap: str | None = None
+    bandwidth_source: str | None = None
+    note: str | None = Field(default=None, description="What the prediction lacks, or why there is none.")
 
 
 class RankMetrics(_Model):
@@ -85,6 +180,11 @@ class SteadyState(_Model):
     )
     joules_per_sample: float | None = Field(default=None, description="Median over the steady epochs.")
     samples_per_joule: float | None = None
+    megatron_tflops_per_device: float | None = Field(
+        default=None,
+        description="Achieved TFLOP/s per device by Megatron-LM's FLOPs count (Metrics.megatron_flops_per_sample x "
+        "samples/s / devices / 1e12), as Megatron papers report it; None for workloads without that count.",
+    )
 
 
 class Metrics(_Model):
@@ -102,8 +202,19 @@ class Metrics(_Model):
     stragglers: list[int] = Field(default_factory=list, description="Ranks >10% slower than the median rank.")
     flops_per_sample: float
     flops_formula: str
+    megatron_flops_per_sample: float | None = Field(
+        default=None,
+        description="One sample's training FLOPs by Megatron-LM's count, 72 s l h^2 (1 + s/6h + V/12lh) for a "
+        "transformer without activation recomputation (seed 002); None for other workloads.",
+    )
     peak: PeakFigures | None
     energy_source: str | None = Field(default=None, description="The energy counter, or None when unknown.")
+    epochs_decision: str | None = Field(
+        default=None,
+        description="How the number of epochs was decided: fixed by --epochs, or (--epochs auto) when the steady "
+        "epoch time was stable within the tolerance, or the limit was reached.",
+    )
+    host: HostContention | None = Field(default=None, description="How busy the host was during the run.")
 
 
 class BackendRecord(_Model):
@@ -142,6 +253,11 @@ class ResultRecord(_Model):
     nodes: int = 1
     launcher: str = Field(default="none", description="none, torchrun, slurm, openmpi, mpich.")
     metrics: Metrics | None
+    profile: StepProfile | None = Field(default=None, description="run --profile: where a step's time goes.")
+    prediction: RunPrediction | None = Field(
+        default=None,
+        description="The analytical model's prediction for this configuration (accelbench estimate).",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -149,40 +265,140 @@ class ResultRecord(_Model):
         return self.model_dump_json(by_alias=True, indent=2)
 
 
+MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; a file far larger is not one, and is not read whole
+FALLBACK_ENV = "ACCELBENCH_FALLBACK_DIR"  # where a record goes when its output folder cannot take it
+
+
+class PredictionCheck(BaseModel):
+    """A record's prediction against what it measured: per-device step time and peak memory, and the relative
+    error of each (predicted / measured - 1); a figure is None where either side is unknown."""
+
+    model_config = ConfigDict(frozen=True)
+
+    predicted_step_s: float | None
+    measured_step_s: float | None
+    step_error: float | None
+    predicted_peak_bytes: float | None
+    measured_peak_bytes: float | None
+    memory_error: float | None
+    note: str | None = None
+
+
+def check_prediction(record: ResultRecord) -> PredictionCheck | None:
+    """Predicted against measured for ``record``, or None where it has no prediction. The measured step is the
+    steady epochs' median time over the steps of an epoch (the last epoch's count); the measured peak the largest
+    rank's."""
+    p, m = record.prediction, record.metrics
+    if p is None or m is None:
+        return None
+    measured_step = None
+    if m.steady is not None and m.epochs and m.epochs[-1].steps:
+        measured_step = m.steady.epoch_s_median / m.epochs[-1].steps
+    measured_peak = m.peak_memory_max_bytes
+
+    def error(predicted: float | None, measured: float | None) -> float | None:
+        return predicted / measured - 1.0 if predicted is not None and measured else None
+
+    return PredictionCheck(
+        predicted_step_s=p.step_time_s,
+        measured_step_s=measured_step,
+        step_error=error(p.step_time_s, measured_step),
+        predicted_peak_bytes=p.peak_memory_bytes,
+        measured_peak_bytes=measured_peak,
+        memory_error=error(p.peak_memory_bytes, measured_peak),
+        note=p.note,
+    )
+
+
+class RecordNotSaved(AccelbenchError):
+    """The record could not be written where asked (a full disk, a vanished folder). Nothing measured is lost:
+    ``text`` is the whole record, and ``saved`` is where a copy was kept instead, if anywhere."""
+
+    def __init__(self, message: str, text: str, saved: Path | None) -> None:
+        super().__init__(message)
+        self.text = text
+        self.saved = saved
+
+
+def record_name(record: ResultRecord) -> str:
+    """The file name of a record: time, host, backend, model, precision and run id."""
+    c = record.config
+    stamp = record.created_at.strftime("%Y%m%dT%H%M%S")
+    parts = (stamp, record.system.host, record.backend.info.name, c.model, c.precision, record.run_id[:8])
+    return _safe_name("_".join(parts) + ".json")
+
+
 def write_record(record: ResultRecord, directory: Path, path: Path | None = None) -> Path:
     """Write ``record`` atomically (temporary file in the same directory, fsync, rename) and return its path.
 
-    The file is named after the run (time, host, backend, model, precision, run id) unless ``path`` is given.
+    The file is named by :func:`record_name` unless ``path`` is given. If the folder cannot take it (a full disk),
+    no partial file is left; the record is written to the fallback folder instead (``$ACCELBENCH_FALLBACK_DIR``, else
+    ``<tmp>/accelbench-unsaved``) and :class:`RecordNotSaved` says where, carrying the record's text.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    if path is None:
-        c = record.config
-        stamp = record.created_at.strftime("%Y%m%dT%H%M%S")
-        parts = (stamp, record.system.host, record.backend.info.name, c.model, c.precision, record.run_id[:8])
-        path = directory / _safe_name("_".join(parts) + ".json")
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    return save_record_text(record.to_json(), path or directory / record_name(record))
+
+
+def save_record_text(text: str, target: Path) -> Path:
+    """Write a record's JSON ``text`` to ``target`` atomically, or to the fallback folder raising
+    :class:`RecordNotSaved` (how :func:`write_record` writes; ``accelbench comm`` records are written so too)."""
+    try:
+        _write_atomically(text, target)
+    except OSError as exc:
+        saved: Path | None = fallback_dir() / target.name
+        try:
+            _write_atomically(text, fallback_dir() / target.name)
+        except OSError:
+            saved = None
+        where = f"a copy is in {saved}" if saved else "and no fallback folder could take it either"
+        raise RecordNotSaved(
+            f"the result record could not be written to {target} ({exc.strerror or exc}); {where}; the record "
+            "is also printed on stdout",
+            text,
+            saved,
+        ) from exc
+    return target
+
+
+def fallback_dir() -> Path:
+    """Where a record goes when its output folder cannot take it: ``$ACCELBENCH_FALLBACK_DIR``, else
+    ``<tmp>/accelbench-unsaved``."""
+    return Path(os.environ.get(FALLBACK_ENV) or Path(tempfile.gettempdir()) / "accelbench-unsaved")
+
+
+def _write_atomically(text: str, path: Path) -> None:
+    """Temporary file beside ``path``, fsync, rename: a reader never sees half a record, and a failed write
+    leaves nothing behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(record.to_json())
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def check_writable(directory: Path, flag: str = "--output-dir") -> None:
+    """Refuse, before anything is measured or drawn, a folder that cannot take files (a file, no permission, /proc)."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{flag} {directory}: is a file, not a folder; give a folder")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".accelbench-write-test-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag} {directory}: files cannot be written there ({exc.strerror or exc}); choose a writable folder"
+        ) from None
 
 
 def read_record(path: Path) -> ResultRecord:
     """Read and validate a result file; raise :class:`ResultFileError` saying what is wrong with it."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultFileError(f"{path}: cannot read: {exc}") from exc
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ResultFileError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    raw = load_record_json(path)
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_NAME:
         raise ResultFileError(f'{path}: not an accelbench result record (no "schema": "{SCHEMA_NAME}")')
     version = raw.get("schema_version")
@@ -203,6 +419,23 @@ def read_record(path: Path) -> ResultRecord:
         raise ResultFileError(f"{path}: invalid result record: {problems}{more}") from exc
 
 
+def load_record_json(path: Path, what: str = "result record") -> Any:
+    """The parsed JSON of a record file, read the careful way (files come from other machines): a file far larger
+    than a record is not read; unreadable, non-JSON or too deeply nested text is a :class:`ResultFileError`."""
+    try:
+        if Path(path).stat().st_size > MAX_RECORD_BYTES:
+            raise ResultFileError(f"{path}: {Path(path).stat().st_size} bytes, far too large to be a {what}")
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultFileError(f"{path}: cannot read: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except RecursionError:
+        raise ResultFileError(f"{path}: not a {what}: its JSON is nested too deeply to read") from None
+
+
 # v1 kept the GPT's options as core config fields
 _V1_GPT_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "vocab_multiple")
 _V1_GPT_DEFAULTS = {"block_size": 128, "dropout": 0.1}
@@ -211,7 +444,7 @@ _V1_GPT_DEFAULTS = {"block_size": 128, "dropout": 0.1}
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     """A parsed record brought to the current schema version (a copy; current records come back as they are).
 
-    v1 -> v2: the GPT's ``n_layer``/``n_head``/``n_embd``/``block_size``/``dropout``/``vocab_multiple`` config fields
+    v1 -> v2: epochs are numbered from 1 (v1 counted from 0); the GPT's ``n_layer``/``n_head``/``n_embd``/``block_size``/``dropout``/``vocab_multiple`` config fields
     move into ``config.workload_options``; ``workload_identity`` is rebuilt from them (v1 runs had no vocabulary
     padding unless recorded).
     """
@@ -239,8 +472,23 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
         "dropout": options["dropout"],
         "vocab_multiple": options["vocab_multiple"],
     }
+    metrics = raw.get("metrics")
+    if isinstance(metrics, dict):
+        metrics = raw["metrics"] = dict(metrics)
+        for key in ("epochs", "warmup"):
+            entries = metrics.get(key)
+            if isinstance(entries, list):
+                metrics[key] = [_renumbered(e) for e in entries]
+            elif isinstance(entries, dict):
+                metrics[key] = _renumbered(entries)
     raw["schema_version"] = SCHEMA_VERSION
     return raw
+
+
+def _renumbered(epoch: Any) -> Any:
+    if isinstance(epoch, dict) and isinstance(epoch.get("epoch"), int):
+        return {**epoch, "epoch": epoch["epoch"] + 1}
+    return epoch
 
 
 def json_schema() -> dict[str, Any]:

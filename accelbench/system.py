@@ -9,10 +9,10 @@ import socket
 import sys
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from accelbench import __version__
-from accelbench.hostinfo import cpu_model, usable_cores
+from accelbench.hostinfo import cpu_affinity, cpu_model, numa_nodes, usable_cores
 
 # scheduler -> environment variable holding the job id
 _JOB_ID_VARS = {
@@ -45,6 +45,10 @@ class SystemInfo(BaseModel):
     scheduler: str | None
     job_id: str | None
     environment: dict[str, str]
+    # NUMA layout ({'node0': '0-15', ...}) and the CPUs this process may use (cpulist): data loading and the
+    # placement of host processes on NUMA nodes bound input pipelines (seed 004). Absent in older records.
+    numa_nodes: dict[str, str] = Field(default_factory=dict)
+    cpu_affinity: str | None = None
 
 
 def recorded_environment(patterns: Iterable[str], environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -79,4 +83,6 @@ def collect_system_info(environment: Iterable[str] = ()) -> SystemInfo:
         scheduler=scheduler,
         job_id=job_id,
         environment=recorded_environment(environment),
+        numa_nodes=numa_nodes(),
+        cpu_affinity=cpu_affinity(),
     )

@@ -16,8 +16,18 @@ published descriptions of minGPT and lightning-GPT, keeping every choice that co
 Two departures, both in the reference's favour: no progress bar and no checkpointing (the study's Trainer had both).
 Epochs are timed as the study's callback did: device synchronisation at each epoch's start and end.
 
+``--profile`` adds one epoch after the timed ones (never itself timed) in which ``--profile-steps`` steps, after two
+the profiler starts up with, run under torch.profiler, and splits them with accelbench's own analysis
+(:mod:`accelbench.engine.profile`: data, optimizer, communication, kernel, intra-op, inter-op dispatch, and the top
+operators), the DataLoader's ``enumerate(DataLoader)#...`` region counting as data, so that this loop and
+``accelbench run --profile`` are broken down the same way (docs/profile.md). Under Lightning the optimizer's step
+runs the forward/backward closure and the gradient clipping inside torch's ``Optimizer.step`` region; the harness
+marks both (``seed::closure``, ``seed::clip_gradients``) and the analysis counts them as the computation they are,
+not as optimizer time.
+
     python benchmarks/seed_harness.py --model gpt2 --batch-size 64 --precision bf16-mixed --steps-per-epoch 100
     python benchmarks/seed_harness.py --engine plain ...    # the same model and data in a hand-written loop
+    python benchmarks/seed_harness.py --model gpt-micro --precision 32-true --threads 2 --profile ...
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +168,130 @@ def load_text(path: Path | None) -> str:
     return generate_corpus().tobytes().decode("ascii")
 
 
+# ------------------------------------------------------------------------------------------------------ profiling
+DATA_REGIONS = ("enumerate(DataLoader)",)  # torch's DataLoader iterator marks each fetch with this region
+LIFTED = "seed::"  # regions marked inside Lightning's Optimizer.step that are not the optimizer's own work
+
+
+@dataclass
+class _Span:
+    start: float
+    end: float
+
+
+@dataclass
+class _Event:
+    """A profiler event as accelbench.engine.profile reads one, for a re-arranged tree."""
+
+    name: str
+    thread: int
+    time_range: Any
+    cpu_children: list[Any] = field(default_factory=list)
+    is_user_annotation: bool = False
+    overload_name: str = ""
+    device_type: Any = None
+
+
+def _lift(event: Any) -> Any:
+    """A copy of ``event``'s tree in which an ``Optimizer.step`` region that contains ``seed::`` regions (Lightning
+    runs the forward/backward closure and the clipping inside it) keeps as optimizer only the time outside them."""
+    kids = [_lift(c) for c in event.cpu_children]
+    lifted = [k for k in kids if k.name.startswith(LIFTED)]
+    if not (event.name.startswith("Optimizer.step") and lifted):
+        return _Event(
+            event.name,
+            event.thread,
+            event.time_range,
+            kids,
+            bool(getattr(event, "is_user_annotation", False)),
+            getattr(event, "overload_name", ""),
+            getattr(event, "device_type", None),
+        )
+    start, end = event.time_range.start, event.time_range.end
+    out: list[Any] = []
+    cursor = start
+    for region in sorted(lifted, key=lambda k: k.time_range.start):
+        out.append(_optimizer_part(event, kids, cursor, region.time_range.start))
+        out.append(region)
+        cursor = region.time_range.end
+    out.append(_optimizer_part(event, kids, cursor, end))
+    return _Event("seed::optimizer_step", event.thread, event.time_range, out, is_user_annotation=True)
+
+
+def _optimizer_part(event: Any, kids: list[Any], start: float, end: float) -> _Event:
+    inside = [k for k in kids if not k.name.startswith(LIFTED) and start <= k.time_range.start < end]
+    return _Event(event.name, event.thread, _Span(start, end), inside, is_user_annotation=True)
+
+
+class StepProfiler:
+    """torch.profiler over one epoch's first steps: ``start()`` at the epoch's start, ``step()`` after each step;
+    ``result()`` is accelbench's analysis of them (the record's ``profile``)."""
+
+    def __init__(self, steps: int, device: torch.device) -> None:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        from accelbench.engine.profile import PROFILE_WARMUP_STEPS
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        plan = schedule(wait=0, warmup=PROFILE_WARMUP_STEPS, active=steps, repeat=1)
+        self.prof = profile(activities=activities, schedule=plan, on_trace_ready=self._ready)
+        self.total, self.done, self.device, self.steps = PROFILE_WARMUP_STEPS + steps, 0, device, steps
+        self.events: list[Any] = []
+        self.active = False
+
+    def _ready(self, prof: Any) -> None:
+        self.events = list(prof.events())
+
+    def start(self) -> None:
+        self.prof.start()
+        self.active = True
+
+    def step(self) -> None:
+        if not self.active:
+            return
+        sync(self.device)
+        self.prof.step()
+        self.done += 1
+        if self.done == self.total:
+            self.prof.stop()
+            self.active = False
+
+    def result(self, timed_step_s: float | None, engine: str) -> Any:
+        from accelbench.engine.profile import analyse_events, step_profile
+
+        events = [_lift(e) if e.name.startswith("ProfilerStep") else e for e in self.events]
+        return step_profile(
+            analyse_events(events, self.device.type, DATA_REGIONS),
+            window=f"{self.steps} steps of an extra epoch after the timed ones ({engine})",
+            timed_step_s=timed_step_s,
+            trace=None,
+            source="torch.profiler, host thread"
+            + (" and device kernels" if self.device.type == "cuda" else ""),
+        )
+
+
+def format_profile(profile: Any, title: str) -> str:
+    """A profile (accelbench's ``StepProfile``, or its JSON) as a markdown table: ms and share per category, then
+    the top operators."""
+    p = profile if isinstance(profile, dict) else profile.model_dump(mode="json")
+    step_ms = p["step_s"] * 1e3
+    timed = f", timed step {p['timed_step_s'] * 1e3:.1f} ms" if p.get("timed_step_s") else ""
+    lines = [
+        f"{title}: profiled step {step_ms:.1f} ms over {p['steps']} steps{timed}",
+        "",
+        "| category | ms/step | share |",
+        "|---|---:|---:|",
+    ]
+    for name, s in p["seconds"].items():
+        lines.append(f"| {name} | {s * 1e3:.1f} | {100 * s / p['step_s']:.1f}% |")
+    lines += ["", "| top operator | category | ms/step | share |", "|---|---|---:|---:|"]
+    for o in p["top_operators"]:
+        lines.append(
+            f"| {o['name']} | {o['category']} | {o['seconds'] * 1e3:.1f} | {100 * o['share']:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
 # -------------------------------------------------------------------------------------------------------- engines
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -173,9 +308,21 @@ def peak(device: torch.device) -> int | None:
 
 
 def run_lightning(
-    args: argparse.Namespace, model: MinGPT, loader: DataLoader, device: torch.device
+    args: argparse.Namespace,
+    model: MinGPT,
+    loader: DataLoader,
+    device: torch.device,
+    profiler: StepProfiler | None = None,
 ) -> list[dict]:
+    import importlib.util
+
+    # Lightning's metrics import torchvision: load it as accelbench does, so a build for another torch works too
+    if importlib.util.find_spec("torchvision") is not None:
+        from accelbench.workloads.vision.library import load_torchvision
+
+        load_torchvision()
     import lightning as L
+    from torch.profiler import record_function
 
     epochs: list[dict[str, Any]] = []
 
@@ -193,13 +340,40 @@ def run_lightning(
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return self.gpt.optimizer(args.lr)
 
+    class ProfiledModule(Module):
+        """Lightning's defaults, with the closure and the clipping marked (they run inside Optimizer.step)."""
+
+        def optimizer_step(
+            self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+        ) -> None:
+            def closure() -> Any:
+                with record_function(LIFTED + "closure"):
+                    return optimizer_closure()
+
+            optimizer.step(closure=closure)
+
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+        ) -> None:
+            with record_function(LIFTED + "clip_gradients"):
+                self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     class EpochTimer(L.Callback):
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            if profiler is not None and trainer.current_epoch == args.epochs:
+                profiler.start()  # the extra, untimed epoch
+                return
             sync(device)
             reset_peak(device)
             self.start = time.perf_counter()
 
+        def on_train_batch_end(self, trainer: Any, *_: Any) -> None:
+            if profiler is not None:
+                profiler.step()
+
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.current_epoch == args.epochs:
+                return
             sync(device)
             epochs.append(
                 {
@@ -213,7 +387,7 @@ def run_lightning(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
         precision=args.precision,
-        max_epochs=args.epochs,
+        max_epochs=args.epochs + (profiler is not None),
         limit_train_batches=args.steps_per_epoch or 1.0,
         gradient_clip_val=1.0,
         callbacks=[EpochTimer()],
@@ -223,7 +397,7 @@ def run_lightning(
         logger=L.pytorch.loggers.CSVLogger(args.log_dir) if args.log_dir else False,
         default_root_dir=args.log_dir,
     )
-    trainer.fit(Module(), loader)
+    trainer.fit(ProfiledModule() if profiler is not None else Module(), loader)
     return epochs
 
 
@@ -231,7 +405,11 @@ AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def run_plain(
-    args: argparse.Namespace, model: MinGPT, loader: DataLoader, device: torch.device
+    args: argparse.Namespace,
+    model: MinGPT,
+    loader: DataLoader,
+    device: torch.device,
+    profiler: StepProfiler | None = None,
 ) -> list[dict]:
     """The same model, data and recipe in a hand-written loop: what Lightning itself costs."""
     if args.precision not in ("32-true", *AUTOCAST):
@@ -241,7 +419,9 @@ def run_plain(
     scaler = torch.amp.GradScaler(device.type) if args.precision == "16-mixed" else None
     dtype = AUTOCAST.get(args.precision)
     epochs = []
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs + (profiler is not None)):
+        if epoch == args.epochs and profiler is not None:
+            profiler.start()  # the extra, untimed epoch
         sync(device)
         reset_peak(device)
         start = time.perf_counter()
@@ -261,6 +441,10 @@ def run_plain(
             (scaler.step(optimizer), scaler.update()) if scaler else optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
+            if profiler is not None:
+                profiler.step()
+        if epoch == args.epochs:
+            break
         sync(device)
         epochs.append(
             {
@@ -295,7 +479,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--log-dir", help="Lightning's CSV logs here (default: no logger)")
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed epochs, profile an extra epoch's steps and split them as `accelbench run --profile` does",
+    )
+    parser.add_argument(
+        "--profile-steps", type=int, default=8, help="steps analysed with --profile (default: 8)"
+    )
     args = parser.parse_args(argv)
+    if args.profile and args.steps_per_epoch and args.steps_per_epoch < args.profile_steps + 2:
+        parser.error(
+            "--profile needs --steps-per-epoch of at least --profile-steps + 2 (the profiler's warm-up)"
+        )
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -307,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     n_layer, n_head, n_embd = SIZES[args.model]
     model = MinGPT(data.vocab_size, args.block_size, n_layer, n_head, n_embd, 0.1)
     runner = run_lightning if args.engine == "lightning" else run_plain
-    epochs = runner(args, model, loader, device)
+    profiler = StepProfiler(args.profile_steps, device) if args.profile else None
+    epochs = runner(args, model, loader, device, profiler)
 
     steps = min(len(loader), args.steps_per_epoch or len(loader))
     samples = min(len(data), steps * args.batch_size)
@@ -326,13 +526,19 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": epochs,
         "steady_epoch_s": steady,
         "steady_samples_per_s": samples / steady if steady else None,
+        "threads": torch.get_num_threads(),
     }
+    if profiler is not None:
+        profile = profiler.result(steady / steps if steady else None, args.engine)
+        result["profile"] = profile.model_dump(mode="json")
     print(json.dumps({k: result[k] for k in ("harness", "device", "steady_epoch_s", "steady_samples_per_s")}))
     for i, e in enumerate(epochs, 1):
         print(
             f"epoch {i}: {e['wall_s']:.3f} s, {e['samples_per_s']:.1f} samples/s, loss {e['loss']:.4f}, "
             f"peak {e['peak_bytes']}"
         )
+    if profiler is not None:
+        print(format_profile(result["profile"], f"seed harness ({args.engine})"))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0

@@ -21,10 +21,21 @@ from accelbench.cli import main
         (["--layers", "2"], "use them with --model custom"),
         (["--model", "custom", "--layers", "2", "--heads", "3", "--embd", "16"], "not divisible by heads 3"),
         (["--batch-size", "0"], "--batch-size: Input should be greater than 0"),
-        (["--epochs", "-1"], "--epochs: Input should be greater than 0"),
+        (["--epochs", "-1"], "--epochs: '-1' is neither a number of epochs (1 or more, e.g. 5) nor auto"),
+        (["--epochs", "many"], "--epochs: 'many' is neither a number of epochs"),
+        (["--rdzv-endpoint", "node01:70000"], "is not HOST:PORT with a port from 1 to 65535"),
+        (["--rdzv-endpoint", "node01"], "'node01' is not HOST:PORT"),
+        (
+            ["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "node01:29500"],
+            "--node-rank 2 with --nnodes 2: node ranks count from 0, so the last node is 1",
+        ),
+        (["--precision", "bf16"], "unknown precision 'bf16'; did you mean bf16-mixed?"),
         (["--dropout", "1.5"], "--dropout: Input should be less than 1"),
         (["--backend", "gaudi"], "unknown backend 'gaudi'; installed backends: "),
-        (["--workload", "resnet"], "unknown workload 'resnet'; available: gpt"),
+        (
+            ["--workload", "resnet"],
+            "unknown workload 'resnet'; available: bert, efficientnet-b0, gpt, mobilenet-v3-large",
+        ),
         (["--data", "/nonexistent/shakespeare.txt"], "--data /nonexistent/shakespeare.txt: no such file"),
         (
             ["--strategy", "tensor-parallel"],

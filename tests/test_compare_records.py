@@ -41,7 +41,11 @@ def test_the_summary_agrees_with_the_fully_validated_record(record_file: Path) -
     assert figures.epoch_s == tuple(e.wall_s for e in metrics.epochs[1:])
     assert figures.samples_per_s == tuple(e.samples_per_s for e in metrics.epochs[1:])
     assert figures.peak_memory_bytes == metrics.peak_memory_max_bytes
-    assert figures.warmup_s == metrics.warmup.wall_s and figures.mfu is None and figures.compile_s is None
+    assert (
+        figures.warmup_s == metrics.warmup.wall_s
+        and figures.mfu == metrics.steady.mfu
+        and figures.compile_s is None
+    )
     assert figures.joules_per_sample == (None, None)  # no energy counter on this CPU
     env = dict(summary.environment)
     assert env["torch"] == full.system.torch_version and env["device unit"] == full.backend.info.device_unit
@@ -84,8 +88,13 @@ def test_an_older_schema_version_is_migrated_and_groups_with_the_current_one(
     v1 = derived(record, schema_version=1)
     v1["config"].update(v1["config"].pop("workload_options"))  # v1 kept the GPT's options as config fields
     del v1["workload_identity"]
+    for index, epoch in enumerate(v1["metrics"]["epochs"]):  # and counted epochs from 0
+        epoch["epoch"] = index
+    v1["metrics"]["warmup"]["epoch"] = 0
     (tmp_path / "v1.json").write_text(json.dumps(v1))
     (tmp_path / "v2.json").write_text(json.dumps(record))
+    migrated = read_record(tmp_path / "v1.json").metrics
+    assert [e.epoch for e in migrated.epochs] == [1, 2, 3] and migrated.warmup.epoch == 1  # numbered one way
 
     loaded = load_records([tmp_path])
     assert not loaded.skipped and len(loaded.records) == 2

@@ -157,7 +157,9 @@ def test_a_failing_rank_is_named_and_measured_epochs_are_kept(
         "rank 1: error: RuntimeError: injected fault" if mode == "raise" else "rank 1: oom: OutOfMemoryError"
     )
     assert expected in record.outcome.message
-    assert [e.epoch for e in record.metrics.epochs] == [0]  # epoch 1 (the first) completed before the fault
+    assert [e.epoch for e in record.metrics.epochs] == [1]  # epoch 1 completed on every rank before the fault
+    assert "(metrics below: the epochs every rank completed)" in record.outcome.message
+    assert [r.rank for r in record.metrics.ranks] == [0, 1]  # the failed rank's log came through the store
     assert record.config.backend_options["fail_mode"] == mode
 
 
@@ -168,7 +170,8 @@ def test_a_rank_that_dies_ends_the_run_with_an_error_record(faulty, tmp_path) ->
     assert record.outcome.status == "error"
     assert "rank 1: sent no status" in record.outcome.message
     assert "rank 1 exited with code 17" in record.outcome.message  # what the launcher saw
-    assert [e.epoch for e in record.metrics.epochs] == [0]
+    assert "(metrics below are rank 0's only)" in record.outcome.message
+    assert [e.epoch for e in record.metrics.epochs] == [1]
     assert elapsed < 90
 
 
@@ -178,7 +181,7 @@ def test_a_hung_rank_times_out_instead_of_hanging_forever(faulty, tmp_path) -> N
     record = only_record(tmp_path)
     assert record.outcome.status == "error"
     assert "rank 1: sent no status" in record.outcome.message
-    assert [e.epoch for e in record.metrics.epochs] == [0]
+    assert [e.epoch for e in record.metrics.epochs] == [1]
     assert elapsed < 90  # 8 s collective timeout + 8 s for statuses + start-up, not an hour
 
 

@@ -60,6 +60,52 @@ def test_bad_variable_is_named() -> None:
 
 
 @pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"RANK": "4", "LOCAL_RANK": "0", "WORLD_SIZE": "4"},
+            r"torchrun environment .* rank 4 is outside 0..3",
+        ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "0"},
+            "world size 0 and local size 0 must be at least 1",
+        ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+            "local rank 2 is outside 0..1",
+        ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"},
+            "4 processes on this node exceed the world size 2",
+        ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"},
+            "MASTER_PORT 70000 is not a port",
+        ),
+        (
+            {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "-1"},
+            r"openmpi environment .* rank -1 is outside",
+        ),
+        ({"PMI_SIZE": "2", "PMI_RANK": "2"}, r"mpich environment .* rank 2 is outside 0..1"),
+        (
+            {
+                "SLURM_PROCID": "3",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_STEP_NODELIST": "n1",
+                "MASTER_PORT": "1",
+            },
+            r"slurm environment .* rank 3 is outside 0..1",
+        ),
+    ],
+)
+def test_launcher_values_that_do_not_add_up_are_refused_before_anything_starts(env, message) -> None:
+    """A worker started with values that cannot be (a rank beyond the world, a port out of range) is told so at
+    once, naming the variables; before, it waited for peers that would never come, or died in a traceback."""
+    with pytest.raises(ConfigError, match=message):
+        detect_launch(env)
+
+
+@pytest.mark.parametrize(
     ("nodelist", "first"),
     [
         ("node01", "node01"),

@@ -20,14 +20,16 @@ ROOT = Path(__file__).resolve().parents[1] / "accelbench"
 LAYERS: list[tuple[str, ...]] = [
     ("accelbench", "accelbench.errors", "accelbench.exitcodes"),
     ("accelbench.precision", "accelbench.devices", "accelbench.config", "accelbench.hostinfo"),
-    ("accelbench.system", "accelbench.results"),
+    ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
-     "accelbench.engine.deepspeed", "accelbench.engine.lightning", "accelbench.engine.metrics"),
+     "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
+     "accelbench.engine.metrics", "accelbench.estimate"),
     ("accelbench.hookspecs", "accelbench.plugins"),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",
-     "accelbench.engine"),
-    ("accelbench.display", "accelbench.compare", "accelbench.report", "accelbench.sweep"),
+     "accelbench.engine", "accelbench.comm"),
+    ("accelbench.display", "accelbench.compare", "accelbench.report", "accelbench.sweep",
+     "accelbench.estimate.command"),
     ("accelbench.cli", "accelbench.testing", "accelbench.__main__"),
 ]  # fmt: skip
 

@@ -144,8 +144,8 @@ def test_the_report_has_every_view_with_figures_and_escapes_record_strings(resul
 
     titles = [f.title for f in report.figures]
     for expected in (
-        "Epoch time: gpt custom 1L/2H/16E, single",
-        "Epoch time: gpt custom 1L/2H/16E, ddp",
+        "Every comparison at a glance: steady epoch time per system",
+        "Epoch time per system and precision",
         "Scaling: custom 1L/2H/16E fp32 ddp on gpu-node · cpu",
         "Scaling: custom 1L/2H/16E fp32 pipelined on ipu-pod · ipu",
         "Peak memory against batch size: custom 1L/2H/16E ddp",
@@ -172,9 +172,7 @@ def test_the_report_has_every_view_with_figures_and_escapes_record_strings(resul
     assert "CUDA &lt;out of memory&gt; &amp; more" in page
     assert "<title>CPU &amp; friends &lt;test&gt;</title>" in page
     # the hostile host is a system; its label reached a figure as plain text, mathtext off
-    hostile_figure = next(
-        f for f in report.figures if f.title.startswith("Epoch time") and "· single ·" in f.caption
-    )
+    hostile_figure = next(f for f in report.figures if f.title.startswith("Epoch time per system"))
     assert "$x_1$" in hostile_figure.encode("svg").decode("utf-8").replace("&amp;", "&")
 
 
@@ -264,3 +262,35 @@ def test_the_report_along_precision_has_bars_per_precision_for_each_system(
     page = out.read_text()
     assert "<th>J/sample</th>" in page and '<h2 id="energy">Energy per sample</h2>' in page
     assert "No records for this view." in page  # the views this handful of runs cannot fill say so
+
+
+def test_one_colour_per_thing_small_multiples_and_a_figure_for_every_table(results: Path) -> None:
+    """Every series drawn as bars has the colour of its precision, strategy or system in every figure; the
+    overview has one panel per comparison table; no two figures share a title."""
+    from matplotlib.colors import to_hex
+
+    from accelbench.report.palette import PRECISION_COLOURS, STRATEGY_COLOURS, Palette
+
+    comparison = compare(load_records([results]), label_by=("host", "backend"))
+    report = build_report(comparison)
+    palette = Palette(comparison.systems)
+    seen: dict[str, set[str]] = {}
+    for fig in report.figures:
+        for ax in fig.figure.axes:
+            for container in ax.containers:
+                label = container.get_label()
+                if getattr(container, "patches", None) and not label.startswith("_"):
+                    seen.setdefault(label, set()).add(to_hex(container.patches[0].get_facecolor()))
+    assert seen, "no bars drawn"
+    for label, colours in seen.items():
+        assert len(colours) == 1, (label, colours)  # one colour per thing, across every figure
+        expected = PRECISION_COLOURS.get(label) or STRATEGY_COLOURS.get(label)
+        if expected is None and label in comparison.systems:
+            expected = palette.colour(label)
+        if expected is not None:
+            assert colours == {expected.lower()}, label
+    overview = next(f for f in report.figures if f.title.startswith("Every comparison at a glance"))
+    panels = [ax for ax in overview.figure.axes if ax.get_title()]
+    assert len(panels) == len(comparison.groups)  # every table has its panel
+    titles = [f.title for f in report.figures]
+    assert len(titles) == len(set(titles)), titles  # titles say what differs between figures

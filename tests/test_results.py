@@ -11,7 +11,14 @@ import pytest
 from accelbench.engine.runner import run
 from accelbench.errors import ResultFileError
 from accelbench.plugins import get_host
-from accelbench.results import SCHEMA_VERSION, ResultRecord, json_schema, read_record, write_record
+from accelbench.results import (
+    SCHEMA_VERSION,
+    RecordNotSaved,
+    ResultRecord,
+    json_schema,
+    read_record,
+    write_record,
+)
 from accelbench.testing import tiny_config
 
 
@@ -82,11 +89,38 @@ def test_unknown_fields_are_rejected(recorded, tmp_path) -> None:
         read_record(_write(tmp_path, raw))
 
 
-def test_a_failed_write_leaves_no_file(recorded, tmp_path, monkeypatch) -> None:
-    def disk_full(fd: int) -> None:
-        raise OSError(28, "No space left on device")
+def _disk_full_under(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes under ``folder`` fail as on a full disk (ENOSPC at fsync, where a full disk shows at the latest)."""
+    real_fsync = os.fsync
 
-    monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(OSError, match="No space left"):
-        write_record(recorded[0], tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder)):
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_full_disk_leaves_no_partial_file_and_keeps_the_record_elsewhere(
+    recorded, tmp_path, monkeypatch
+) -> None:
+    out, fallback = tmp_path / "out", tmp_path / "fallback"
+    monkeypatch.setenv("ACCELBENCH_FALLBACK_DIR", str(fallback))
+    _disk_full_under(out, monkeypatch)
+    with pytest.raises(RecordNotSaved, match="No space left on device") as caught:
+        write_record(recorded[0], out)
+    assert list(out.iterdir()) == []  # no partial file, no temporary left behind
+    kept = list(fallback.iterdir())
+    assert caught.value.saved == kept[0] and str(kept[0]) in str(caught.value)
+    assert ResultRecord.model_validate_json(kept[0].read_text()) == recorded[0]
+    assert ResultRecord.model_validate_json(caught.value.text) == recorded[0]  # and the text, to print
+
+
+def test_when_no_folder_takes_the_record_its_text_is_still_there(recorded, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ACCELBENCH_FALLBACK_DIR", str(tmp_path / "fallback"))
+    _disk_full_under(tmp_path, monkeypatch)
+    with pytest.raises(RecordNotSaved, match="no fallback folder could take it either") as caught:
+        write_record(recorded[0], tmp_path / "out")
+    assert caught.value.saved is None
+    assert ResultRecord.model_validate_json(caught.value.text) == recorded[0]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

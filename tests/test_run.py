@@ -55,7 +55,27 @@ def test_cpu_run_writes_a_complete_record(tmp_path: Path) -> None:
     assert m.steady.samples_per_s == pytest.approx(statistics.median(48 / w for w in walls))
     assert m.steady.tokens_per_s == pytest.approx(m.steady.samples_per_s * 16)
     assert m.steady.achieved_flops_per_s == pytest.approx(m.steady.samples_per_s * m.flops_per_sample)
-    assert m.steady.mfu is None and m.peak is None  # no CPU peak table: unknown, not invented
+    # no CPU peak table: MFU is against the dense-matmul rate measured on this host (cached), labelled as such
+    assert m.peak is not None and m.peak.source.startswith("measured: dense matmul")
+    assert m.steady.mfu == pytest.approx(m.steady.achieved_flops_per_s / m.peak.flops_per_s)
+    # the analytical model's prediction for this very configuration, beside what was measured
+    p = record.prediction
+    assert (
+        p is not None and p.note is None and p.comm_bytes_per_step == 0
+    )  # one device: nothing to communicate
+    assert p.peak_flops_per_s == m.peak.flops_per_s and p.peak_source == m.peak.source
+    assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s)
+    assert p.flops_per_step == pytest.approx(8 * m.flops_per_sample)
+    parts = p.memory_bytes
+    assert None not in parts.values()
+    # set_to_none frees the gradients after each step: the peak holds the larger of them and the activations
+    assert p.peak_memory_bytes == pytest.approx(
+        sum(parts.values()) - min(parts["gradients"], parts["activations"])
+    )
+    assert p.memory_bytes["runtime"] > 10 * 2**20  # the process held torch before the model was built
+    weights = p.memory_bytes["weights"]  # fp32 on one device: gradients as large, AdamW's two moments twice
+    assert weights >= 4 * record.workload["parameters"] and p.memory_bytes["gradients"] == weights
+    assert p.memory_bytes["optimizer"] == 2 * weights
     assert m.peak_memory_max_bytes > 10 * 2**20  # the process RSS holds at least torch itself
     assert "VmHWM" in m.memory.source
     assert all(math.isfinite(e.loss) for e in m.epochs)
@@ -106,7 +126,7 @@ def test_precision_plans_are_applied_and_recorded(tmp_path, precision, param, au
 
 
 class InterruptAt:
-    """A progress display that presses Ctrl-C at a given epoch and step."""
+    """A progress display that presses Ctrl-C at a given epoch (counted from 1) and step."""
 
     def __init__(self, epoch: int, step: int) -> None:
         self.target, self.epoch, self.steps = (epoch, step), 0, 0
@@ -128,11 +148,12 @@ class InterruptAt:
 
 def test_ctrl_c_keeps_the_completed_epochs(tmp_path: Path) -> None:
     config = tiny_config(epochs=4, steps_per_epoch=5, output_dir=tmp_path)
-    record, path, status = run(config, get_host(), InterruptAt(epoch=2, step=3))
+    record, path, status = run(config, get_host(), InterruptAt(epoch=3, step=3))
     assert status == "interrupted"
     assert record.outcome.status == "interrupted"
-    assert "epoch 2 after 3 steps; 2 completed epoch(s) kept" in record.outcome.message
-    assert [e.epoch for e in record.metrics.epochs] == [0, 1]
+    assert "epoch 3 after 3 steps; 2 completed epoch(s) kept" in record.outcome.message
+    assert [e.epoch for e in record.metrics.epochs] == [1, 2]  # counted from 1, as the message counts them
+    assert record.metrics.epochs_decision == "ended early after 2 epoch(s) (1 steady)"
     assert record.metrics.steady.epochs == 1
     assert read_record(path).outcome.status == "interrupted"
 
@@ -204,15 +225,43 @@ def test_out_of_memory_is_an_outcome_not_a_crash(tmp_path: Path) -> None:
     assert record.config.batch_size == 40000
 
 
-def test_progress_display_on_a_terminal_and_quiet_otherwise(tmp_path: Path) -> None:
-    quiet = accelbench("run", *TINY, "--epochs", "1", "--steps-per-epoch", "2", "--output-dir", str(tmp_path))
-    assert quiet.returncode == 0
-    assert "epoch 1/1" not in quiet.stderr  # not a terminal: no progress bar
-    assert "result record:" in quiet.stderr  # but the summary is there
+def test_progress_lines_in_a_batch_log_and_none_when_quiet(tmp_path: Path) -> None:
+    """Output that is no terminal (a Slurm log, `| tee`) gets one plain, timestamped line per epoch with the rate
+    and the run's ETA, and no progress bar; --quiet gets neither."""
+    logged = accelbench(
+        "run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--output-dir", str(tmp_path)
+    )
+    assert logged.returncode == 0
+    lines = [line for line in logged.stderr.splitlines() if line.startswith("[accelbench ")]
+    assert len(lines) == 3, logged.stderr  # training starts, epoch 1 done, epoch 2 done
+    assert "epoch 1/2 (warm-up) done:" in lines[1] and "samples/s" in lines[1] and "run ends in ~" in lines[1]
+    assert "epoch 2/2 done:" in lines[2] and "run ends in" not in lines[2]
+    assert "\x1b[" not in logged.stderr and "━" not in logged.stderr  # no bar, no terminal codes
+    assert "result record:" in logged.stderr  # and the summary is there
     assert (
-        json.loads(Path(quiet.stderr.split("result record:")[1].split()[0]).read_text())["outcome"]["status"]
+        json.loads(Path(logged.stderr.split("result record:")[1].split()[0]).read_text())["outcome"]["status"]
         == "ok"
     )
+    quiet = accelbench(
+        "run", *TINY, "--epochs", "1", "--steps-per-epoch", "2", "--output-dir", str(tmp_path), "-q"
+    )
+    assert quiet.returncode == 0 and quiet.stderr.strip() == "", quiet.stderr
+
+
+def test_log_progress_reports_within_a_long_epoch() -> None:
+    """Within an epoch longer than the interval, a line every interval with the step, rate and ETA."""
+    import io
+
+    from accelbench.display import LogProgress
+
+    out = io.StringIO()
+    progress = LogProgress(out, every_s=0.0)  # every step is "N seconds later"
+    progress.start_epoch(1, 3, 4, 8)
+    for _ in range(4):
+        progress.step()
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("training: 4 steps of 8 samples per epoch")
+    assert "epoch 1/3 (warm-up): step 2/4 (50%)" in lines[2] and "samples/s, run ends in ~" in lines[2]
 
 
 def test_progress_display_when_stderr_is_a_terminal(tmp_path: Path) -> None:

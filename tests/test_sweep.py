@@ -207,6 +207,11 @@ def test_builtin_suites_reproduce_the_seed_study_at_both_scales() -> None:
         "seed-largest-model",
         "seed-model-parallel",
         "seed-ipu",
+        "seed-parallel-mesh",  # checked in tests/test_parallel_layout.py
+        "seed004-batch-size",  # seed 004's suites are checked in tests/test_seed004.py
+        "seed004-scaling",
+        "seed004-epochs",
+        "seed004-models",
     }
     seed = {name: load_sweep(path) for name, path in suites.items()}
     tiny = {name: load_sweep(path, scale="tiny") for name, path in suites.items()}

@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from accelbench.precision import PrecisionPlan
     from accelbench.workloads import Workload
 
-STRATEGIES = ["single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]
+# tp, pp, mesh: tensor, pipeline and composed parallelism (accelbench.engine.parallel), over the backend's collective
+STRATEGIES = [
+    *("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"),
+    *("tp", "pp", "mesh"),
+]
 
 
 def _accelerator() -> Any:

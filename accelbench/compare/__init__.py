@@ -17,6 +17,8 @@ Where things are:
 - :mod:`.environment`: what differs between the systems' environments.
 - :mod:`.render`: the comparison as a terminal table, Markdown, CSV or JSON.
 - :mod:`.command`: the command line (``compare`` and the selection options ``report`` shares).
+- :mod:`.bandwidth`: `accelbench comm` records (collective bandwidth) side by side: bus bandwidth per message size
+  and system, ratios against the baseline, peaks; read with the result records, never skipped as foreign files.
 """
 
 from accelbench.compare.cells import (

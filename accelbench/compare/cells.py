@@ -9,13 +9,14 @@ baseline system's cell at the same value).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from accelbench.compare.environment import environment_differences
+from accelbench.compare.environment import environment_differences, split_variants
 from accelbench.compare.keys import (
     DEFAULT_LABEL_BY,
     SystemLabeller,
@@ -53,6 +54,8 @@ class Scaling:
     base_devices: int
     speedup: float
     efficiency: float
+    # seed 001's formula from the base cell's measured step and both cells' predicted exposed communication
+    predicted_speedup: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,6 +116,20 @@ class Cell:
         return self._per_run("compile_s")
 
     @cached_property
+    def megatron_tflops_per_device(self) -> Spread | None:
+        """Achieved TFLOP/s per device by Megatron's count (transformer workloads), per run."""
+        return self._per_run("megatron_tflops_per_device")
+
+    @cached_property
+    def bubble(self) -> Spread | None:
+        """A pipeline's measured idle fraction per run; None without a pipeline."""
+        return self._per_run("bubble")
+
+    @cached_property
+    def bubble_analytical(self) -> Spread | None:
+        return self._per_run("bubble_analytical")
+
+    @cached_property
     def warmup_s(self) -> Spread | None:
         return self._per_run("warmup_s")
 
@@ -122,9 +139,41 @@ class Cell:
             counts[r.status] = counts.get(r.status, 0) + 1
         return counts
 
+    @cached_property
+    def step_s(self) -> Spread | None:
+        """Measured time per step (steady epochs), per run."""
+        return self._per_run("step_s")
+
+    @cached_property
+    def predicted_step_s(self) -> Spread | None:
+        """The analytical model's step time stored in the runs' records."""
+        return self._per_run("predicted_step_s")
+
+    @cached_property
+    def predicted_comm_s(self) -> Spread | None:
+        return self._per_run("predicted_comm_s")
+
+    @cached_property
+    def predicted_peak_bytes(self) -> Spread | None:
+        return self._per_run("predicted_peak_bytes")
+
+    @cached_property
+    def step_split(self) -> dict[str, float] | None:
+        """``run --profile``: seconds per category of a step (median over the profiled runs); None unprofiled."""
+        splits = [dict(r.figures.step_split) for r in self.ok_runs if r.figures and r.figures.step_split]
+        if not splits:
+            return None
+        return {name: statistics.median(s.get(name, 0.0) for s in splits) for name in splits[0]}
+
+    @cached_property
+    def contended_runs(self) -> int:
+        """Successful runs whose host was busy while they ran (their figures understate the system)."""
+        return sum(1 for r in self.ok_runs if r.figures is not None and r.figures.contended)
+
     def outcome_text(self) -> str:
-        """``2 ok``, ``1 ok, 1 oom``..."""
-        return ", ".join(f"{n} {status}" for status, n in self.status_counts().items())
+        """``2 ok``, ``1 ok, 1 oom``, ``2 ok (1 contended)``..."""
+        text = ", ".join(f"{n} {status}" for status, n in self.status_counts().items())
+        return text + (f" ({self.contended_runs} contended)" if self.contended_runs else "")
 
     def failure(self) -> str | None:
         """Why there is no figure: the outcome of the last run that did not succeed (e.g. OOM), or None."""
@@ -148,9 +197,26 @@ class WorkloadGroup:
     axis: str | None = None
     baseline_value: Value = None  # along an axis: the value the ratios are against
     values: list[Value] = field(default_factory=list)  # along an axis: its values here, in natural order
+    baseline_system: str = ""  # the system this group's ratios are against (the comparison's, where it ran)
+    baseline_note: str | None = (
+        None  # why it is another system, when the comparison's baseline did not run it
+    )
 
     def describe(self) -> str:
         return self.key.describe(self.axis)
+
+    def choose_baseline_system(self, wanted: str, systems: Sequence[str]) -> str:
+        """The comparison's baseline system if it ran this workload; else the first system (in ``systems``
+        order) that did, saying so in :attr:`baseline_note`."""
+        present = {c.system for c in self.cells}
+        if wanted in present:
+            self.baseline_system = wanted
+        else:
+            self.baseline_system = next(s for s in systems if s in present)
+            self.baseline_note = (
+                f"{wanted} has no run of this workload: ratios against {self.baseline_system}"
+            )
+        return self.baseline_system
 
 
 @dataclass(frozen=True)
@@ -190,6 +256,16 @@ class Comparison:
 
     def __post_init__(self) -> None:
         self.cells = [c for g in self.groups for c in g.cells]
+
+    @cached_property
+    def has_megatron(self) -> bool:
+        """Whether any cell has Megatron's TFLOP/s per device (tensor/pipeline-parallel runs record it)."""
+        return any(c.megatron_tflops_per_device is not None for c in self.cells)
+
+    @cached_property
+    def has_bubble(self) -> bool:
+        """Whether any cell ran a pipeline (its measured bubble is shown only then)."""
+        return any(c.bubble is not None for c in self.cells)
 
     @cached_property
     def has_energy(self) -> bool:
@@ -237,6 +313,7 @@ def compare(
     if not labelled:
         what = "no result records matched the filters" if record_set.records else "no result records found"
         raise AccelbenchError(f"{what}; nothing to compare")
+    labelled = split_variants(labelled)  # one label, different environments: variants, never pooled
     systems = list(dict.fromkeys(name for name, _ in labelled))
     base = choose_baseline(systems, baseline)
     axis = None
@@ -245,13 +322,13 @@ def compare(
             raise AccelbenchError("--vs-baseline needs --vs AXIS (the field whose values it names)")
         groups = _groups(labelled, systems)
         for group in groups:
-            _fill_system_ratios(group.cells, base, alpha)
+            _fill_system_ratios(group.cells, group.choose_baseline_system(base, systems), alpha)
     else:
         keys = {id(r.key): r.key for _, r in labelled}.values()
         axis = parse_axis(vs, {name for key in keys for name, _ in key.identity})
         groups = _axis_groups(labelled, systems, axis, vs_baseline)
         for group in groups:
-            _fill_value_ratios(group, base, alpha)
+            _fill_value_ratios(group, group.choose_baseline_system(base, systems), alpha)
     return Comparison(
         systems=systems,
         baseline=base,
@@ -354,7 +431,28 @@ def _fill_scaling(cells: list[Cell], series_of: Any) -> None:
         for cell in members:
             if first.devices < cell.devices:
                 speedup = cell.samples_per_s.median / first.samples_per_s.median  # type: ignore[union-attr]
-                cell.scaling = Scaling(first.devices, speedup, speedup / (cell.devices / first.devices))
+                cell.scaling = Scaling(
+                    first.devices,
+                    speedup,
+                    speedup / (cell.devices / first.devices),
+                    _predicted_speedup(first, cell),
+                )
+
+
+def _predicted_speedup(first: Cell, cell: Cell) -> float | None:
+    """Seed 001's speedup from ``first`` (g devices) to ``cell`` (n): the measured step at g, with the exposed
+    communication the model predicted there and at n. None unless both records carry those predictions."""
+    from accelbench.estimate.model import predict_speedup
+
+    step, comm_g, comm_n = first.step_s, first.predicted_comm_s, cell.predicted_comm_s
+    if step is None or comm_g is None or comm_n is None:
+        return None
+    try:
+        return predict_speedup(
+            step.median, min(comm_g.median, step.median), first.devices, cell.devices, comm_n.median
+        ).throughput_speedup
+    except ValueError:
+        return None
 
 
 def _ratio(cell: Cell, base: Cell, alpha: float) -> BaselineRatio | None:

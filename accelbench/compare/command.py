@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
 
+from accelbench.compare.bandwidth import CommComparison, compare_comm, render_comm_table, render_with_runs
 from accelbench.compare.cells import Comparison, Filters, compare
 from accelbench.compare.keys import DEFAULT_LABEL_BY, SYSTEM_FIELDS, parse_label_by
 from accelbench.compare.records import load_records
-from accelbench.compare.render import FORMATS, render, render_table
+from accelbench.compare.render import FORMATS, render_table
 from accelbench.compare.stats import DEFAULT_ALPHA
 from accelbench.errors import AccelbenchError
+from accelbench.results import check_writable
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +66,12 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def comparison_from_args(args: argparse.Namespace, err: Console) -> Comparison:
-    """Read, report skipped files on ``err``, and compare, as the `compare` and `report` commands do."""
+def comparisons_from_args(
+    args: argparse.Namespace, err: Console
+) -> tuple[Comparison | None, CommComparison | None]:
+    """Read, report skipped files on ``err``, and compare, as the `compare` and `report` commands do: training
+    runs' result records as a :class:`Comparison`, `accelbench comm` records as bandwidth curves; either may be
+    absent (None), not both."""
     if not 0 < args.alpha < 1:
         raise AccelbenchError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.05")
     label_by = parse_label_by(args.label_by)
@@ -76,8 +83,19 @@ def comparison_from_args(args: argparse.Namespace, err: Console) -> Comparison:
             Text(f"{len(record_set.duplicates)} duplicate record(s) (same run id) counted once", style="dim"),
             soft_wrap=True,
         )
+    comm = None
+    if record_set.comm:
+        if args.vs and not record_set.records:
+            raise AccelbenchError(
+                f"--vs {args.vs}: compares training runs along a workload field, and the inputs hold only comm "
+                "records (collective bandwidth); drop --vs"
+            )
+        comm = compare_comm(record_set.comm, label_by, args.baseline, args.system, bool(record_set.records))
+        comm.skipped, comm.duplicates = record_set.skipped, record_set.duplicates
+        if not record_set.records:
+            return None, comm
     filters = Filters(tuple(args.model), tuple(args.precision), tuple(args.strategy), tuple(args.system))
-    return compare(
+    comparison = compare(
         record_set,
         label_by,
         args.baseline,
@@ -86,6 +104,15 @@ def comparison_from_args(args: argparse.Namespace, err: Console) -> Comparison:
         vs=args.vs,
         vs_baseline=args.vs_baseline,
     )
+    return comparison, comm
+
+
+def comparison_from_args(args: argparse.Namespace, err: Console) -> Comparison:
+    """:func:`comparisons_from_args` for training runs alone (comm records are read and set aside)."""
+    comparison, _ = comparisons_from_args(args, err)
+    if comparison is None:
+        raise AccelbenchError("no training result records found (only comm records); nothing to compare")
+    return comparison
 
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,19 +120,38 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--output", "-o", type=Path, help="write to this file instead of standard output")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column, however wide (by default a table fits the terminal, leaving out the least asked-for "
+        "columns and saying which)",
+    )
 
 
 def compare_command(args: argparse.Namespace, err: Console) -> int:
     """`accelbench compare`: print (or write) the comparison in the chosen format."""
-    comparison = comparison_from_args(args, err)
+    if args.output is not None and args.output.is_dir():
+        raise AccelbenchError(f"--output {args.output}: is a folder; give a file name")
+    if args.output is not None:
+        check_writable(args.output.parent, "--output's folder")
+    comparison, comm = comparisons_from_args(args, err)
     if args.output:
-        text = render(comparison, args.format)
-        args.output.write_text(text, encoding="utf-8")
+        text = render_with_runs(comparison, comm, args.format, wide=args.wide)
+        try:
+            args.output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise AccelbenchError(
+                f"--output {args.output}: cannot write it ({exc.strerror or exc})"
+            ) from None
         err.print(Text(f"comparison written to {args.output}"), soft_wrap=True)
     elif args.format == "table":
         out = Console()
-        # piped: wide enough that no column is cropped (a terminal keeps its own width and wraps)
-        render_table(comparison, out if out.is_terminal else Console(width=240))
+        if not out.is_terminal and "COLUMNS" not in os.environ:
+            out = Console(width=240)  # piped, width unknown: wide enough that nothing is left out
+        if comparison is not None:
+            render_table(comparison, out, wide=args.wide)
+        if comm is not None:
+            render_comm_table(comm, out)
     else:
-        sys.stdout.write(render(comparison, args.format))
+        sys.stdout.write(render_with_runs(comparison, comm, args.format))
     return 0

@@ -84,3 +84,42 @@ def environment_differences(
         if len(set(per_system)) > 1 or any(len(v) > 1 for v in per_system):
             differing.append((attribute, {s: sorted(by_system.get(s, [])) for s in systems}))
     return differing
+
+
+# attributes that may differ between runs of one system without making them different variants of it: where the
+# figures were read from, and which of several identical devices a job was given
+_NOT_A_VARIANT = ("memory measured", "peak figure", "scheduler")
+_DEVICE_SELECTION = ("VISIBLE_DEVICES", "AFFINITY_MASK", "DEVICE_SELECTOR")
+
+
+def _makes_a_variant(attribute: str) -> bool:
+    if attribute in _NOT_A_VARIANT:
+        return False
+    return not (attribute.startswith("env ") and attribute.endswith(_DEVICE_SELECTION))
+
+
+def split_variants(labelled: Sequence[tuple[str, RunSummary]]) -> list[tuple[str, RunSummary]]:
+    """Runs of one system label at one device count whose environments differ (other threads, launcher,
+    collective backend, versions) are variants of the system, not one: each gets the label with what sets it
+    apart (``vm · cpu [torch threads 1]``), so that their figures are never pooled into one cell."""
+    envs: dict[tuple[str, int], dict[int, Environment]] = {}
+    for label, r in labelled:
+        envs.setdefault((label, r.devices), {}).setdefault(id(r.environment), r.environment)
+    names: dict[tuple[str, int, int], str] = {}
+    for (label, devices), by_id in envs.items():
+        if len(by_id) < 2:
+            continue
+        seen: dict[str, set[str]] = {}
+        for environment in by_id.values():
+            for attribute, value in environment:
+                seen.setdefault(attribute, set()).add(value)
+        differing = [a for a, values in seen.items() if len(values) > 1 and _makes_a_variant(a)]
+        if not differing:
+            continue
+        for env_id, environment in by_id.items():
+            values = dict(environment)
+            apart = ", ".join(f"{a} {values[a]}" for a in differing if a in values)
+            names[label, devices, env_id] = f"{label} [{apart}]" if apart else label
+    if not names:
+        return list(labelled)
+    return [(names.get((label, r.devices, id(r.environment)), label), r) for label, r in labelled]

@@ -109,6 +109,11 @@ class WorkloadKey:
     steps_per_epoch: int | None
     learning_rate: float
     identity: tuple[tuple[str, Value], ...]
+    # tensor/pipeline parallelism (accelbench.engine.parallel), None without: the mesh (sequence parallelism and a
+    # given placement marked), the pipeline's schedule (stages per rank marked) and microbatches
+    mesh: str | None = None
+    pp_schedule: str | None = None
+    microbatches: int | None = None
 
     @classmethod
     def of(cls, record: Any) -> WorkloadKey:
@@ -131,6 +136,7 @@ class WorkloadKey:
             steps_per_epoch=config.get("steps_per_epoch"),
             learning_rate=config["learning_rate"],
             identity=tuple(sorted(identity.items())),
+            **parallel_layout(config),
         )
 
     def value(self, axis: str) -> Value:
@@ -158,6 +164,12 @@ class WorkloadKey:
             "learning_rate": f"lr {self.learning_rate:g}",
         }
         parts.update({k: f"{k} {format_value(v)}" for k, v in self.identity})
+        if self.mesh is not None:
+            parts["mesh"] = f"mesh {self.mesh}"
+        if self.pp_schedule is not None:
+            parts["pp_schedule"] = f"{self.pp_schedule} schedule"
+        if self.microbatches is not None:
+            parts["microbatches"] = f"{self.microbatches} microbatches"
         if axis == "model":
             parts["model"] = self.workload
         elif axis == "workload":
@@ -175,12 +187,40 @@ class WorkloadKey:
         return out
 
 
+def parallel_layout(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The key's tensor/pipeline-parallel fields from a record's config (nothing for runs without a mesh): the
+    mesh, marked ``sp`` with sequence parallelism and ``@order`` with a placement given; for a pipeline, its
+    schedule (``v2``: stages per rank, where the schedule lets it vary) and microbatches."""
+    mesh = config.get("mesh")
+    if not mesh:
+        return {}
+    placement = config.get("placement") or "auto"
+    text = (
+        mesh
+        + (" sp" if config.get("sequence_parallel") else "")
+        + (f" @{placement}" if placement != "auto" else "")
+    )
+    if "pp=" not in mesh:
+        return {"mesh": text}
+    schedule = str(config.get("pp_schedule"))
+    virtual = config.get("virtual_stages") or 1
+    looped = schedule in ("interleaved-1f1b", "looped-bfs", "interleaved-zb")
+    return {
+        "mesh": text,
+        "pp_schedule": f"{schedule} v{virtual}" if looped else schedule,
+        "microbatches": config.get("microbatches"),
+    }
+
+
 CORE_AXES: tuple[str, ...] = tuple(f.name for f in fields(WorkloadKey) if f.name != "identity")
 _AXIS_ALIASES = {"lr": "learning_rate", "batch": "batch_size", "steps": "steps_per_epoch"}
 # the order a reader expects the values of an axis in, where it is not the natural (numeric, alphabetical) one
 _KNOWN_ORDER: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
-    "strategy": ("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"),
+    "strategy": (
+        *("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"),
+        *("tp", "pp", "mesh"),
+    ),
 }
 
 

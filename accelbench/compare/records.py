@@ -18,9 +18,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from accelbench.comm.records import CommRecord, comm_record_in
 from accelbench.compare.summary import Interner, RecordView, RunSummary, summarize
 from accelbench.errors import AccelbenchError, ResultFileError
-from accelbench.results import migrate, read_record
+from accelbench.results import MAX_RECORD_BYTES, migrate, read_record
 
 
 @dataclass
@@ -28,6 +29,9 @@ class RecordSet:
     """What reading a set of files and folders gave: a summary per run, and the files skipped with the reason."""
 
     records: list[RunSummary] = field(default_factory=list)
+    comm: list[tuple[str, CommRecord]] = field(
+        default_factory=list
+    )  # (file, record) of `accelbench comm` records
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     duplicates: list[Path] = field(default_factory=list)
 
@@ -72,12 +76,16 @@ def read_view(file: str) -> RecordView:
     """The fields compare uses of one result file, validated; :class:`ResultFileError` saying what is wrong."""
     try:
         with open(file, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_RECORD_BYTES + 1)
     except OSError as exc:
         raise ResultFileError(f"{Path(file)}: cannot read: {exc}") from exc
+    if len(data) > MAX_RECORD_BYTES:
+        raise ResultFileError(
+            f"{Path(file)}: far too large to be a result record (over {MAX_RECORD_BYTES} bytes)"
+        )
     try:
         return RecordView.model_validate_json(data)
-    except ValidationError:
+    except (ValidationError, RecursionError):
         pass
     # not a current-version record with the fields compare uses: find out why, or migrate an older version
     read_record(Path(file))  # raises ResultFileError naming what is wrong
@@ -104,10 +112,25 @@ def load_records(paths: Sequence[Path | str], strict: bool = False) -> RecordSet
         try:
             view = read_view(file)
         except ResultFileError as exc:
+            reason = exc
+            try:  # not a training run's record: perhaps collective bandwidth (`accelbench comm`)
+                comm = comm_record_in(Path(file))
+            except ResultFileError as comm_exc:
+                comm, reason = (
+                    None,
+                    comm_exc,
+                )  # it claims to be a comm record: why it is not one is the reason
+            if comm is not None:
+                if comm.run_id in seen:
+                    result.duplicates.append(Path(file))
+                else:
+                    seen.add(comm.run_id)
+                    result.comm.append((file, comm))
+                continue
             if strict:
-                raise
+                raise reason from None
             path = Path(file)
-            result.skipped.append((path, str(exc).removeprefix(f"{path}: ")))
+            result.skipped.append((path, str(reason).removeprefix(f"{path}: ")))
             continue
         if view.run_id in seen:
             result.duplicates.append(Path(file))

@@ -60,14 +60,14 @@ def fmt_mfu(cell: Cell) -> str:
 
 
 def fmt_vs_baseline(cell: Cell, comparison: Comparison, group: WorkloadGroup) -> str:
-    is_baseline = cell.value == group.baseline_value if group.axis else cell.system == comparison.baseline
+    is_baseline = cell.value == group.baseline_value if group.axis else cell.system == group.baseline_system
     if is_baseline:
         return "baseline"
     return "-" if cell.baseline is None else f"×{cell.baseline.speedup:.2f}"
 
 
-def fmt_vs_system(cell: Cell, comparison: Comparison) -> str:
-    if cell.system == comparison.baseline:
+def fmt_vs_system(cell: Cell, group: WorkloadGroup) -> str:
+    if cell.system == group.baseline_system:
         return "baseline"
     return "-" if cell.vs_system is None else f"×{cell.vs_system.speedup:.2f}"
 
@@ -79,6 +79,14 @@ def fmt_noise(cell: Cell) -> str:
     if r.verdict == "too few measurements":
         return f"can't tell ({r.measurements[0]} vs {r.measurements[1]} epochs)"
     return f"{'yes' if r.verdict == 'beyond noise' else 'no'} (p={r.p_value:.2g})"
+
+
+def fmt_bubble(cell: Cell) -> str:
+    """A pipeline's measured idle fraction, with the schedule's analytical bubble beside it where known."""
+    if cell.bubble is None:
+        return "-"
+    model = f" (model {cell.bubble_analytical.median:.0%})" if cell.bubble_analytical else ""
+    return f"{cell.bubble.median:.0%}{model}"
 
 
 def fmt_scaling(cell: Cell) -> str:
@@ -104,6 +112,8 @@ COLUMNS = (
 )
 ENERGY_COLUMN = "J/sample"
 VS_SYSTEM_COLUMN = "vs baseline system"
+MEGATRON_COLUMN = "TFLOP/s/dev"
+BUBBLE_COLUMN = "bubble"
 
 
 def columns(comparison: Comparison) -> list[str]:
@@ -117,6 +127,10 @@ def columns(comparison: Comparison) -> list[str]:
             out.insert(out.index("beyond noise?") + 1, VS_SYSTEM_COLUMN)
     if comparison.has_energy:
         out.insert(out.index("MFU") + 1, ENERGY_COLUMN)
+    if comparison.has_megatron:
+        out.insert(out.index("MFU") + 1, MEGATRON_COLUMN)
+    if comparison.has_bubble:
+        out.insert(out.index("MFU") + 1, BUBBLE_COLUMN)
     return out
 
 
@@ -127,21 +141,115 @@ def cell_row(cell: Cell, comparison: Comparison, group: WorkloadGroup) -> list[s
         "system": cell.system,
         "devices": str(cell.devices),
         "runs": cell.outcome_text(),
-        "steady epoch s": cell.failure() or fmt_spread(cell.epoch_s, " s"),
+        "steady epoch s": cell.failure()
+        or fmt_spread(cell.epoch_s, " s") + (" ⚠" if cell.contended_runs else ""),
         "samples/s": fmt_rate(cell.samples_per_s),
         "peak memory": fmt_memory(cell.peak_memory_bytes),
         "MFU": fmt_mfu(cell),
         ENERGY_COLUMN: fmt_energy(cell.joules_per_sample),
+        MEGATRON_COLUMN: "-"
+        if cell.megatron_tflops_per_device is None
+        else f"{cell.megatron_tflops_per_device.median:.3g}",
+        BUBBLE_COLUMN: fmt_bubble(cell),
         "compile s": fmt_spread(cell.compile_s, " s", 2) if cell.compile_s else "-",
         "speed ×": fmt_vs_baseline(cell, comparison, group),
         "memory ×": f"×{memory_ratio:.2f}" if memory_ratio is not None else "-",
         "beyond noise?": fmt_noise(cell),
-        VS_SYSTEM_COLUMN: fmt_vs_system(cell, comparison),
+        VS_SYSTEM_COLUMN: fmt_vs_system(cell, group),
         "scaling": fmt_scaling(cell),
     }
     if comparison.axis:
         text[comparison.axis] = format_value(cell.value, comparison.axis)
     return [text[name] for name in columns(comparison)]
+
+
+SPLIT_CATEGORIES = ("data", "optimizer", "communication", "kernel", "intra-op dispatch", "inter-op dispatch")
+
+
+def split_rows(group: WorkloadGroup) -> list[list[str]]:
+    """``run --profile`` breakdowns of a group's cells side by side (header first): the profiled step in ms and
+    each category's share; empty when no cell was profiled."""
+    cells = [c for c in group.cells if c.step_split]
+    if not cells:
+        return []
+    header = ["system", "devices", "step ms", *SPLIT_CATEGORIES]
+    rows = [header]
+    for cell in cells:
+        split = cell.step_split or {}
+        step = sum(split.values())
+        rows.append(
+            [cell.system, str(cell.devices), f"{step * 1e3:.1f}"]
+            + [f"{split.get(name, 0.0) / step:.0%}" if step else "-" for name in SPLIT_CATEGORIES]
+        )
+    return rows
+
+
+def _error(predicted: float | None, measured: float | None) -> str:
+    return f"{predicted / measured - 1:+.0%}" if predicted is not None and measured else "-"
+
+
+def prediction_rows(group: WorkloadGroup) -> list[list[str]]:
+    """The analytical model's predictions stored in the records against what the runs measured (header first):
+    step time, peak memory per device, and speedup over the series' smallest device count; empty when no record
+    carries a prediction."""
+    cells = [c for c in group.cells if c.predicted_step_s or c.predicted_peak_bytes]
+    if not cells:
+        return []
+
+    def ms(s: Spread | None) -> str:
+        return f"{s.median * 1e3:.1f}" if s else "-"
+
+    def mib(s: Spread | None) -> str:
+        return f"{s.median / 2**20:,.0f}" if s else "-"
+
+    def median(s: Spread | None) -> float | None:
+        return s.median if s else None
+
+    rows = [
+        ["system", "devices", "step ms pred.", "measured", "error", "peak MiB pred.", "measured", "error",
+         "speedup pred.", "measured"]
+    ]  # fmt: skip
+    for cell in cells:
+        scaling = cell.scaling
+        rows.append(
+            [
+                cell.system,
+                str(cell.devices),
+                ms(cell.predicted_step_s),
+                ms(cell.step_s),
+                _error(median(cell.predicted_step_s), median(cell.step_s)),
+                mib(cell.predicted_peak_bytes),
+                mib(cell.peak_memory_bytes),
+                _error(median(cell.predicted_peak_bytes), median(cell.peak_memory_bytes)),
+                f"{scaling.predicted_speedup:.2f}x" if scaling and scaling.predicted_speedup else "-",
+                f"{scaling.speedup:.2f}x" if scaling else "-",
+            ]
+        )
+    return rows
+
+
+def _narrowed(rows: list[list[str]]) -> list[list[str]]:
+    """A terminal's prediction table without the columns that say nothing (one device count, no scaling series),
+    under short headers, so that it fits 80 columns."""
+    if not rows:
+        return rows
+    header, body = rows[0], rows[1:]
+    drop = set()
+    if len({row[1] for row in body}) == 1:
+        drop.add(1)  # devices
+    if all(row[8] == "-" for row in body):
+        drop.update((8, 9))  # no scaling series: no speedups
+    names = {
+        2: "ms pred.",
+        3: "ms meas.",
+        4: "error",
+        5: "MiB pred.",
+        6: "MiB meas.",
+        8: "×n pred.",
+        9: "×n meas.",
+    }
+    header = [names.get(i, name) for i, name in enumerate(header)]
+    return [[v for i, v in enumerate(row) if i not in drop] for row in [header, *body]]
 
 
 def notes(comparison: Comparison) -> list[str]:
@@ -163,6 +271,11 @@ def notes(comparison: Comparison) -> list[str]:
     out = [
         f"{against} Epoch time = median of the steady epochs (after the warm-up) of all successful runs, ± half "
         "their range.",
+        *(
+            f"{group.describe()}: {group.baseline_note}."
+            for group in comparison.groups
+            if group.baseline_note
+        ),
         f"beyond noise? = two-sided Mann-Whitney test of these steady epoch times against the baseline's: yes when "
         f"p < {comparison.alpha:g}; can't tell when so few epochs could never reach that (run more epochs or "
         "--repeats).",
@@ -170,6 +283,21 @@ def notes(comparison: Comparison) -> list[str]:
     if comparison.has_energy:
         out.append(
             f"{ENERGY_COLUMN} = joules per sample over the steady epochs, from the devices' energy counters."
+        )
+    if comparison.has_megatron:
+        out.append(
+            f"{MEGATRON_COLUMN} = achieved TFLOP/s per device by Megatron's FLOP count (72 B s l h^2 (1 + s/6h + "
+            "V/12lh) per iteration), as seed 003 reports it."
+        )
+    if comparison.has_bubble:
+        out.append(
+            f"{BUBBLE_COLUMN} = the pipeline's measured idle fraction of a step (bubble plus unhidden "
+            "communication), with the schedule's analytical (p-1)/(v m + p-1) beside it."
+        )
+    if any(c.contended_runs for c in comparison.cells):
+        out.append(
+            "⚠ / contended = the host was busy while a run measured (its threads waited for a core 10% or more "
+            "of the time they were ready to run): its figures understate the system; rerun on an idle node."
         )
     return out
 
@@ -179,22 +307,99 @@ def notes(comparison: Comparison) -> list[str]:
 # --------------------------------------------------------------------------------------------------------------
 
 _LEFT = ("system", "runs", "beyond noise?")
+_WRAPPING = {
+    "system": 16,
+    "runs": 8,
+    "beyond noise?": 12,
+}  # columns that may wrap, and how narrow they may get
+# what goes first when a table is wider than the terminal: the least asked-for figures; the ratios, the verdict
+# and the epoch time stay (a ratio is never cut, wrapped or dropped)
+DROP_ORDER = (
+    "scaling",
+    "compile s",
+    ENERGY_COLUMN,
+    BUBBLE_COLUMN,
+    "memory ×",
+    "MFU",
+    MEGATRON_COLUMN,
+    "peak memory",
+    "runs",
+    "devices",
+)
 
 
-def render_table(comparison: Comparison, console: Console) -> None:
-    """Terminal tables (rich): one per workload, then the environment differences."""
+def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> list[str]:
+    """The columns that fit ``width`` terminal columns: all of them if they fit (wrapping the columns that may
+    wrap), else without the first of :data:`DROP_ORDER` until they do."""
+    natural = {h: max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)}
+    least = {h: min(natural[h], _WRAPPING[h]) if h in _WRAPPING else natural[h] for h in header}
+    kept = list(header)
+    for name in DROP_ORDER:
+        if sum(least[h] + 3 for h in kept) + 1 <= width:
+            break
+        if name in kept:
+            kept.remove(name)
+    return kept
+
+
+def render_table(comparison: Comparison, console: Console, wide: bool = False) -> None:
+    """Terminal tables (rich): one per workload, then the environment differences. The tables fit the console's
+    width by leaving out the least asked-for columns (said under them); ``wide`` keeps every column."""
     header = columns(comparison)
+    rows = {id(g): [cell_row(c, comparison, g) for c in g.cells] for g in comparison.groups}
+    every_row = [row for group_rows in rows.values() for row in group_rows]
+    kept = header if wide else fitting_columns(header, every_row, console.width)
+    needed = sum(max([len(h), *(len(r[i]) for r in every_row)]) + 3 for i, h in enumerate(header)) + 1
+    if wide and needed > console.width:  # every column at full width, however wide the terminal is
+        console = Console(file=console.file, width=needed, force_terminal=console.is_terminal)
     for group in comparison.groups:
-        table = Table(title=Text(group.describe()), title_justify="left", show_lines=False)
-        for name in header:
+        table = Table(
+            title=Text(group.describe()),
+            title_justify="left",
+            show_lines=False,
+            caption=Text(group.baseline_note) if group.baseline_note else None,
+            caption_justify="left",
+        )
+        for name in kept:
             table.add_column(
                 name,
                 justify="left" if name in _LEFT or name == comparison.axis else "right",
-                min_width=24 if name == "system" else None,
+                no_wrap=name not in _WRAPPING,
+                overflow="fold",
             )
-        for cell in group.cells:
-            table.add_row(*(Text(v) for v in cell_row(cell, comparison, group)))
+        for row in rows[id(group)]:
+            table.add_row(*(Text(row[header.index(name)]) for name in kept))
         console.print(table)
+        split = split_rows(group)
+        if split:
+            breakdown = Table(title=Text("where a step's time goes (run --profile)"), title_justify="left")
+            for name in split[0]:
+                breakdown.add_column(name, justify="left" if name == "system" else "right")
+            for row in split[1:]:
+                breakdown.add_row(*(Text(v) for v in row))
+            console.print(breakdown)
+        predicted = _narrowed(prediction_rows(group))
+        if predicted:
+            against = Table(
+                title=Text("predicted (accelbench estimate's model) against measured"), title_justify="left"
+            )
+            for name in predicted[0]:
+                if name == "system":
+                    against.add_column(name, justify="left", min_width=10, overflow="fold")
+                else:
+                    against.add_column(name, justify="right")
+            for row in predicted[1:]:
+                against.add_row(*(Text(v) for v in row))
+            console.print(against)
+    left_out = [h for h in header if h not in kept]
+    if left_out:
+        console.print(
+            Text(
+                f"left out to fit {console.width} columns: {', '.join(left_out)} (--wide shows every column; "
+                "--format csv or json carries every figure)"
+            ),
+            style="yellow",
+        )
     if comparison.environment:
         env = Table(title="what differs between the environments", title_justify="left")
         env.add_column("attribute")
@@ -223,6 +428,20 @@ def to_markdown(comparison: Comparison) -> str:
         for cell in group.cells:
             lines.append("| " + " | ".join(_md(v) for v in cell_row(cell, comparison, group)) + " |")
         lines.append("")
+        split = split_rows(group)
+        if split:
+            lines += ["Where a step's time goes (run --profile):", ""]
+            lines.append("| " + " | ".join(split[0]) + " |")
+            lines.append("|" + "|".join("---" for _ in split[0]) + "|")
+            lines += ["| " + " | ".join(_md(v) for v in row) + " |" for row in split[1:]]
+            lines.append("")
+        predicted = prediction_rows(group)
+        if predicted:
+            lines += ["Predicted (accelbench estimate's model) against measured:", ""]
+            lines.append("| " + " | ".join(predicted[0]) + " |")
+            lines.append("|" + "|".join("---" for _ in predicted[0]) + "|")
+            lines += ["| " + " | ".join(_md(v) for v in row) + " |" for row in predicted[1:]]
+            lines.append("")
     lines += ["## What differs between the environments", ""]
     if comparison.environment:
         lines.append("| attribute | " + " | ".join(_md(s) for s in comparison.systems) + " |")
@@ -255,6 +474,7 @@ CSV_FIELDS = (
     "runs_oom",
     "runs_error",
     "runs_interrupted",
+    "runs_contended",
     "epoch_s_median",
     "epoch_s_min",
     "epoch_s_max",
@@ -264,6 +484,9 @@ CSV_FIELDS = (
     "peak_memory_bytes",
     "mfu",
     "joules_per_sample",
+    "megatron_tflops_per_device",
+    "bubble",
+    "bubble_analytical",
     "compile_s",
     "warmup_s",
     "baseline",
@@ -276,6 +499,10 @@ CSV_FIELDS = (
     "scaling_base_devices",
     "scaling_speedup",
     "scaling_efficiency",
+    "step_s",
+    "predicted_step_s",
+    "predicted_peak_memory_bytes",
+    "predicted_scaling_speedup",
 )
 
 
@@ -283,7 +510,7 @@ def baseline_of(comparison: Comparison, group: WorkloadGroup) -> str:
     """What a group's ratios are against: the baseline system, or ``axis=value`` along an axis."""
     if group.axis:
         return f"{group.axis}={format_value(group.baseline_value, group.axis)}"
-    return comparison.baseline
+    return group.baseline_system
 
 
 def _median(s: Spread | None) -> float | None:
@@ -306,6 +533,7 @@ def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dic
         "runs_oom": counts.get("oom", 0),
         "runs_error": counts.get("error", 0),
         "runs_interrupted": counts.get("interrupted", 0),
+        "runs_contended": cell.contended_runs,
         "epoch_s_median": _median(epoch),
         "epoch_s_min": epoch.low if epoch else None,
         "epoch_s_max": epoch.high if epoch else None,
@@ -315,6 +543,9 @@ def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dic
         "peak_memory_bytes": _median(cell.peak_memory_bytes),
         "mfu": _median(cell.mfu),
         "joules_per_sample": _median(cell.joules_per_sample),
+        "megatron_tflops_per_device": _median(cell.megatron_tflops_per_device),
+        "bubble": _median(cell.bubble),
+        "bubble_analytical": _median(cell.bubble_analytical),
         "compile_s": _median(cell.compile_s),
         "warmup_s": _median(cell.warmup_s),
         "baseline": baseline_of(comparison, group),
@@ -327,6 +558,10 @@ def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dic
         "scaling_base_devices": scaling.base_devices if scaling else None,
         "scaling_speedup": scaling.speedup if scaling else None,
         "scaling_efficiency": scaling.efficiency if scaling else None,
+        "step_s": _median(cell.step_s),
+        "predicted_step_s": _median(cell.predicted_step_s),
+        "predicted_peak_memory_bytes": _median(cell.predicted_peak_bytes),
+        "predicted_scaling_speedup": scaling.predicted_speedup if scaling else None,
     }
 
 
@@ -351,6 +586,17 @@ def cell_json(cell: Cell) -> dict[str, Any]:
         "devices": cell.devices,
         "value": cell.value,
         "outcomes": cell.status_counts(),
+        "contended_runs": cell.contended_runs,
+        "step_split_s": cell.step_split,
+        "step_s": _spread(cell.step_s),
+        "predicted": {
+            "step_s": _spread(cell.predicted_step_s),
+            "comm_exposed_s": _spread(cell.predicted_comm_s),
+            "peak_memory_bytes": _spread(cell.predicted_peak_bytes),
+            "speedup": cell.scaling.predicted_speedup if cell.scaling else None,
+        }
+        if cell.predicted_step_s or cell.predicted_peak_bytes
+        else None,
         "failure": cell.failure(),
         "epoch_s": _spread(cell.epoch_s),
         "samples_per_s": _spread(cell.samples_per_s),
@@ -358,6 +604,9 @@ def cell_json(cell: Cell) -> dict[str, Any]:
         "peak_memory_bytes": _spread(cell.peak_memory_bytes),
         "mfu": _spread(cell.mfu),
         "joules_per_sample": _spread(cell.joules_per_sample),
+        "megatron_tflops_per_device": _spread(cell.megatron_tflops_per_device),
+        "bubble": _spread(cell.bubble),
+        "bubble_analytical": _spread(cell.bubble_analytical),
         "compile_s": _spread(cell.compile_s),
         "warmup_s": _spread(cell.warmup_s),
         "vs_baseline": cell.baseline.as_dict() if cell.baseline else None,
@@ -374,6 +623,8 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "vs": group.axis,
             "baseline": baseline_of(comparison, group),
             "baseline_value": group.baseline_value,
+            "baseline_system": group.baseline_system,
+            "baseline_note": group.baseline_note,
             "cells": [cell_json(cell) for cell in group.cells],
         }
         for group in comparison.groups
@@ -391,7 +642,7 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
-def render(comparison: Comparison, fmt: str) -> str:
+def render(comparison: Comparison, fmt: str, wide: bool = True) -> str:
     """The comparison as text in one of :data:`FORMATS` (``table`` renders rich tables to plain text)."""
     if fmt == "markdown":
         return to_markdown(comparison)
@@ -401,6 +652,6 @@ def render(comparison: Comparison, fmt: str) -> str:
         return json.dumps(to_json(comparison), indent=2) + "\n"
     if fmt == "table":
         console = Console(file=io.StringIO(), width=200, force_terminal=False, color_system=None)
-        render_table(comparison, console)
+        render_table(comparison, console, wide=wide)
         return console.file.getvalue()  # type: ignore[attr-defined]
     raise AccelbenchError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")

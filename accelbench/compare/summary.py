@@ -11,6 +11,7 @@ benchmarks/compare_scale.py).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,12 @@ class _ConfigView(_View):
     compile: bool = _as_in_run_config("compile")
     threads: int | None = _as_in_run_config("threads")
     backend_options: dict[str, Scalar] = _as_in_run_config("backend_options")
+    mesh: str | None = _as_in_run_config("mesh")
+    placement: str = _as_in_run_config("placement")
+    pp_schedule: str = _as_in_run_config("pp_schedule")
+    microbatches: int | None = _as_in_run_config("microbatches")
+    virtual_stages: int | None = _as_in_run_config("virtual_stages")
+    sequence_parallel: bool = _as_in_run_config("sequence_parallel")
 
 
 class _System(_View):
@@ -101,6 +108,7 @@ class _Precision(_View):
 
 class _Epoch(_View):
     wall_s: float
+    steps: int = 0
     samples_per_s: float
     tokens_per_s: float
     joules_per_sample: float | None = None
@@ -108,10 +116,15 @@ class _Epoch(_View):
 
 class _Steady(_View):
     mfu: float | None
+    megatron_tflops_per_device: float | None = None
 
 
 class _Source(_View):
     source: str
+
+
+class _Host(_View):
+    contended: bool
 
 
 class _Metrics(_View):
@@ -122,6 +135,18 @@ class _Metrics(_View):
     memory: _Source | None
     peak_memory_max_bytes: int | None
     peak: _Source | None
+    host: _Host | None = None
+
+
+class _Profile(_View):
+    step_s: float
+    seconds: dict[str, float]
+
+
+class _Prediction(_View):
+    step_time_s: float | None = None
+    comm_exposed_s: float | None = None
+    peak_memory_bytes: float | None = None
 
 
 class RecordView(_View):
@@ -145,6 +170,8 @@ class RecordView(_View):
     nodes: int = 1
     launcher: str = "none"
     metrics: _Metrics | None
+    profile: _Profile | None = None
+    prediction: _Prediction | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +205,17 @@ class RunFigures:
     mfu: float | None
     compile_s: float | None
     warmup_s: float | None
+    contended: bool = False  # the host was busy while it ran: its figures understate the system
+    megatron_tflops_per_device: float | None = None  # achieved TFLOP/s per device, Megatron's count
+    bubble: float | None = None  # a pipeline's measured idle fraction (executor.pipeline.bubble)
+    bubble_analytical: float | None = None  # ... and the schedule's analytical bubble
+    step_split: tuple[tuple[str, float], ...] | None = None  # run --profile: seconds per category of a step
+    step_s: float | None = None  # measured: the steady epochs' median over an epoch's steps
+    predicted_step_s: float | None = (
+        None  # the analytical model's, stored in the record (accelbench estimate)
+    )
+    predicted_comm_s: float | None = None  # ... its exposed communication per step
+    predicted_peak_bytes: float | None = None  # ... its peak memory per device
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,13 +255,33 @@ class Interner:
         return self._pool.setdefault(value, value)
 
 
+def _bubble(executor: dict[str, Any]) -> dict[str, float | None]:
+    """A pipeline's measured and analytical bubble from the record's executor facts (none for other runs)."""
+    bubble = (executor.get("pipeline") or {}).get("bubble") or {}
+    measured, analytical = bubble.get("measured"), bubble.get("analytical")
+    return {
+        "bubble": float(measured) if isinstance(measured, (int, float)) else None,
+        "bubble_analytical": float(analytical) if isinstance(analytical, (int, float)) else None,
+    }
+
+
+def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
+    if prediction is None:
+        return {}
+    return {
+        "predicted_step_s": prediction.step_time_s,
+        "predicted_comm_s": prediction.comm_exposed_s,
+        "predicted_peak_bytes": prediction.peak_memory_bytes,
+    }
+
+
 def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
     """The summary of one validated record."""
     c, s, b = view.config, view.system, view.backend
     metrics = view.metrics
     figures = None
     if metrics is not None:
-        steady = metrics.epochs[1:]  # epoch 0 is the warm-up
+        steady = metrics.epochs[1:]  # the first epoch is the warm-up
         figures = RunFigures(
             epoch_s=tuple(e.wall_s for e in steady),
             samples_per_s=tuple(e.samples_per_s for e in steady),
@@ -233,6 +291,14 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             mfu=metrics.steady.mfu if metrics.steady else None,
             compile_s=metrics.compile_s,
             warmup_s=metrics.warmup.wall_s if metrics.warmup else None,
+            contended=bool(metrics.host and metrics.host.contended),
+            megatron_tflops_per_device=metrics.steady.megatron_tflops_per_device if metrics.steady else None,
+            **_bubble(view.executor),
+            step_split=tuple(view.profile.seconds.items()) if view.profile else None,
+            step_s=statistics.median(e.wall_s for e in steady) / metrics.epochs[-1].steps
+            if steady and metrics.epochs[-1].steps
+            else None,
+            **_predicted(view.prediction),
         )
     system = SystemFacts(
         host=s.host,

@@ -43,9 +43,10 @@ class DeepSpeedExecutor(Executor):
 
     def ds_config(self, job: TrainingJob) -> dict[str, Any]:
         name = self.request.precision.name
+        parts = self.request.config.grad_accum
         config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": self.request.config.batch_size,
-            "gradient_accumulation_steps": 1,
+            "train_micro_batch_size_per_gpu": self.request.config.batch_size // parts,
+            "gradient_accumulation_steps": parts,
             "zero_optimization": {"stage": self.stage},
             "steps_per_print": 2**31 - 1,  # no logging inside timed epochs
             "wall_clock_breakdown": False,
@@ -64,13 +65,25 @@ class DeepSpeedExecutor(Executor):
         model = job.model.to(self.request.device).train()
         optimizer = job.make_optimizer(model, self.request.device)
         self.config = self.ds_config(job)
+        if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            # ZeRO shards any torch optimizer's state, but asks to be told for those outside its tested list (the
+            # image workloads' SGD and RMSprop)
+            self.config["zero_allow_untested_optimizer"] = True
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.engine(inputs, targets)
-        self.engine.backward(loss)
-        self.engine.step()
-        return loss.detach()
+        """One batch as ``gradient_accumulation_steps`` micro-batches: DeepSpeed divides each micro-batch's loss
+        by that count in ``backward`` and applies the optimizer step only at the boundary (the last ``step``)."""
+        parts = min(self.request.config.grad_accum, inputs.shape[0])
+        total: torch.Tensor | None = None
+        for x, y in zip(inputs.tensor_split(parts), targets.tensor_split(parts), strict=True):
+            loss = self.engine(x, y)
+            self.engine.backward(loss)
+            self.engine.step()
+            share = loss.detach() * (x.shape[0] / inputs.shape[0])
+            total = share if total is None else total + share
+        assert total is not None
+        return total
 
     def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
         if requested.name == "fp32":
@@ -94,7 +107,8 @@ class DeepSpeedExecutor(Executor):
             "zero_stage": self.stage,
             "deepspeed_version": deepspeed.__version__,
             "deepspeed_config": getattr(self, "config", None),
-            "optimizer": "AdamW (client optimizer, wrapped by ZeRO)",
+            "optimizer": "the workload's optimizer (client optimizer, wrapped by ZeRO)",
+            "grad_accum": self.request.config.grad_accum,
         }
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ the model's attributes.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, cast
 
 import torch
 
@@ -22,6 +23,10 @@ class DDPExecutor(TorchExecutor):
 
         ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        """DDP all-reduces during backward: every micro-batch but the last accumulates locally (``no_sync``)."""
+        return contextlib.nullcontext() if last else cast(Any, self.model).no_sync()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "strategy": "ddp"}
@@ -39,6 +44,13 @@ class FSDPExecutor(TorchExecutor):
             fully_shard(unit)
         fully_shard(model)  # the rest (the stem, the head and parameters tied between them) as the root unit
         return model
+
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        """FSDP2 reduce-scatters during backward: with ``--grad-accum``, only the last micro-batch of a batch does
+        (the others accumulate unsharded gradients, FSDP2's ``set_requires_gradient_sync``)."""
+        if self.request.config.grad_accum > 1:
+            cast(Any, self.model).set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -61,6 +73,10 @@ def executor_for(request: ExecutorRequest) -> Executor | None:
         return DDPExecutor(request)
     if strategy == "fsdp":
         return FSDPExecutor(request)
+    if strategy in ("tp", "pp", "mesh"):
+        from accelbench.engine.parallel.executor import ParallelExecutor
+
+        return ParallelExecutor(request)
     if strategy.startswith("deepspeed-zero"):
         from accelbench.engine.deepspeed import DeepSpeedExecutor
 

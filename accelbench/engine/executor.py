@@ -12,13 +12,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from accelbench.config import RunConfig
 from accelbench.precision import PrecisionPlan
 from accelbench.workloads import ModelUnits, TrainingJob
+
+if TYPE_CHECKING:
+    from accelbench.engine.metrics import RankLog
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,17 @@ class ExecutorRequest:
     @property
     def strategy(self) -> str:
         return self.config.strategy
+
+
+@dataclass(frozen=True)
+class DataShard:
+    """Which share of each epoch's batches a process trains on (``index`` of ``count``), and whether its samples
+    count toward the run's throughput. Data parallelism gives every rank its own share; the ranks that together
+    hold one copy of the model (tensor- or pipeline-parallel) train on the same share, and one of them counts it."""
+
+    index: int
+    count: int
+    counts_samples: bool = True
 
 
 class Executor(ABC):
@@ -91,6 +105,19 @@ class Executor(ABC):
 
     def close(self) -> None:
         """Release the device (detach IPUs, destroy process groups the executor created)."""
+
+    def data_shard(self, world: World) -> DataShard:
+        """This process's share of the data (see :class:`DataShard`); every rank its own by default."""
+        return DataShard(world.rank, world.world_size)
+
+    def rank_facts(self) -> dict[str, Any]:
+        """What this rank measured that the record needs from every rank (a pipeline rank's idle time), as plain
+        data. The runner sends it to rank 0 with the rank's log, after training."""
+        return {}
+
+    def add_rank_logs(self, logs: list[RankLog]) -> None:
+        """On rank 0, before :meth:`describe`: every rank's log (its measurements and ``executor_facts``, what
+        :meth:`rank_facts` returned there), or rank 0's alone when another rank failed."""
 
 
 # torch.compile modes that capture CUDA graphs (inductor's cudagraph trees)
@@ -148,6 +175,8 @@ class TorchExecutor(Executor):
         if not self.request.config.compile:
             return None
         start = time.perf_counter()
+        parts = self.request.config.grad_accum  # training runs micro-batches: compile for their shape
+        inputs, targets = inputs.tensor_split(parts)[0], targets.tensor_split(parts)[0]
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with self._autocast:
@@ -158,25 +187,49 @@ class TorchExecutor(Executor):
         return time.perf_counter() - start
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self._cuda_graphs:  # a new step: the graphs' outputs of the last one may be overwritten
-            torch.compiler.cudagraph_mark_step_begin()
-        with self._autocast:
-            loss = self._step_model(inputs, targets)
+        loss = self._backward(inputs, targets)
         if self._scaler is not None:
-            self._scaler.scale(loss).backward()
             if self._clip is not None:
                 self._scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._clip, foreach=True)
             self._scaler.step(self.optimizer)
             self._scaler.update()
         else:
-            loss.backward()
             if self._clip is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._clip, foreach=True)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         # a CUDA graph's output lives in memory the next replay overwrites: the runner keeps every step's loss
-        return loss.detach().clone() if self._cuda_graphs else loss.detach()
+        return loss.clone() if self._cuda_graphs else loss
+
+    def _backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one batch, as ``--grad-accum`` micro-batches whose gradients add up in
+        ``.grad``; returns the batch's loss (detached). Each micro-batch's loss is weighted by its share of the
+        batch, so the summed gradient and the returned loss are those of the whole batch (a mean loss)."""
+        parts = min(self.request.config.grad_accum, inputs.shape[0])  # an epoch's last batch may be smaller
+        pieces = (
+            zip(inputs.tensor_split(parts), targets.tensor_split(parts), strict=True)
+            if parts > 1
+            else [(inputs, targets)]
+        )
+        total: torch.Tensor | None = None
+        for index, (x, y) in enumerate(pieces):
+            with self.gradient_sync(last=index == parts - 1):
+                if self._cuda_graphs:  # a new replay: the graphs' outputs of the last one may be overwritten
+                    torch.compiler.cudagraph_mark_step_begin()
+                with self._autocast:
+                    loss = self._step_model(x, y)
+                if parts > 1:
+                    loss = loss * (x.shape[0] / inputs.shape[0])
+                (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        assert total is not None
+        return total
+
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        """Where gradients are reduced across ranks: strategies that reduce during backward (DDP, FSDP) skip it
+        for every micro-batch but the ``last`` of a batch. A single device has nothing to reduce."""
+        return contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         optimizer = getattr(self, "optimizer", None)  # absent when setup failed
@@ -190,4 +243,6 @@ class TorchExecutor(Executor):
             "fused_optimizer": bool(defaults.get("fused")),
             "grad_clip_norm": self._clip,
             "loss_scaler": "GradScaler" if self._scaler is not None else None,
+            "grad_accum": self.request.config.grad_accum,
+            "micro_batch": self.request.config.batch_size // self.request.config.grad_accum,
         }

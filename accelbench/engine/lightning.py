@@ -8,6 +8,7 @@ the native engine, so the difference between the two records is the framework's 
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -56,10 +57,19 @@ class LightningExecutor(Executor):
             )
         if request.strategy == "fsdp" and device_type == "cpu":
             raise ConfigError("Lightning's FSDP strategy refuses CPU; use --engine native for fsdp on CPU")
+        if request.strategy.startswith("deepspeed-") and request.config.grad_accum > 1:
+            raise ConfigError(
+                "--grad-accum with --engine lightning and a deepspeed strategy: Fabric leaves DeepSpeed's own "
+                "accumulation unconfigured; use --engine native (which sets gradient_accumulation_steps)"
+            )
         self.request = request
         self.fabric: Any = None
 
     def setup(self, job: TrainingJob) -> None:
+        if importlib.util.find_spec("torchvision") is not None:
+            from accelbench.workloads.vision.library import load_torchvision
+
+            load_torchvision()  # Lightning's metrics import torchvision: a build for another torch must not break it
         from lightning.fabric import Fabric
 
         request = self.request
@@ -78,13 +88,25 @@ class LightningExecutor(Executor):
         self._clip = job.grad_clip_norm
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.model(inputs, targets)
-        self.fabric.backward(loss)
+        """With ``--grad-accum``, micro-batches weighted by their share of the batch, gradient reduction skipped
+        for all but the last (Fabric's ``no_backward_sync``), one optimizer step."""
+        parts = min(self.request.config.grad_accum, inputs.shape[0])
+        total: torch.Tensor | None = None
+        for index, (x, y) in enumerate(
+            zip(inputs.tensor_split(parts), targets.tensor_split(parts), strict=True)
+        ):
+            last = index == parts - 1
+            sync = self.fabric.no_backward_sync(self.model, enabled=not last) if parts > 1 else nullcontext()
+            with sync:
+                loss = self.model(x, y) * (x.shape[0] / inputs.shape[0]) if parts > 1 else self.model(x, y)
+                self.fabric.backward(loss)
+            total = loss.detach() if total is None else total + loss.detach()
+        assert total is not None
         if self._clip is not None:
             self.fabric.clip_gradients(self.model, self.optimizer, max_norm=self._clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return total
 
     def describe(self) -> dict[str, Any]:
         import lightning
@@ -96,4 +118,5 @@ class LightningExecutor(Executor):
             "lightning_strategy": STRATEGY[self.request.strategy],
             "lightning_precision": PRECISION[self.request.precision.name],
             "strategy": self.request.strategy,
+            "grad_accum": self.request.config.grad_accum,
         }

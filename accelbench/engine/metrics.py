@@ -11,11 +11,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+from accelbench.config import AUTO_MAX_EPOCHS, AUTO_TOLERANCE, MIN_STEADY_EPOCHS
 from accelbench.devices import MemoryStats, PeakFigures
-from accelbench.results import EpochMetrics, Metrics, RankMetrics, SteadyState
+from accelbench.results import EpochMetrics, HostContention, Metrics, RankMetrics, SteadyState
 
 STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median rank's by 10%
+CONTENTION_THRESHOLD = (
+    0.10  # a run whose threads waited for a core 10% of their runnable time shared its host
+)
 
 
 @dataclass
@@ -33,6 +38,75 @@ class RankLog:
     epoch_energy_j: list[float | None] = field(default_factory=list)
     energy_domain: str | None = None  # the counter the joules come from (shared counters are summed once)
     energy_source: str | None = None
+    epoch_cpu_s: list[float] = field(default_factory=list)  # CPU seconds of this rank's process
+    epoch_cpu_wait_s: list[float | None] = field(default_factory=list)  # its threads' waits for a core
+    epoch_load: list[float | None] = field(
+        default_factory=list
+    )  # the host's 1-minute load at the epoch's end
+    executor_facts: dict[str, Any] = field(
+        default_factory=dict
+    )  # Executor.rank_facts(): e.g. a pipeline's idle time
+
+
+MIN_STEADY = MIN_STEADY_EPOCHS
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How many epochs a run trains: ``fixed`` (``--epochs N``), or, with ``fixed=None`` (``--epochs auto``), a
+    warm-up and then steady epochs until the last :data:`MIN_STEADY` agree within :data:`AUTO_TOLERANCE`, at most
+    :data:`AUTO_MAX_EPOCHS`. Every rank decides from the same epoch times (the slowest rank's), so all stop together.
+    """
+
+    fixed: int | None
+
+    @classmethod
+    def of(cls, epochs: int | str) -> EpochPlan:
+        return cls(None if epochs == "auto" else int(epochs))
+
+    @property
+    def limit(self) -> int:
+        return self.fixed if self.fixed is not None else AUTO_MAX_EPOCHS
+
+    def expected(self, done: int) -> int:
+        """The epochs to expect once ``done`` have completed (for progress and ETA)."""
+        return self.fixed if self.fixed is not None else max(1 + MIN_STEADY, done + 1)
+
+    def stop_after(self, walls: list[float]) -> bool:
+        """Whether the run has its epochs, given the epoch times so far (slowest rank's)."""
+        if self.fixed is not None or len(walls) >= self.limit:
+            return len(walls) >= self.limit
+        return len(walls) >= 1 + MIN_STEADY and spread(walls[-MIN_STEADY:]) <= AUTO_TOLERANCE
+
+    def decision(self, walls: list[float], ended_early: bool) -> str:
+        """How the number of epochs was decided, in words, for the record."""
+        steady = max(0, len(walls) - 1)
+        if ended_early:
+            return f"ended early after {len(walls)} epoch(s) ({steady} steady)"
+        if self.fixed is not None:
+            text = f"fixed: --epochs {self.fixed}"
+            if steady < MIN_STEADY:
+                text += (
+                    f"; {steady} steady epoch(s) are too few for compare's noise test, which needs {MIN_STEADY} "
+                    "per run (or repeats) to tell two runs apart"
+                )
+            return text
+        last = spread(walls[-MIN_STEADY:])
+        if last <= AUTO_TOLERANCE:
+            return (
+                f"auto: the last {MIN_STEADY} steady epochs agreed within +-{last:.1%} (tolerance "
+                f"+-{AUTO_TOLERANCE:.0%}) after {len(walls)} epochs"
+            )
+        return (
+            f"auto: stopped at the limit of {self.limit} epochs; the last {MIN_STEADY} steady epochs spread "
+            f"+-{last:.1%} (tolerance +-{AUTO_TOLERANCE:.0%}): the timing is noisy"
+        )
+
+
+def spread(values: list[float]) -> float:
+    """Half the range over the median (the +- compare shows)."""
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / 2 / middle if middle else 0.0
 
 
 @dataclass(frozen=True)
@@ -42,15 +116,19 @@ class WorkCounts:
     flops_per_sample: float
     flops_formula: str
     tokens_per_sample: int
+    megatron_flops_per_sample: float | None = None  # transformer workloads: Megatron-LM's count (seed 002)
 
 
 def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> EpochMetrics:
-    """One epoch over all ranks."""
+    """One epoch over all ranks; ``epoch`` indexes the logs (from 0), the record counts epochs from 1."""
     wall = max(log.epoch_wall_s[epoch] for log in logs)
     samples = sum(log.epoch_samples[epoch] for log in logs)
     energy = epoch_energy(epoch, logs)
+    cpu = [log.epoch_cpu_s[epoch] for log in logs if epoch < len(log.epoch_cpu_s)]
+    waits = [log.epoch_cpu_wait_s[epoch] for log in logs if epoch < len(log.epoch_cpu_wait_s)]
+    loads = [log.epoch_load[epoch] for log in logs if epoch < len(log.epoch_load)]
     return EpochMetrics(
-        epoch=epoch,
+        epoch=epoch + 1,
         wall_s=wall,
         steps=max(log.epoch_steps[epoch] for log in logs),
         samples=samples,
@@ -63,6 +141,9 @@ def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> Ep
         energy_j=energy,
         joules_per_sample=energy / samples if energy is not None and samples else None,
         samples_per_joule=samples / energy if energy else None,
+        cpu_s=sum(cpu) if len(cpu) == len(logs) else None,
+        cpu_wait_s=sum(w for w in waits if w is not None) if waits and None not in waits else None,
+        load_avg=max_known_float(loads),
     )
 
 
@@ -85,8 +166,10 @@ def build_metrics(
     setup_s: float,
     compile_s: float | None,
     memory: MemoryStats | None,
+    cores: int = 1,
+    epochs_decision: str | None = None,
 ) -> Metrics:
-    """Aggregate per-rank logs into the record's metrics."""
+    """Aggregate per-rank logs into the record's metrics (``cores``: what rank 0's process may use)."""
     n_epochs = min(len(log.epoch_wall_s) for log in logs)
     epochs = [epoch_metrics(e, logs, work.tokens_per_sample) for e in range(n_epochs)]
     steady = None
@@ -108,6 +191,9 @@ def build_metrics(
             mfu=achieved / (peak.flops_per_s * devices) if peak else None,
             joules_per_sample=joules,
             samples_per_joule=1.0 / joules if joules else None,
+            megatron_tflops_per_device=samples_per_s * work.megatron_flops_per_sample / devices / 1e12
+            if work.megatron_flops_per_sample
+            else None,
         )
     steady_range = slice(1, n_epochs) if n_epochs >= 2 else slice(0, n_epochs)
     rank_peaks = [max_known(log.epoch_peak_bytes[steady_range]) for log in logs]
@@ -134,8 +220,11 @@ def build_metrics(
         stragglers=find_stragglers(logs),
         flops_per_sample=work.flops_per_sample,
         flops_formula=work.flops_formula,
+        megatron_flops_per_sample=work.megatron_flops_per_sample,
         peak=peak,
         energy_source=next((log.energy_source for log in logs if log.energy_source), None),
+        epochs_decision=epochs_decision,
+        host=host_contention(epochs, cores),
     )
 
 
@@ -152,6 +241,57 @@ def find_stragglers(logs: list[RankLog]) -> list[int]:
         return []
     typical = statistics.median(per_rank.values())
     return sorted(r for r, t in per_rank.items() if t > STRAGGLER_THRESHOLD * typical)
+
+
+def host_contention(epochs: list[EpochMetrics], cores: int) -> HostContention | None:
+    """How busy the host was: of the time the run's threads were ready to run, the fraction they waited for a core,
+    over the steady epochs (all epochs without steady ones). Waiting is what a busy shared node costs a run."""
+    if not epochs:
+        return None
+    measured = epochs[1:] or epochs
+    # an epoch shorter than the CPU clock's tick (10 ms) may read no CPU time at all: it waited for nothing
+    fraction = {
+        e.epoch: e.cpu_wait_s / (e.cpu_s + e.cpu_wait_s) if e.cpu_s + e.cpu_wait_s > 0 else 0.0
+        for e in measured
+        if e.cpu_s is not None and e.cpu_wait_s is not None
+    }
+    waiting = statistics.median(fraction.values()) if len(fraction) == len(measured) else None
+    spikes = sorted(epoch for epoch, f in fraction.items() if f >= CONTENTION_THRESHOLD)
+    load = max_known_float(e.load_avg for e in epochs)
+    contended = waiting is not None and waiting >= CONTENTION_THRESHOLD
+    load_text = (
+        f"load average up to {load:.1f} on {cores} usable cores" if load is not None else f"{cores} cores"
+    )
+    if waiting is None:
+        note = f"unknown how long the run waited for a core (no schedstat); {load_text}"
+    elif contended:
+        note = (
+            f"contended: the run's threads waited for a core {waiting:.0%} of the time they were ready to run "
+            f"({load_text}); another job (or more processes than cores) shared the host, so these figures "
+            "understate it: rerun on an idle node"
+        )
+    else:
+        note = f"quiet: the run's threads waited for a core {waiting:.0%} of the time ({load_text})"
+        if spikes:
+            worst = max(fraction[e] for e in spikes)
+            note += (
+                f"; but epoch(s) {', '.join(map(str, spikes))} waited up to {worst:.0%} (something else ran "
+                "meanwhile): the median discounts them"
+            )
+    return HostContention(
+        waiting=waiting,
+        load_avg=load,
+        cores=cores,
+        contended=contended,
+        contended_epochs=spikes,
+        threshold=CONTENTION_THRESHOLD,
+        note=note,
+    )
+
+
+def max_known_float(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def max_known(values: Iterable[int | None]) -> int | None:

@@ -1,10 +1,9 @@
 """How the ranks of a multi-process run meet and part: the process group, and how each rank's ending and
 measurements reach rank 0 without any rank ever waiting forever.
 
-Ranks report how they ended through the process group's key-value store, which outlives a broken collective; rank 0
-gathers the per-rank logs only when every rank reported "ok", so no rank waits on a collective a dead rank will
-never join. A rank that sent nothing within the collective timeout is named as dead or hung.
-"""
+Ranks leave how they ended and their per-rank logs in the process group's key-value store, which outlives a broken
+collective and needs none; rank 0 reads them, waiting at most the collective timeout. A rank that sent nothing in
+that time is named as dead or hung."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
     import torch
 
 _PREFIX = "accelbench/status/"
-_DECISION = "accelbench/decision"
 
 
 def init_process_group(launch: LaunchEnv, collective: str, device: torch.device, timeout_s: float) -> None:
@@ -44,14 +42,33 @@ def init_process_group(launch: LaunchEnv, collective: str, device: torch.device,
 
 
 def destroy_process_group() -> None:
+    global _kept_store
+    _kept_store = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
-def report_status(rank: int, status: str, message: str | None) -> None:
-    """Tell rank 0 how this rank ended (best effort: the store may be gone if rank 0 died)."""
+def release_peers() -> None:
+    """This rank stopped training (interrupted, failed): close its side of the process group, so that a peer
+    blocked in a collective this rank will never join fails now instead of at the collective timeout, and can
+    report how it ended. The key-value store the ranks report through is kept (it outlives the group)."""
+    global _kept_store
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    with contextlib.suppress(Exception):  # best effort: the peers' timeout still bounds their wait
+        _kept_store = dist.distributed_c10d._get_default_store()
+        if dist.get_backend() == "gloo":
+            dist.destroy_process_group()  # gloo closes its connections: a peer's pending collective fails
+        else:
+            dist.distributed_c10d._abort_process_group()  # nccl/xccl: abort the communicators
+
+
+def report_status(rank: int, status: str, message: str | None, log: RankLog | None = None) -> None:
+    """Leave how this rank ended and what it measured for rank 0 (best effort: the store may be gone if rank 0
+    died)."""
+    payload = {"status": status, "message": message, "log": dataclasses.asdict(log) if log else None}
     with contextlib.suppress(Exception):  # nothing more this rank can do
-        _store().set(f"{_PREFIX}{rank}", json.dumps({"status": status, "message": message}))
+        _store().set(f"{_PREFIX}{rank}", json.dumps(payload))
 
 
 def collect_statuses(world_size: int, wait_s: float) -> dict[int, dict[str, Any] | None]:
@@ -66,55 +83,35 @@ def collect_statuses(world_size: int, wait_s: float) -> dict[int, dict[str, Any]
     return out
 
 
-def announce_decision(decision: str) -> None:
-    """Rank 0 tells the others whether it will gather their logs ("gather") or not ("abort")."""
-    _store().set(_DECISION, decision)
-
-
-def await_decision(timeout_s: float) -> str | None:
-    try:
-        _store().wait([_DECISION], timedelta(seconds=timeout_s))
-        return _store().get(_DECISION).decode()
-    except Exception:  # noqa: BLE001 - rank 0 is gone: nothing to gather into
-        return None
-
-
-def gather_logs(log: RankLog) -> list[RankLog]:
-    """Every rank's log on rank 0 (an empty list elsewhere); logs travel as plain dicts."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    received: list[Any] = [None] * world if rank == 0 else []
-    dist.gather_object(dataclasses.asdict(log), received if rank == 0 else None, dst=0)
-    return [RankLog(**item) for item in received] if rank == 0 else []
+_kept_store: dist.Store | None = None  # the store, kept when release_peers closed the group
 
 
 def _store() -> dist.Store:
-    return dist.distributed_c10d._get_default_store()
+    return _kept_store if _kept_store is not None else dist.distributed_c10d._get_default_store()
 
 
 def exchange(
     log: RankLog, outcome: Outcome, rank: int, world_size: int, timeout_s: float
 ) -> tuple[list[RankLog], Outcome]:
-    """Bring every rank's log to rank 0, or, when some rank failed, the names and reasons of the failed ranks.
+    """Bring every rank's log and ending to rank 0: its logs, and the outcome of the whole run.
 
-    Ranks report how they ended through the process group's store (which survives a broken collective); rank 0
-    gathers logs only when all reported "ok", so no rank waits on a collective that a dead rank will never join.
+    Ranks leave both in the process group's key-value store, which needs no collective: a rank that failed or was
+    interrupted may have collectives in flight that its peers never joined, and a collective now would hang or
+    mismatch. When every rank reported, the metrics cover every rank over the epochs all of them completed (so an
+    interrupted or failed run keeps those); when some rank sent nothing (it died or hangs), rank 0's alone, saying so.
     """
-    report_status(rank, outcome.status, outcome.message)
+    report_status(rank, outcome.status, outcome.message, log if rank != 0 else None)
     if rank != 0:
-        if outcome.status == "ok" and await_decision(timeout_s) == "gather":
-            gather_logs(log)
         return [], outcome
     # a healthy rank 0 waits as long as a collective would; a failed one only briefly for the others' reasons
     wait_s = timeout_s if outcome.status == "ok" else min(timeout_s, 10.0)
     statuses = collect_statuses(world_size, wait_s)
-    failed = {r: s for r, s in statuses.items() if r != 0 and (s is None or s["status"] != "ok")}
+    others = {r: s for r, s in statuses.items() if r != 0}
+    complete = all(s is not None and s.get("log") for s in others.values())
+    logs = [log] + [RankLog(**s["log"]) for _, s in sorted(others.items()) if s] if complete else [log]
+    failed = {r: s for r, s in others.items() if s is None or s["status"] != "ok"}
     if not failed and outcome.status == "ok":
-        announce_decision("gather")
-        try:
-            return gather_logs(log), outcome
-        except Exception as exc:
-            return [log], Outcome(status="error", message=f"gathering per-rank metrics failed: {exc}")
-    announce_decision("abort")
+        return logs, outcome
     reasons = [
         f"rank {r}: " + (f"sent no status within {wait_s:.0f} s (it died or hangs)" if s is None
                          else f"{s['status']}: {s['message']}")
@@ -130,8 +127,9 @@ def exchange(
         if statuses_seen <= {"ok", "interrupted"}
         else "error"
     )
-    return [log], Outcome(
-        status=status,
-        message="; ".join(reasons) + " (metrics below are rank 0's only)",
-        traceback=outcome.traceback,
+    coverage = (
+        " (metrics below: the epochs every rank completed)"
+        if complete
+        else " (metrics below are rank 0's only)"
     )
+    return logs, Outcome(status=status, message="; ".join(reasons) + coverage, traceback=outcome.traceback)

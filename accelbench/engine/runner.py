@@ -10,28 +10,44 @@ The aggregation of what was measured is in :mod:`accelbench.engine.metrics`, the
 from __future__ import annotations
 
 import gc
+import itertools
 import os
+import statistics
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
-from accelbench.config import RunConfig
+from accelbench.config import RunConfig, Scalar
 from accelbench.devices import DeviceInfo, MemoryStats, PeakFigures
-from accelbench.engine.executor import Executor, ExecutorRequest, World
-from accelbench.engine.metrics import RankLog, WorkCounts, build_metrics, epoch_metrics
-from accelbench.engine.ranks import destroy_process_group, exchange, init_process_group
+from accelbench.engine.executor import DataShard, Executor, ExecutorRequest, World
+from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
+from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
+from accelbench.engine.profile import PROFILE_WARMUP_STEPS, profile_steps
+from accelbench.engine.ranks import destroy_process_group, exchange, init_process_group, release_peers
 from accelbench.engine.signals import TERMINATION, RunInterrupted
 from accelbench.errors import BackendError, ConfigError
-from accelbench.hostinfo import usable_cores
+from accelbench.estimate.model import WorkloadFacts
+from accelbench.hostinfo import cpu_usage, usable_cores
 from accelbench.launch import RUN_ID_ENV, LaunchEnv
 from accelbench.plugins import Backend, PluginHost
-from accelbench.results import BackendRecord, EpochMetrics, Outcome, ResultRecord, Status, write_record
+from accelbench.results import (
+    BackendRecord,
+    EpochMetrics,
+    Outcome,
+    ResultRecord,
+    Status,
+    StepProfile,
+    check_writable,
+    record_name,
+    write_record,
+)
 from accelbench.system import collect_system_info
 from accelbench.workloads import BatchSource, TrainingJob, Workload
 
@@ -66,6 +82,7 @@ class Preflight:
     devices: list[DeviceInfo]
     workload: Workload
     collective: str | None  # None where the backend replicates without torch.distributed (IPUs)
+    warnings: tuple[str, ...] = ()  # what the user should know before it runs (the command line prints them)
 
 
 @dataclass
@@ -110,16 +127,34 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
             f"strategy 'single' trains on one device, but {world} were asked for; choose a multi-device strategy: "
             f"{', '.join(s for s in backend.supported_strategies() if s != 'single')}"
         )
-    # A CPU "device" is a process sharing the host's cores, so any count works; accelerators are counted.
+    # A CPU "device" is a process sharing the host's cores, so any count runs (with a warning where they would
+    # contend for cores); accelerators are counted.
+    warnings: list[str] = []
     if backend.info.device_type != "cpu" and config.devices > len(devices):
         raise ConfigError(
-            f"--devices {config.devices}, but backend {backend.name!r} detected {len(devices)} on this node"
+            f"--devices {config.devices}, but backend {backend.name!r} detected {len(devices)} on this node: "
+            + ", ".join(f"{d.index}: {d.name}" for d in devices)
         )
+    if backend.info.device_type == "cpu":
+        cores = usable_cores()
+        threads = config.threads or 1
+        if config.devices * threads > cores:
+            warnings.append(
+                f"{config.devices} worker process(es) x {threads} thread(s) on {cores} usable core(s): they will "
+                f"contend for cores, and the record will say the host was contended; use --devices {max(1, cores // threads)} "
+                "or fewer for figures that mean something"
+            )
     backend.check_precision(config.precision, kind)
     config = host.resolve(config)
+    if config.mesh is not None:  # tensor/pipeline parallelism: can the model be split so?
+        from accelbench.engine.parallel.mesh import check_model_split
+
+        check_model_split(config, host.workload(config.workload).units(config), config.workload)
     if config.data is not None and not config.data.exists():
         raise ConfigError(f"--data {config.data}: no such file or directory; omit --data for generated data")
-    return Preflight(config, backend, devices, host.workload(config.workload), collective)
+    load_comm_records(config)  # unreadable --comm-records are refused now, not found wanting after the run
+    check_writable(config.output_dir)  # before anything is measured, not after
+    return Preflight(config, backend, devices, host.workload(config.workload), collective, tuple(warnings))
 
 
 def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None) -> PreparedRun:
@@ -157,8 +192,8 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
         peak: PeakFigures | None = PeakFigures(
             flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"
         )
-    else:  # the peak of the math that really runs (an executor may refine the plan)
-        peak = backend.peak_figures(checked.devices[0], executor.effective_precision(plan))
+    else:  # the peak of the math that really runs (an executor may refine the plan); measured where no table
+        peak = peak_for(backend, device, checked.devices[0], executor.effective_precision(plan))
     record = next(r for r in host.records if r.backend is not None and r.backend.name == backend.name)
     backend_record = BackendRecord(
         info=backend.info,
@@ -193,6 +228,13 @@ class Measurement:
     setup_s: float = 0.0
     compile_s: float | None = None
     memory: MemoryStats | None = None  # the last epoch's reading
+    profile: StepProfile | None = None  # --profile: where a step's time goes (rank 0's)
+    facts: WorkloadFacts | None = None  # what the analytical model needs, read off the built model
+    runtime_bytes: int | None = None  # what the backend's memory reading counted before the model existed
+    plan: EpochPlan = field(default_factory=lambda: EpochPlan(1))
+    walls: list[float] = field(
+        default_factory=list
+    )  # epoch times the plan decides on (slowest rank's in auto)
 
 
 def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement:
@@ -202,41 +244,55 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     """
     config, backend, device, executor = run.config, run.backend, run.device, run.executor
     world = run.request.world
-    result = Measurement(job=None, log=RankLog(rank=world.rank, host=host_name), outcome=Outcome(status="ok"))
+    result = Measurement(
+        job=None,
+        log=RankLog(rank=world.rank, host=host_name),
+        outcome=Outcome(status="ok"),
+        plan=EpochPlan.of(config.epochs),
+    )
     log = result.log
     epoch, steps_done = 0, 0
     try:
         with TERMINATION.measuring():
+            result.runtime_bytes = memory_before_model(backend, device)
             start = time.perf_counter()
             job = result.job = run.workload.build(config)
+            facts_start = time.perf_counter()
+            result.facts = facts_or_none(job, config)  # before an executor wraps or shards the model
+            facts_s = time.perf_counter() - facts_start
             executor.setup(job)
             job.data = place_data(job.data, device, config.data_placement)
             backend.synchronize(device)
-            result.setup_s = time.perf_counter() - start
+            result.setup_s = time.perf_counter() - start - facts_s
 
-            inputs, targets = next(job.data.batches(0, world.rank, world.world_size))
+            # ranks holding one copy of the model (tensor/pipeline parallelism) share a data shard
+            shard = executor.data_shard(world)
+            inputs, targets = next(job.data.batches(0, shard.index, shard.count))
             result.compile_s = executor.compile(inputs.to(device), targets.to(device))
 
-            steps = job.data.steps(world.rank, world.world_size)
-            for epoch in range(config.epochs):
-                progress.start_epoch(epoch, config.epochs, steps, config.batch_size)
+            steps = job.data.steps(shard.index, shard.count)
+            plan, walls = result.plan, result.walls
+            for epoch in range(plan.limit):
+                progress.start_epoch(epoch + 1, plan.expected(epoch), steps, config.batch_size)
                 backend.epoch_start(device)
                 losses: list[torch.Tensor] = []
                 samples = 0
                 steps_done = 0
                 backend.synchronize(device)
+                usage = cpu_usage()
                 start = time.perf_counter()
-                for inputs, targets in job.data.batches(epoch, world.rank, world.world_size):
+                for inputs, targets in job.data.batches(epoch, shard.index, shard.count):
                     losses.append(
                         executor.train_step(
                             inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                         )
                     )
-                    samples += inputs.shape[0]
+                    samples += inputs.shape[0] if shard.counts_samples else 0
                     steps_done += 1
                     progress.step()
                 backend.synchronize(device)
                 wall = time.perf_counter() - start
+                after = cpu_usage()
                 readings = backend.epoch_end(device)
                 result.memory = memory_seen(readings.memory, executor)
                 log.epoch_wall_s.append(wall)
@@ -248,26 +304,83 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
                 log.epoch_energy_j.append(readings.energy.joules if readings.energy else None)
                 if readings.energy:
                     log.energy_domain, log.energy_source = readings.energy.domain, readings.energy.source
+                log.epoch_cpu_s.append(after.cpu_s - usage.cpu_s)
+                log.epoch_cpu_wait_s.append(
+                    max(0.0, after.wait_s - usage.wait_s)
+                    if after.wait_s is not None and usage.wait_s is not None
+                    else None
+                )
+                log.epoch_load.append(after.load_1m)
                 progress.end_epoch(epoch_metrics(epoch, [log], job.tokens_per_sample))
+                walls.append(slowest_rank(wall, device) if plan.fixed is None else wall)
+                if plan.stop_after(walls):
+                    break
+            if config.profile:  # after the timed epochs: profiling never changes a measured epoch
+                progress.close()
+                result.profile = profile_window(run, job, shard, steps, log.epoch_wall_s)
+            log.executor_facts = executor.rank_facts()
     except ConfigError:
         raise
     except (KeyboardInterrupt, RunInterrupted) as exc:
         what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         result.outcome = Outcome(
             status="interrupted",
-            message=f"{what} during epoch {epoch} after {steps_done} steps; "
+            message=f"{what} during epoch {epoch + 1} after {steps_done} steps; "
             f"{len(log.epoch_wall_s)} completed epoch(s) kept",
         )
     except Exception as exc:
-        result.outcome = Outcome(
-            status="oom" if is_out_of_memory(exc) else "error",
-            message=f"{type(exc).__name__}: {exc}".strip()[:2000],
-            traceback=traceback.format_exc(limit=8),
-        )
+        if TERMINATION.signalled and world.world_size > 1:  # a peer stopped on the same SIGTERM and left the
+            result.outcome = Outcome(  # collective this rank was in: the job was interrupted, not broken
+                status="interrupted",
+                message=f"SIGTERM during epoch {epoch + 1} after {steps_done} steps (a collective ended as the "
+                f"peers stopped: {type(exc).__name__}); {len(log.epoch_wall_s)} completed epoch(s) kept",
+            )
+        else:
+            result.outcome = Outcome(
+                status="oom" if is_out_of_memory(exc) else "error",
+                message=f"{type(exc).__name__}: {exc}".strip()[:2000],
+                traceback=traceback.format_exc(limit=8),
+            )
     finally:
         progress.close()
         executor.close()
     return result
+
+
+def profile_window(
+    run: PreparedRun, job: TrainingJob, shard: DataShard, steps_per_epoch: int, walls: list[float]
+) -> StepProfile:
+    """``--profile``: steady-state steps after the timed epochs under torch.profiler, on every rank (their
+    collectives must meet); rank 0 keeps the breakdown and writes the trace (a temporary name until the record
+    is written, then beside it)."""
+    config, device = run.config, run.device
+    timed = statistics.median(walls[1:] or walls) / steps_per_epoch if walls and steps_per_epoch else None
+    batches = itertools.chain.from_iterable(
+        job.data.batches(epoch, shard.index, shard.count) for epoch in itertools.count(len(walls))
+    )
+    trace = config.output_dir / f".trace-{uuid.uuid4().hex[:8]}.json.gz" if run.launch.rank == 0 else None
+    return profile_steps(
+        run.executor.train_step,
+        batches,
+        lambda t: t.to(device, non_blocking=True),
+        lambda: run.backend.synchronize(device),
+        device.type,
+        config.profile_steps,
+        trace,
+        timed,
+        f"{config.profile_steps} steady-state steps after the {len(walls)} timed epoch(s), once "
+        f"{PROFILE_WARMUP_STEPS} steps had run under the profiler",
+    )
+
+
+def slowest_rank(wall: float, device: torch.device) -> float:
+    """The epoch time of the slowest rank, on every rank (one tiny all-reduce; the epoch time itself where there is
+    no process group), so that ranks deciding when to stop from it all decide alike."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return wall
+    value = torch.tensor([wall], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
 
 
 def memory_seen(memory: MemoryStats, executor: Executor) -> MemoryStats:
@@ -333,6 +446,8 @@ def _run_prepared(
         m = measure(run_, (progress or NoProgress()) if rank0 else NoProgress(), system.host)
         logs, outcome = [m.log], m.outcome
         if run_.backend_record.collective_backend is not None and launch.world_size > 1:
+            if m.outcome.status != "ok":
+                release_peers()  # a peer blocked in a collective this rank left fails now, and reports
             logs, outcome = exchange(
                 m.log, m.outcome, launch.rank, launch.world_size, config.collective_timeout
             )
@@ -341,6 +456,8 @@ def _run_prepared(
     if not rank0:
         return None, None, m.outcome.status
     job = m.job
+    if job:
+        run_.executor.add_rank_logs(logs)
     record = ResultRecord(
         run_id=os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex,
         created_at=created,
@@ -351,7 +468,7 @@ def _run_prepared(
         backend=run_.backend_record,
         precision=run_.executor.effective_precision(run_.request.precision),
         workload=job.summary if job else {},
-        workload_identity=dict(run_.workload.identity(config)),
+        workload_identity=identity_of(run_.workload, config),
         data=job.data.describe() if job else {},
         executor=run_.executor.describe() if job else {},
         plugins=run_.plugins,
@@ -360,17 +477,75 @@ def _run_prepared(
         launcher=launch.launcher,
         metrics=build_metrics(
             logs,
-            WorkCounts(job.flops_per_sample, job.flops_formula, job.tokens_per_sample),
+            WorkCounts(
+                job.flops_per_sample, job.flops_formula, job.tokens_per_sample, job.megatron_flops_per_sample
+            ),
             run_.peak,
             run_.backend_record.devices_used,
             m.setup_s,
             m.compile_s,
             m.memory if m.log.epoch_wall_s else None,
+            cores=usable_cores(),
+            epochs_decision=m.plan.decision(m.walls, ended_early=outcome.status != "ok"),
         )
         if job
         else None,
     )
-    return record, write_record(record, config.output_dir), record.outcome.status
+    trace = None
+    if m.profile is not None:
+        trace = config.output_dir / m.profile.trace if m.profile.trace else None
+        final = record_name(record).removesuffix(".json") + ".trace.json.gz"
+        profile = m.profile.model_copy(update={"trace": final if trace and trace.exists() else None})
+        record = record.model_copy(update={"profile": profile})
+    if job:
+        prediction = predict_run(
+            config,
+            m.facts,
+            device_type=run_.backend.info.device_type,
+            device=run_.backend_record.devices[0] if run_.backend_record.devices else None,
+            peak=run_.peak,
+            runtime_bytes=m.runtime_bytes,
+        )
+        record = record.model_copy(update={"prediction": prediction})
+    path = write_record(record, config.output_dir)
+    if trace is not None and trace.exists() and record.profile and record.profile.trace:
+        os.replace(trace, path.parent / record.profile.trace)  # beside the record, named after it
+    return record, path, record.outcome.status
+
+
+def memory_before_model(backend: Backend, device: torch.device) -> int | None:
+    """What the backend's peak-memory reading will count besides the model: on a CPU (whose reading is the
+    process's resident set) the resident set before the model is built (interpreter, torch, the process group); an
+    accelerator's allocator holds nothing yet (0). None where it cannot be read. The prediction adds it to the
+    model's memory, as the measured peak includes it. Read from the OS, not through the epoch hooks, which a
+    plugin may count on being called around epochs only."""
+    if backend.info.device_type != "cpu":
+        return 0 if device.type == backend.info.device_type else None
+    import psutil
+
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except (psutil.Error, OSError):
+        return None
+
+
+def facts_or_none(job: TrainingJob, config: RunConfig) -> WorkloadFacts | None:
+    """The built model's facts for the prediction, or None where they cannot be read (the run goes on)."""
+    from accelbench.estimate.facts import facts_of
+
+    try:
+        return facts_of(job, config)
+    except Exception:
+        return None
+
+
+def identity_of(workload: Workload, config: RunConfig) -> dict[str, Scalar | None]:
+    """What ``compare`` groups by: the workload's identity, with ``grad_accum`` where it is not 1 (fewer, larger
+    optimizer steps are other work; left out at 1 so records from before the option compare with new ones)."""
+    identity: dict[str, Scalar | None] = dict(workload.identity(config))
+    if config.grad_accum > 1:
+        identity["grad_accum"] = config.grad_accum
+    return identity
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

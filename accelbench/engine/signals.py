@@ -25,12 +25,16 @@ class Termination:
 
     def __init__(self) -> None:
         self.phase: Phase = "starting"
+        self.signalled = (
+            False  # SIGTERM arrived (a collective that fails afterwards failed as the job stopped)
+        )
 
     def install(self) -> None:
         """Handle SIGTERM in this process according to the phase (main thread only, as signals require)."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.signalled = True
         if self.phase == "measuring":
             raise RunInterrupted()
         if self.phase == "starting":
@@ -48,6 +52,7 @@ class Termination:
     def reset(self) -> None:
         """A new run in the same process (API users, tests): before training again."""
         self.phase = "starting"
+        self.signalled = False
 
 
 TERMINATION = Termination()

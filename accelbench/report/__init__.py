@@ -12,6 +12,8 @@ Where things are:
 - :mod:`.entries`: the data of the views (cells with their workload) and how they are grouped.
 - :mod:`.drawing`: matplotlib without pyplot, the style, grouped bars, figures as bytes.
 - :mod:`.figures`: one function per view.
+- :mod:`.bandwidth`: bus bandwidth against message size from `accelbench comm` records (the collective
+  bandwidth view; a page of its own when the records are all comm records).
 - :mod:`.html`: the page, escaping, writing the file and the figures.
 - :mod:`.command`: the command line.
 """

@@ -8,9 +8,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from accelbench.compare import add_selection_arguments, comparison_from_args
+from accelbench.compare import add_selection_arguments
+from accelbench.compare.command import comparisons_from_args
 from accelbench.report.drawing import FIGURE_FORMATS
-from accelbench.report.html import build_report, write_report
+from accelbench.report.html import build_comm_report, build_report, check_report_places, write_report
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +38,13 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def report_command(args: argparse.Namespace, err: Console) -> int:
     """`accelbench report`: compare the records, draw the views, write one HTML file."""
-    comparison = comparison_from_args(args, err)
-    report = build_report(comparison, args.title, args.figure_format)
+    check_report_places(args.output, args.figures)  # before the records are read and the figures drawn
+    comparison, comm = comparisons_from_args(args, err)
+    if comparison is None:  # collective bandwidth records (`accelbench comm`) alone
+        assert comm is not None
+        report = build_comm_report(comm, args.title, args.figure_format)
+    else:
+        report = build_report(comparison, args.title, args.figure_format, comm=comm)
     written = write_report(report, args.output, args.figures, args.figure_format)
     err.print(Text(f"report written to {args.output} ({len(report.figures)} figure(s))"), soft_wrap=True)
     if written:

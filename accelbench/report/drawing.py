@@ -7,7 +7,9 @@ a host name is just a character.
 from __future__ import annotations
 
 import io
+import math
 import textwrap
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +18,7 @@ from accelbench import __version__
 from accelbench.compare import Spread
 from accelbench.errors import AccelbenchError
 from accelbench.report.entries import Entry
+from accelbench.report.palette import colour
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -53,6 +56,7 @@ def _metadata(fmt: str) -> dict[str, Any]:
 def load_matplotlib() -> Any:
     try:
         import matplotlib
+        import matplotlib.colors
         import matplotlib.figure
     except ImportError:
         raise AccelbenchError(
@@ -127,16 +131,40 @@ def bars(
             spread = whiskers(entry) if whiskers else None
             errs[0].append(y - spread.low if spread else 0)
             errs[1].append(spread.high - y if spread else 0)
-        ax.bar(xs, heights, width * 0.95, label=name, yerr=errs if any(errs[1]) else None, capsize=2)
+        ax.bar(
+            xs,
+            heights,
+            width * 0.95,
+            label=name,
+            color=colour(name),
+            yerr=errs if any(errs[1]) else None,
+            capsize=2,
+        )
         mark_failures(ax, fails, [short_failure(f) for f in fail_labels])
     ax.set_xticks(range(len(groups)), [wrap(g) for g in groups], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
 
 
+def batch_colour(batch: int) -> str:
+    """A batch size's colour, the same in every figure: darker for larger batches (viridis, by powers of two)."""
+    position = min(1.0, max(0.0, math.log2(max(batch, 1)) / 12))  # batch 1 .. 4096
+    return str(
+        load_matplotlib().colors.to_hex(load_matplotlib().colormaps["viridis_r"](0.1 + 0.85 * position))
+    )
+
+
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def system_linestyle(system: str) -> str:
+    """Lines of one colour (a precision) told apart by system: each system keeps its line style."""
+    return _LINESTYLES[zlib.crc32(system.encode()) % len(_LINESTYLES)]
+
+
 def legend_outside(ax: Axes, title: str | None = None) -> None:
     """A legend to the right of the plot, where it hides no bar or line (constrained layout makes room)."""
-    ax.legend(title=title, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    ax.legend(title=title, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
 
 def log2_devices(ax: Axes, devices: Sequence[int]) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,20 +19,31 @@ from pathlib import Path
 
 from accelbench import __version__
 from accelbench.compare import Comparison, RunSummary, cell_row, columns
-from accelbench.errors import AccelbenchError
+from accelbench.compare.bandwidth import CommComparison, table_rows
+from accelbench.errors import AccelbenchError, ConfigError
+from accelbench.report.bandwidth import bandwidth_figures
+from accelbench.report.breakdown import breakdown_figures
 from accelbench.report.drawing import FIGURE_FORMATS, STYLE, ReportFigure, load_matplotlib
 from accelbench.report.entries import entries
 from accelbench.report.figures import (
     axis_figures,
+    bubble_figures,
     compile_figures,
     energy_figures,
     epoch_time_figures,
     largest_fit_tables,
     memory_by_batch_figures,
     memory_by_model_figures,
+    mesh_figures,
     scaling_figures,
     strategy_figures,
+    throughput_by_batch_figures,
+    warmup_figures,
 )
+from accelbench.report.overview import overview_figures
+from accelbench.report.palette import Palette, using
+from accelbench.report.predicted import has_predictions, predicted_figures
+from accelbench.results import check_writable
 
 _MIME = {"svg": "image/svg+xml", "png": "image/png"}
 
@@ -78,15 +91,29 @@ class View:
 
 
 def build_report(
-    comparison: Comparison, title: str = "accelbench report", figure_format: str = "svg"
+    comparison: Comparison,
+    title: str = "accelbench report",
+    figure_format: str = "svg",
+    comm: CommComparison | None = None,
 ) -> Report:
-    """The HTML page and its figures (rendered lazily by the caller if it wants files too)."""
+    """The HTML page and its figures (rendered lazily by the caller if it wants files too); with ``comm``, the
+    collective bandwidth view too (:func:`build_comm_report` when there are comm records alone)."""
     matplotlib = load_matplotlib()
     if figure_format not in FIGURE_FORMATS:
         raise AccelbenchError(f"--figure-format {figure_format!r}: choose one of {', '.join(FIGURE_FORMATS)}")
     items = entries(comparison)
-    with matplotlib.rc_context(STYLE):
-        views = []
+    systems = [*comparison.systems, *(comm.systems if comm else [])]
+    with matplotlib.rc_context(STYLE), using(Palette(systems)):
+        views = [
+            View(
+                "overview",
+                "At a glance",
+                "Every table of the comparison as a panel: steady epoch time per system (one colour per system, "
+                "precision and strategy in every figure).",
+                overview_figures(comparison),
+                "At a glance",
+            )
+        ]
         if comparison.axis:
             views.append(
                 View(
@@ -112,6 +139,22 @@ def build_report(
                 "The same workload at several device counts on one system (seed study, figure 3).",
                 scaling_figures(items),
                 "Scaling",
+            ),
+            View(
+                "throughput-batch",
+                "Throughput against batch size",
+                "Per system and device count: where each peaks (seed 004, tables 3 and 4: IPUs at small batches, "
+                "GPUs at large ones).",
+                throughput_by_batch_figures(items),
+                "Throughput against batch size",
+            ),
+            View(
+                "warm-up",
+                "Epoch 1 against the steady epochs",
+                "Throughput of the first epoch, which includes graph compilation and warm-up, beside the later "
+                "epochs' (seed 004, table 1).",
+                warmup_figures(items, comparison.systems),
+                "Epoch 1 and steady epochs",
             ),
             View(
                 "memory-batch",
@@ -142,6 +185,51 @@ def build_report(
                 "Compile time",
             ),
         ]
+        # tensor/pipeline parallelism: only where the records hold such runs
+        mesh, bubble = mesh_figures(items), bubble_figures(items)
+        if mesh:
+            views.append(
+                View(
+                    "mesh",
+                    "TFLOP/s per device against the mesh shape",
+                    "Tensor, pipeline and data parallelism composed at a fixed device count (seed 003, figures "
+                    "13-15): achieved TFLOP/s per device by Megatron's FLOPs count.",
+                    mesh,
+                    "Mesh shapes",
+                )
+            )
+        if bubble:
+            views.append(
+                View(
+                    "bubble",
+                    "Pipeline bubble",
+                    "Each pipeline's measured idle fraction beside the schedule's analytical bubble.",
+                    bubble,
+                    "Pipeline bubble",
+                )
+            )
+        if any(c.step_split for c in comparison.cells):  # only runs made with --profile have one
+            views.append(
+                View(
+                    "breakdown",
+                    "Where a step's time goes",
+                    "Runs made with --profile: each profiled step split into kernel, dispatch, communication, optimizer "
+                    "and data (seed 001, figures 10 and 12-14).",
+                    breakdown_figures(comparison),
+                    "Step time breakdown",
+                )
+            )
+        if any(has_predictions(g) for g in comparison.groups):  # records from runs that stored one
+            views.append(
+                View(
+                    "predicted",
+                    "Predicted against measured",
+                    "The analytical model's step time and peak memory for each run's own configuration (stored in "
+                    "its record; accelbench estimate's formulas) beside what the run measured, with the error.",
+                    predicted_figures(comparison),
+                    "Predicted vs measured",
+                )
+            )
         if comparison.has_energy:
             views.append(
                 View(
@@ -152,6 +240,9 @@ def build_report(
                     "Energy",
                 )
             )
+        if comm is not None:
+            views.append(bandwidth_view(comm))
+        distinguish_titles([fig for view in views for fig in view.figures])
         body: list[str] = []
         figures: list[ReportFigure] = []
         for view in views:
@@ -162,18 +253,32 @@ def build_report(
                 body.append('<p class="none">No records for this view.</p>')
             for fig in view.figures:
                 figures.append(fig)
-                data = base64.b64encode(fig.encode(figure_format)).decode("ascii")
-                body.append(
-                    f'<figure id="figure-{len(figures)}"><h3>Figure {len(figures)}. {esc(fig.title)}</h3>'
-                    f'<img alt="{esc(fig.title)}" src="data:{_MIME[figure_format]};base64,{data}">'
-                    f'<figcaption class="caption">{esc(fig.caption)}</figcaption></figure>'
-                )
+                body.append(figure_html(fig, len(figures), figure_format))
+            if view.anchor == "bandwidth" and comm is not None:
+                body += bandwidth_tables_html(comm)
             if view.anchor == "memory-model":
                 for table_title, rows in largest_fit_tables(items):
                     body.append(f"<h3>Largest model that fits: {esc(table_title)}</h3>")
                     body.append(html_table(["model", "peak memory", "steady epoch time (s)"], rows))
     page = _page(comparison, title, views, body)
     return Report(page, figures)
+
+
+def distinguish_titles(figures: Sequence[ReportFigure]) -> None:
+    """Figures that would share a title get what sets each apart appended to it: the parts of their captions'
+    first clause (the workload fields they share, ``gpt gpt2 · batch 8 · fp32``) that differ between them."""
+    by_title: dict[str, list[ReportFigure]] = {}
+    for fig in figures:
+        by_title.setdefault(fig.title, []).append(fig)
+    for same in by_title.values():
+        if len(same) < 2:
+            continue
+        parts = [re.split(r"[.;] ", fig.caption, maxsplit=1)[0].split(" · ") for fig in same]
+        common = set.intersection(*(set(p) for p in parts))
+        for fig, mine in zip(same, parts, strict=True):
+            apart = [p for p in mine if p not in common]
+            if apart:
+                fig.title = f"{fig.title} ({', '.join(apart)})"
 
 
 def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[str]) -> str:
@@ -212,6 +317,8 @@ def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[
     header = columns(comparison)
     for group in comparison.groups:
         parts.append(f"<h3>{esc(group.describe())}</h3>")
+        if group.baseline_note:
+            parts.append(f'<p class="caption">{esc(group.baseline_note)}.</p>')
         parts.append(html_table(header, (cell_row(c, comparison, group) for c in group.cells), "comparison"))
     parts.append('<h2 id="environment">What differs between the environments</h2>')
     if comparison.environment:
@@ -265,19 +372,136 @@ def _system_rows(comparison: Comparison) -> list[list[str]]:
     return rows
 
 
+def figure_html(fig: ReportFigure, number: int, figure_format: str) -> str:
+    """A figure embedded in the page (a data URI), numbered and captioned."""
+    data = base64.b64encode(fig.encode(figure_format)).decode("ascii")
+    return (
+        f'<figure id="figure-{number}"><h3>Figure {number}. {esc(fig.title)}</h3>'
+        f'<img alt="{esc(fig.title)}" src="data:{_MIME[figure_format]};base64,{data}">'
+        f'<figcaption class="caption">{esc(fig.caption)}</figcaption></figure>'
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Collective bandwidth (`accelbench comm` records)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def bandwidth_view(comm: CommComparison) -> View:
+    """The collective bandwidth view: bus bandwidth against message size per system, and its tables."""
+    return View(
+        "bandwidth",
+        "Collective bandwidth",
+        "accelbench comm records: the bus bandwidth of each collective against the message size, per system "
+        "(nccl-tests' busbw), with the ratio against the baseline system at each size in the tables below.",
+        bandwidth_figures(comm),
+        "Collective bandwidth",
+    )
+
+
+def bandwidth_tables_html(comm: CommComparison) -> list[str]:
+    """One table per collective x type x variant: sizes down, systems across, peaks last."""
+    parts = []
+    for table in comm.tables:
+        header, rows = table_rows(table, comm.baseline)
+        parts.append(f"<h3>Bus bandwidth (GB/s): {esc(table.describe())}</h3>")
+        parts.append(html_table(header, rows, "comparison"))
+    return parts
+
+
+def build_comm_report(
+    comm: CommComparison, title: str = "accelbench report", figure_format: str = "svg"
+) -> Report:
+    """The page for comm records alone: their systems, the collective bandwidth view, and the records."""
+    matplotlib = load_matplotlib()
+    if figure_format not in FIGURE_FORMATS:
+        raise AccelbenchError(f"--figure-format {figure_format!r}: choose one of {', '.join(FIGURE_FORMATS)}")
+    with matplotlib.rc_context(STYLE), using(Palette(comm.systems)):
+        view = bandwidth_view(comm)
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    hosts: dict[str, set[str]] = {}
+    for system, _, record in comm.records:
+        hosts.setdefault(system, set()).add(record.system.host)
+    first = {system: record for system, _, record in reversed(comm.records)}
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="meta">{len(comm.records)} comm record(s) from {len(comm.systems)} system(s); baseline: '
+        f"{esc(comm.baseline)}; generated {esc(generated)} by accelbench {esc(__version__)}.</p>",
+    ]
+    if comm.skipped:
+        items = "".join(f"<li><code>{esc(p)}</code>: {esc(reason)}</li>" for p, reason in comm.skipped)
+        parts.append(
+            f'<p class="skipped">Skipped files (not valid records):</p><ul class="skipped">{items}</ul>'
+        )
+    parts.append('<h2 id="systems">Systems</h2>')
+    rows = [
+        [system, ", ".join(sorted(hosts[system])), first[system].backend.info.name,
+         first[system].backend.collective_backend or "-",
+         first[system].backend.devices[0].name if first[system].backend.devices else "none",
+         str(first[system].world_size), str(sum(1 for s, _, _ in comm.records if s == system))]
+        for system in comm.systems
+    ]  # fmt: skip
+    parts.append(
+        html_table(["system", "hosts", "backend", "collectives", "device", "ranks", "records"], rows)
+    )
+    parts.append(f'<h2 id="{view.anchor}">{esc(view.heading)}</h2><p class="caption">{esc(view.intro)}</p>')
+    for number, fig in enumerate(view.figures, 1):
+        parts.append(figure_html(fig, number, figure_format))
+    parts += bandwidth_tables_html(comm)
+    parts.append('<h2 id="records">Records</h2>')
+    record_rows = [
+        [file, system, str(record.world_size), record.outcome.status, (record.outcome.message or "")[:300]]
+        for system, file, record in comm.records
+    ]
+    parts.append(html_table(["file", "system", "ranks", "outcome", "message"], record_rows))
+    parts.append("</body></html>")
+    return Report("\n".join(parts) + "\n", view.figures)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "figure"
 
 
 def write_report(report: Report, output: Path, figures_dir: Path | None, figure_format: str) -> list[Path]:
-    """Write the HTML file, and the figures as files when asked; returns the figure files written."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(report.html, encoding="utf-8")
-    written = []
-    if figures_dir is not None:
-        figures_dir.mkdir(parents=True, exist_ok=True)
-        for i, fig in enumerate(report.figures, 1):
-            path = figures_dir / f"{i:02d}-{_slug(fig.title)}.{figure_format}"
-            path.write_bytes(fig.encode(figure_format))
-            written.append(path)
+    """Write the HTML file (atomically: a reader never sees half of it), and the figures as files when asked;
+    returns the figure files written. A place that cannot take them is a :class:`ConfigError` saying so."""
+    check_report_places(output, figures_dir)
+    try:
+        _write_atomically(report.html.encode("utf-8"), output)
+        written = []
+        if figures_dir is not None:
+            for i, fig in enumerate(report.figures, 1):
+                path = figures_dir / f"{i:02d}-{_slug(fig.title)}.{figure_format}"
+                _write_atomically(fig.encode(figure_format), path)
+                written.append(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"the report could not be written: {exc.strerror or exc} ({exc.filename})"
+        ) from None
     return written
+
+
+def check_report_places(output: Path, figures_dir: Path | None) -> None:
+    """Refuse, before the figures are drawn, an output that is a folder or a folder that cannot take files."""
+    if output.is_dir():
+        raise ConfigError(
+            f"--output {output}: is a folder; give the HTML file's name, e.g. {output}/report.html"
+        )
+    check_writable(output.parent, "--output's folder")
+    if figures_dir is not None:
+        check_writable(figures_dir, "--figures")
+
+
+def _write_atomically(data: bytes, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -11,8 +11,9 @@ from rich.text import Text
 
 from accelbench.errors import AccelbenchError
 from accelbench.exitcodes import ExitCode
+from accelbench.results import check_writable
 from accelbench.sweep import spec
-from accelbench.sweep.display import print_start, print_summary
+from accelbench.sweep.display import print_start, print_summary, verdict_note
 from accelbench.sweep.runner import dry_run, run_sweep
 
 
@@ -79,8 +80,14 @@ def sweep_command(args: argparse.Namespace, err: Console) -> int:
         raise AccelbenchError(f"--point-timeout {args.point_timeout}: give a positive number of seconds")
 
     if args.dry_run:
+        if args.output_dir.exists() and not args.output_dir.is_dir():
+            raise AccelbenchError(f"--output-dir {args.output_dir}: is a file, not a folder; give a folder")
+        note = verdict_note(sweep)
+        if note:
+            err.print(Text("note: " + note, style="yellow"), soft_wrap=True)
         dry_run(sweep, args.output_dir, Console())
         return ExitCode.OK
+    check_writable(args.output_dir)  # before any point runs
     print_start(err, sweep, args.scale, args.output_dir)
     live = not args.quiet and err.is_terminal
     console = err if not args.quiet else Console(stderr=True, quiet=True)

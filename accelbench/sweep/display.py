@@ -6,6 +6,7 @@ script reads (``--dry-run``'s listing).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.text import Text
 
-from accelbench.display import progress_bar
+from accelbench.config import MIN_STEADY_EPOCHS
+from accelbench.display import fmt_duration, progress_bar
 from accelbench.sweep.log import SWEEP_LOG
 from accelbench.sweep.spec import Point, Sweep
 
@@ -29,6 +31,7 @@ class SweepDisplay:
     def __init__(self, console: Console, total: int, live: bool) -> None:
         self.console, self.total, self.finished = console, total, 0
         self.start = time.monotonic()
+        self.run_s: list[float] = []  # how long each point run in this invocation took
         self._progress: Progress | None = None
         if live:
             self._progress = progress_bar(console, "points", transient=True)
@@ -45,17 +48,29 @@ class SweepDisplay:
                 Text(f"[{self.finished + 1}/{self.total}] running {point.label()}{again}"), soft_wrap=True
             )
 
-    def finish(self, point: Point, outcome: str, style: str = "") -> None:
-        """``point`` is settled for this sweep (``outcome`` says how), with the count left and the time so far."""
+    def finish(self, point: Point, outcome: str, style: str = "", seconds: float | None = None) -> None:
+        """``point`` is settled for this sweep (``outcome`` says how; ``seconds``: how long it ran, if it ran),
+        with the count left, the time so far and, once a point has run, the sweep's ETA."""
         self.finished += 1
+        if seconds is not None:
+            self.run_s.append(seconds)
         elapsed = time.monotonic() - self.start
         left = self.total - self.finished
         line = Text(f"[{self.finished}/{self.total}] {point.label()}: ", style="bold")
         line.append(outcome, style=style)
-        line.append(f"  ({left} left, {elapsed:,.0f} s so far)", style="dim")
+        eta = self.eta_s()
+        ends = f", ends in ~{fmt_duration(eta)}" if eta is not None and left else ""
+        line.append(f"  ({left} left, {fmt_duration(elapsed)} so far{ends})", style="dim")
         self.console.print(line, soft_wrap=True)
         if self._progress is not None:
             self._progress.update(self._task, completed=self.finished)
+
+    def eta_s(self) -> float | None:
+        """Seconds the points left should take: their count times the median point so far (points differ in
+        size, so this is a rough guide); None before any point has run."""
+        if not self.run_s:
+            return None
+        return statistics.median(self.run_s) * (self.total - self.finished)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -69,7 +84,7 @@ def outcome_text(outcomes: Sequence[str]) -> str:
 
 
 def print_start(err: Console, sweep: Sweep, scale: str, output_dir: Path) -> None:
-    """What is about to run and where its records go."""
+    """What is about to run and where its records go, and whether it can give compare's noise test a verdict."""
     cap = f", memory cap {sweep.memory_cap / 2**30:.2f} GiB per point" if sweep.memory_cap else ""
     err.print(
         Text(
@@ -77,6 +92,27 @@ def print_start(err: Console, sweep: Sweep, scale: str, output_dir: Path) -> Non
             f"records in {output_dir}{cap}"
         ),
         soft_wrap=True,
+    )
+    note = verdict_note(sweep)
+    if note:
+        err.print(Text("note: " + note, style="yellow"), soft_wrap=True)
+
+
+def verdict_note(sweep: Sweep) -> str | None:
+    """A warning when the points' steady epochs, over their repeats, are too few for compare's noise test to tell
+    two systems apart; None when every point gives it enough (or decides its epochs itself: ``epochs = "auto"``)."""
+    timed = [p for p in sweep.points if p.series is None]  # a largest-fit search asks what fits, not how fast
+    fixed = [int(e) for e in (p.values.get("epochs", "auto") for p in timed) if e != "auto"]
+    if not fixed:
+        return None
+    steady = (min(fixed) - 1) * sweep.repeats
+    if steady >= MIN_STEADY_EPOCHS:
+        return None
+    needed = -(-MIN_STEADY_EPOCHS // max(1, min(fixed) - 1)) if min(fixed) > 1 else None
+    fix = f"--repeats {needed}, " if needed else ""
+    return (
+        f"some points measure {steady} steady epoch(s) over their repeats: too few for compare's noise test, which "
+        f"needs {MIN_STEADY_EPOCHS} per point to tell two systems apart; use {fix}--set epochs=auto or more epochs"
     )
 
 

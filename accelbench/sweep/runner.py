@@ -80,7 +80,10 @@ def run_sweep(
                     fit.did_not_fit(point)
                 text = "out of memory" if attempt.status == "oom" else "ok"
                 display.finish(
-                    point, f"{text} ({attempt.seconds:.1f} s)", "green" if text == "ok" else "yellow"
+                    point,
+                    f"{text} ({attempt.seconds:.1f} s)",
+                    "green" if text == "ok" else "yellow",
+                    attempt.seconds,
                 )
             else:
                 summary.failed.append((point, attempt))
@@ -88,7 +91,7 @@ def run_sweep(
                 if attempt.status == "crashed":
                     fit.did_not_fit(point)
                 reason = f": {attempt.message}" if attempt.message else ""
-                display.finish(point, f"{attempt.status}{reason}", "red")
+                display.finish(point, f"{attempt.status}{reason}", "red", attempt.seconds)
     except (KeyboardInterrupt, SweepInterrupted):
         summary.interrupted = True
     finally:

@@ -28,7 +28,7 @@ BASE_SCALE = "seed"  # the sizes as written in the file; always available
 POINTS_FOLDER = ".accelbench-points"  # each point's RunConfig, which its `accelbench run --config` reads
 
 _TOP_LEVEL = {"description", "repeats", "memory_cap", "run", "grid", "scales"}
-_SCALE_KEYS = {"description", "run", "axes", "memory_cap"}
+_SCALE_KEYS = {"description", "run", "axes", "memory_cap", "grid"}
 
 Grid = tuple[dict[str, Any], str | None]  # a grid's options (lists are axes) and its largest-fit axis
 
@@ -145,12 +145,16 @@ def read_sweep_file(path: Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise AccelbenchError(f"{path}: not valid YAML: {exc}") from exc
+        except RecursionError:
+            raise AccelbenchError(f"{path}: not a sweep file: nested too deeply to read") from None
     else:
         tomllib = _toml()
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise AccelbenchError(f"{path}: not valid TOML: {exc}") from exc
+        except RecursionError:
+            raise AccelbenchError(f"{path}: not a sweep file: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise AccelbenchError(f"{path}: a sweep file is a table of keys (description, run, grid, ...)")
     return data
@@ -222,6 +226,11 @@ def load_sweep(
         cap = parse_memory(memory_cap) if memory_cap is not None else None
     except AccelbenchError as exc:
         raise AccelbenchError(f"{where}: {exc}") from None
+    if not data.keys() & {"run", "grid", "scales"} and not overrides:
+        raise AccelbenchError(
+            f"{path}: defines no runs: give a [run] table of options and/or [[grid]] tables whose lists are the "
+            "axes (see `accelbench sweep --help`, or a built-in suite: `accelbench sweep --list`)"
+        )
 
     sweep = Sweep(
         name=path.stem,
@@ -276,7 +285,9 @@ def _apply_scale(
     where: str,
     memory_cap: Any,
 ) -> Any:
-    """Apply ``scales.<scale>`` to the run options and the grids' axes in place; returns the memory cap."""
+    """Apply ``scales.<scale>`` to the run options and the grids' axes in place; returns the memory cap. A scale
+    with its own ``[[scales.<scale>.grid]]`` tables replaces the grids (where the file's grids are written point by
+    point, e.g. a mesh shape with its own batch size, so no axis can be swapped)."""
     if scale not in scales:
         known = ", ".join([BASE_SCALE, *scales])
         raise AccelbenchError(f"--scale {scale!r}: {where} defines no such scale; it has: {known}")
@@ -285,6 +296,8 @@ def _apply_scale(
         raise AccelbenchError(f"{where}: scales.{scale} must be a table")
     _check_keys(spec, _SCALE_KEYS, f"{where} scales.{scale}", "key")
     run.update(check_options(spec.get("run", {}), plugins, f"{where} scales.{scale}.run", allow_lists=False))
+    if "grid" in spec:
+        grids[:] = _read_grids(spec["grid"], plugins, f"{where} scales.{scale}")
     axes = check_options(spec.get("axes", {}), plugins, f"{where} scales.{scale}.axes", allow_lists=True)
     for name, value in axes.items():
         present = [g for g, _ in grids if name in g]

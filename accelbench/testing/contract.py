@@ -7,6 +7,7 @@ what passes here is what users get. Tests that need the device skip, with the re
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import math
@@ -32,6 +33,15 @@ from accelbench.results import read_record
 # The flags of tiny_config: a one-layer, 16-wide GPT on 16-character windows, batch 8, no dropout
 TINY_ARGS = ("--model", "custom", "--layers", "1", "--heads", "2", "--embd", "16", "--block-size", "16",
              "--batch-size", "8", "--dropout", "0")  # fmt: skip
+
+# Tiny sizes of the core's other workloads (seed 004's): a short real run of each through the backend
+WORKLOAD_TINY_ARGS: dict[str, tuple[str, ...]] = {
+    "bert": ("--workload", "bert", "--model", "bert-tiny", "--seq-len", "16", "--batch-size", "8", "--dropout", "0",
+             "--data-workers", "0"),
+    **{name: ("--workload", name, "--image-size", "32", "--batch-size", "4", "--data-workers", "0")
+       for name in ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")},
+}  # fmt: skip
+NEEDS_TORCHVISION = ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")
 
 DETECT_BUDGET_S = 30.0  # "cheap": a probe subprocess fits easily, a hung driver does not
 
@@ -61,6 +71,8 @@ class BackendContract:
 
     backend: ClassVar[str] = ""
     run_args: ClassVar[tuple[str, ...]] = (*TINY_ARGS, "--epochs", "2", "--steps-per-epoch", "2")
+    # extra run options for the other workloads' short runs (e.g. a strategy or batch an IPU pipeline accepts)
+    workload_run_args: ClassVar[tuple[str, ...]] = ()
     run_precision: ClassVar[str | None] = None
     run_timeout_s: ClassVar[float] = 600.0
 
@@ -242,8 +254,12 @@ class BackendContract:
             self._precision(contract_backend, contract_device), contract_device
         )
         refused: dict[str, str] = {}
+        # tensor/pipeline layouts name several devices (a layout of one is refused as a configuration); built in
+        # this single process, their executor refuses the layout, saying why
+        layouts: dict[str, dict[str, Any]] = {"tp": {"devices": 2}, "pp": {"devices": 2}}
+        layouts["mesh"] = {"devices": 4, "mesh": "tp=2,pp=2"}
         for strategy in strategies:
-            config = contract_host.resolve(self._config(strategy=strategy))
+            config = contract_host.resolve(self._config(strategy=strategy, **layouts.get(strategy, {})))
             request = ExecutorRequest(
                 config=config,
                 device=contract_device,
@@ -326,6 +342,36 @@ class BackendContract:
         expected = _expected_epochs(self.run_args)
         assert len(epochs) == expected[0] and all(e.steps == expected[1] for e in epochs), epochs
         assert all(e.loss is not None and math.isfinite(e.loss) for e in epochs), [e.loss for e in epochs]
+
+    @pytest.mark.parametrize("workload", sorted(WORKLOAD_TINY_ARGS))
+    def test_short_training_run_of_each_workload(
+        self, workload: str, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
+    ) -> None:
+        """BERT and the image models at tiny sizes train through this backend too (the image models need the
+        ``vision`` extra: they skip without torchvision)."""
+        if workload in NEEDS_TORCHVISION and importlib.util.find_spec("torchvision") is None:
+            pytest.skip("torchvision not installed (pip install 'accelbench[vision]')")
+        precision = self._precision(contract_backend, contract_device)
+        command = [sys.executable, "-m", "accelbench.cli", "run", "--backend", self.backend]
+        command += [
+            *WORKLOAD_TINY_ARGS[workload],
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "2",
+            *self.workload_run_args,
+        ]
+        command += ["--precision", precision, "--output-dir", str(tmp_path), "--quiet"]
+        proc = subprocess.run(
+            command, capture_output=True, text=True, env=_child_env(), timeout=self.run_timeout_s, check=False
+        )
+        assert proc.returncode == 0, f"`{' '.join(command[2:])}` failed:\n{proc.stderr[-3000:]}"
+        record = read_record(next(tmp_path.glob("*.json")))
+        assert record.outcome.status == "ok" and record.config.workload == workload, record.outcome
+        epochs = record.metrics.epochs if record.metrics else []
+        assert [e.steps for e in epochs] == [2, 2] and all(
+            e.loss is not None and math.isfinite(e.loss) for e in epochs
+        )
 
     # helpers --------------------------------------------------------------------------------------------------
     def _precision(self, backend: Backend, device: torch.device) -> str:

@@ -51,6 +51,17 @@ class ModelUnits:
     where a finer placement may cut it in two (the GPT: its second LayerNorm, between attention and MLP).
     ``tied`` lists parameters shared between parts as (user, owner) paths, e.g. a head tied to the embedding.
     FSDP wraps each unit; pipeline and IPU mappings cut between them; none of them reach into model attributes.
+
+    Tensor and pipeline parallelism (``accelbench.engine.parallel``) need a little more, all optional:
+    ``tp_plan`` says how tensor parallelism splits a unit, as (submodule path within the unit, style): ``colwise``
+    (output features sharded), ``colwise:N`` (the output packs N equal parts, e.g. a fused q/k/v projection, each
+    part sharded on its own), ``rowwise`` (input features sharded, partial outputs summed) and ``norm`` (a
+    normalisation, run on sequence shards with sequence parallelism); ``tp_divides`` names the sizes the
+    tensor-parallel size must divide (the GPT's attention heads and width); ``sequence_length`` and ``hidden_size``
+    are the shape of what flows between units (what pipeline stages send); ``stem_method``, ``head_method`` and
+    ``loss_method`` name the model's methods that run the stem on the inputs, the head on the last unit's output
+    and the loss on the head's output and the targets, so a pipeline can run the model in pieces:
+    ``model(inputs, targets) == loss(head(units(stem(inputs))), targets)``.
     """
 
     stem: tuple[str, ...]
@@ -58,6 +69,13 @@ class ModelUnits:
     head: tuple[str, ...]
     split_points: tuple[str, ...] = ()
     tied: tuple[tuple[str, str], ...] = ()
+    tp_plan: tuple[tuple[str, str], ...] = ()
+    tp_divides: tuple[tuple[str, int], ...] = ()
+    sequence_length: int | None = None
+    hidden_size: int | None = None
+    stem_method: str | None = None
+    head_method: str | None = None
+    loss_method: str | None = None
 
     def modules(self, model: torch.nn.Module, paths: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
         """The submodules of ``model`` at ``paths`` (default: the units), in order."""
@@ -77,6 +95,9 @@ class TrainingJob:
     units: ModelUnits
     grad_clip_norm: float | None = 1.0
     summary: dict[str, Any] = field(default_factory=dict)
+    # transformer workloads: one sample's training FLOPs by Megatron-LM's count (seed 002), for "achieved TFLOP/s
+    # per device" as Megatron papers report it (accelbench.estimate.parallel.megatron_flops_per_iteration)
+    megatron_flops_per_sample: float | None = None
 
 
 @runtime_checkable
@@ -96,7 +117,7 @@ class Workload(Protocol):
         ...
 
     def model_names(self) -> list[str]:
-        """The size names ``--model`` accepts."""
+        """The size names ``--model`` accepts; the first is the default when ``--model`` is not given."""
         ...
 
     def check(self, config: RunConfig) -> None:
@@ -121,6 +142,11 @@ class Workload(Protocol):
 
 def register_all(register: Callable[[Workload], None]) -> None:
     """The core's own workloads (called by the core's default ``accelbench_register_workloads``)."""
+    from accelbench.workloads.bert import BertWorkload
     from accelbench.workloads.gpt import GPTWorkload
+    from accelbench.workloads.vision import MODELS, VisionWorkload
 
     register(GPTWorkload())
+    for spec in MODELS.values():
+        register(VisionWorkload(spec))
+    register(BertWorkload())

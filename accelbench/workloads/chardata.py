@@ -84,8 +84,9 @@ class CharCorpus:
     def from_file(cls, path: Path) -> CharCorpus:
         path = Path(path)
         if not path.is_file():
+            what = "not a regular file" if path.exists() else "no such file"
             raise ConfigError(
-                f"--data {path}: no such file; give a text file, or omit --data for the generated corpus"
+                f"--data {path}: {what}; give a text file, or omit --data for the generated corpus"
             )
         if path.stat().st_size < 2:
             raise ConfigError(

@@ -118,8 +118,8 @@ class GPTWorkload:
         }
 
     def units(self, config: RunConfig) -> ModelUnits:
-        n_layer, _, _ = resolve_size(config)
-        return gpt_units(n_layer)
+        n_layer, n_head, n_embd = resolve_size(config)
+        return gpt_units(n_layer, n_head, n_embd, int(config.workload_options["block_size"]))
 
     def build(self, config: RunConfig) -> TrainingJob:
         import torch
@@ -151,8 +151,9 @@ class GPTWorkload:
             flops_per_sample=model.flops_per_token() * block_size,
             flops_formula=FLOPS_FORMULA,
             tokens_per_sample=block_size,
-            units=gpt_units(n_layer),
+            units=gpt_units(n_layer, n_head, n_embd, block_size),
             grad_clip_norm=1.0,
+            megatron_flops_per_sample=model.megatron_flops_per_sample(),
             summary={
                 "name": config.model,
                 "n_layer": n_layer,
@@ -170,15 +171,37 @@ class GPTWorkload:
         )
 
 
-def gpt_units(n_layer: int) -> ModelUnits:
+# Megatron's split of a block: q/k/v and the MLP's first layer column-parallel (the fused qkv as three parts, so each
+# rank holds whole heads of q, k and v), the projections after them row-parallel, the norms on sequence shards.
+GPT_TP_PLAN = (
+    ("ln_1", "norm"),
+    ("attn.qkv", "colwise:3"),
+    ("attn.proj", "rowwise"),
+    ("ln_2", "norm"),
+    ("mlp.fc", "colwise"),
+    ("mlp.proj", "rowwise"),
+)
+
+
+def gpt_units(
+    n_layer: int, n_head: int | None = None, n_embd: int | None = None, block_size: int | None = None
+) -> ModelUnits:
     """The GPT's parts: embeddings, ``n_layer`` blocks (each splittable at its second LayerNorm), final norm and
-    the head tied to the token embedding."""
+    the head tied to the token embedding; with the sizes, how tensor parallelism splits a block and what it must
+    divide, and the methods a pipeline runs the stem, head and loss with."""
     return ModelUnits(
         stem=("wte", "wpe", "drop"),
         units=tuple(f"blocks.{i}" for i in range(n_layer)),
         head=("ln_f", "lm_head"),
         split_points=tuple(f"blocks.{i}.ln_2" for i in range(n_layer)),
         tied=(("lm_head.weight", "wte.weight"),),
+        tp_plan=GPT_TP_PLAN,
+        tp_divides=(("attention heads", n_head), ("width", n_embd)) if n_head and n_embd else (),
+        sequence_length=block_size,
+        hidden_size=n_embd,
+        stem_method="embed",
+        head_method="head",
+        loss_method="loss",
     )
 
 

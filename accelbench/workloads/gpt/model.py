@@ -42,13 +42,18 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        qkv = self.qkv(x)
+        # the width of q (and k, v) this module computes: c, or c / tp when tensor parallelism shards qkv by heads
+        width = qkv.shape[-1] // 3
+        q, k, v = qkv.split(width, dim=2)
+        head_size = c // self.n_head
+        heads = width // head_size
+        q, k, v = (z.view(b, t, heads, head_size).transpose(1, 2) for z in (q, k, v))
         # one fused kernel instead of minGPT's masked softmax(QK^T)V
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )
-        return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(b, t, width)))
 
 
 class MLP(nn.Module):
@@ -106,11 +111,24 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
+        return self.loss(self.head(x), targets)
+
+    # The pieces of forward, named in the workload's ModelUnits, so a pipeline can run them on different stages.
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token and position embeddings: the stem."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and the LM head: the logits (padded vocabulary)."""
+        return self.lm_head(self.ln_f(x))
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the logits against the targets."""
         vocab = self.cfg.vocab_size
         if logits.size(-1) != vocab:  # padded rows are never targets: drop their logits, so the loss is the
             logits = logits[..., :vocab]  # unpadded model's exactly (their gradient is zero)
@@ -125,6 +143,13 @@ class GPT(nn.Module):
     def flops_per_token(self) -> float:
         c = self.cfg
         return 6.0 * self.num_parameters(non_embedding=True) + 12.0 * c.n_layer * c.n_embd * c.block_size
+
+    def megatron_flops_per_sample(self) -> float:
+        """One sequence's training FLOPs by Megatron-LM's count (no activation recomputation), unpadded vocabulary."""
+        from accelbench.estimate.parallel import megatron_flops_per_iteration
+
+        c = self.cfg
+        return megatron_flops_per_iteration(1, c.block_size, c.n_layer, c.n_embd, c.vocab_size)
 
 
 def configure_adamw(model: nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelbench.devices import PeakFigures
+from accelbench.devices import DeviceInfo, PeakFigures
 from accelbench.precision import PrecisionPlan
 
 T = 1e12
@@ -54,6 +54,34 @@ TABLE: tuple[GpuPeaks, ...] = (
     GpuPeaks("H100 PCIe", _names("NVIDIA H100 PCIe"), 756 * T, 756 * T, 378 * T, 51 * T, 2.0e12),
     GpuPeaks("H200 SXM", _names("NVIDIA H200"), 989 * T, 989 * T, 495 * T, 67 * T, 4.8e12),
 )
+
+
+GIB = 2**30
+
+# What `accelbench estimate --device NAME` offers: each name as NVML reports it, its datasheet memory (NVIDIA's "80GB"
+# is 80 GiB of HBM; the runtime reports ~1% less, the driver's reserve), its architecture and the short names accepted.
+CATALOG: tuple[tuple[str, int, str, tuple[str, ...]], ...] = (
+    ("Tesla V100-SXM2-16GB", 16, "sm_70", ("V100-16GB", "V100 SXM2 16GB")),
+    ("Tesla V100-SXM2-32GB", 32, "sm_70", ("V100", "V100-32GB", "V100 SXM2")),
+    ("NVIDIA A100-SXM4-40GB", 40, "sm_80", ("A100-40GB", "A100 SXM4 40GB")),
+    ("NVIDIA A100-SXM4-80GB", 80, "sm_80", ("A100", "A100-80GB", "A100 SXM4", "A100 SXM")),
+    ("NVIDIA A100-PCIE-40GB", 40, "sm_80", ("A100 PCIe 40GB",)),
+    ("NVIDIA A100 80GB PCIe", 80, "sm_80", ("A100 PCIe", "A100 PCIe 80GB")),
+    ("NVIDIA H100 80GB HBM3", 80, "sm_90", ("H100", "H100 SXM", "H100 SXM5")),
+    ("NVIDIA H100 PCIe", 80, "sm_90", ("H100 PCIe",)),
+    ("NVIDIA H200", 141, "sm_90", ("H200", "H200 SXM")),
+)
+
+
+def known_devices() -> list[DeviceInfo]:
+    """The catalogue as detection would report each GPU (``accelbench_known_devices``)."""
+    out = []
+    for index, (name, gib, arch, aliases) in enumerate(CATALOG):
+        entry = lookup(name)
+        label = entry.label if entry is not None else name
+        details = {"label": label, "aliases": ",".join(aliases), "memory_source": "NVIDIA datasheet"}
+        out.append(DeviceInfo(index=index, name=name, arch=arch, memory_bytes=gib * GIB, details=details))
+    return out
 
 
 def lookup(device_name: str) -> GpuPeaks | None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 class CudaBackend:
     """The CUDA backend. The NVML counters of each device's running epoch (energy, PCIe bytes) live here."""
 
-    accelbench_contract = "2.0"
+    accelbench_contract = "2.1"
 
     def __init__(self) -> None:
         self._windows: dict[int, nvml.EpochWindow] = {}  # device index -> the running epoch's counters
@@ -161,6 +161,10 @@ class CudaBackend:
     @hookimpl
     def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_for(device.name, precision)
+
+    @hookimpl
+    def accelbench_known_devices(self) -> list[DeviceInfo]:
+        return peaks.known_devices()
 
 
 def _cudnn_wheel_version() -> str | None:

@@ -1,4 +1,4 @@
-"""The PopTorch executor: annotates the GPT for the chosen strategy, compiles it on a sample batch (timed
+"""The PopTorch executor: annotates the workload's model for the chosen strategy, compiles it on a sample batch (timed
 apart, cold and cached), and trains through ``poptorch.trainingModel``.
 
 PopTorch executors take host tensors and stream them to the IPUs themselves, so the runner's batches stay on
@@ -28,7 +28,18 @@ from accelbench_ipu.layout import Layout
 from accelbench_ipu.precision import ipu_precision_plan
 from accelbench_ipu.settings import IpuSettings, settings_from_config
 
-_ACCUM_TYPES = ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type")
+_ACCUM_TYPES = (
+    "accum_type",
+    "first_order_momentum_accum_type",
+    "second_order_momentum_accum_type",
+    "velocity_accum_type",
+)
+# the hyper-parameters carried over from the workload's torch optimizer, by optimizer (weight decay is per group)
+_HYPER_PARAMETERS = {
+    "AdamW": ("lr", "betas", "eps"),
+    "SGD": ("lr", "momentum", "nesterov"),
+    "RMSprop": ("lr", "alpha", "eps", "momentum"),
+}
 
 
 def import_poptorch() -> ModuleType:
@@ -89,7 +100,8 @@ def build_options(poptorch: ModuleType, settings: IpuSettings, strategy: Any) ->
 
 
 class PopTorchExecutor(Executor):
-    """Pipelined, sharded, serial-phased, parallel-phased (or single-IPU) GPT training through PopTorch."""
+    """Pipelined, sharded, serial-phased, parallel-phased (or single-IPU) training through PopTorch, placed by the
+    workload's units (the GPT's and BERT's layers, the image models' blocks)."""
 
     def __init__(
         self, request: ExecutorRequest, on_memory: Callable[[memory.GraphMemory], None] | None = None
@@ -166,21 +178,31 @@ class PopTorchExecutor(Executor):
         return self._poptorch.trainingModel(self._model, options=self._options, optimizer=self._optimizer())
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        """poptorch.optim.AdamW with the workload's hyper-parameters and decay groups (taken from the torch
-        optimizer the job would build), plus PopTorch's loss scaling, fp32 moments and gradient clipping."""
+        """The PopTorch counterpart of the workload's optimizer (AdamW, SGD or RMSprop: ``poptorch.optim`` has the
+        same class names) with its hyper-parameters and weight-decay groups (taken from the torch optimizer the job
+        would build), plus PopTorch's loss scaling, fp32 optimizer state and gradient clipping."""
         assert self._poptorch is not None and self._model is not None and self._job is not None
         # only its parameter groups and hyper-parameters are used; built for device type "ipu", which torch
         # has no fused kernels for, so the reference needs none (the SDK's torch 2.0 fuses on CUDA only)
         reference = self._job.make_optimizer(self._model, torch.device("ipu"))
+        kind = type(reference).__name__
+        if kind not in _HYPER_PARAMETERS or not hasattr(self._poptorch.optim, kind):
+            raise BackendError(
+                f"the workload trains with {kind}, which the IPU mapping does not translate to poptorch.optim "
+                f"(it translates {', '.join(_HYPER_PARAMETERS)})"
+            )
         defaults = reference.defaults
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in reference.param_groups]
-        adamw = self._poptorch.optim.AdamW
-        accepted = inspect.signature(adamw).parameters
+        optimizer_class = getattr(self._poptorch.optim, kind)
+        accepted = inspect.signature(optimizer_class).parameters
+        hyper = {name: defaults[name] for name in _HYPER_PARAMETERS[kind]}
+        if "betas" in hyper:
+            hyper["betas"] = tuple(hyper["betas"])
         extras: dict[str, Any] = {}
         if "loss_scaling" in accepted:
             extras["loss_scaling"] = self.settings.loss_scaling
         elif self.settings.loss_scaling != 1.0:
-            raise BackendError("this poptorch's AdamW takes no loss_scaling; drop --ipu-loss-scaling")
+            raise BackendError(f"this poptorch's {kind} takes no loss_scaling; drop --ipu-loss-scaling")
         if self.plan.param_dtype == "float16":
             extras.update({name: torch.float32 for name in _ACCUM_TYPES if name in accepted})
         clip = self._job.grad_clip_norm
@@ -188,26 +210,17 @@ class PopTorchExecutor(Executor):
         clipped = clip_norm is not None
         if clip_norm is not None:
             extras["max_grad_norm"] = clip_norm
-        optimizer = adamw(
-            groups,
-            lr=defaults["lr"],
-            betas=tuple(defaults["betas"]),
-            eps=defaults["eps"],
-            weight_decay=0.0,
-            **extras,
-        )
+        optimizer = optimizer_class(groups, weight_decay=0.0, **hyper, **extras)
         self._optimizer_info = {
-            "optimizer": "poptorch.optim.AdamW",
-            "lr": defaults["lr"],
-            "betas": list(defaults["betas"]),
-            "eps": defaults["eps"],
+            "optimizer": f"poptorch.optim.{kind}",
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in hyper.items()},
             "weight_decay_groups": [g["weight_decay"] for g in reference.param_groups],
             "loss_scaling": self.settings.loss_scaling,
             "moments_accum_type": "float32" if self.plan.param_dtype == "float16" else "as parameters",
             "grad_clip_norm": clip_norm,
             "grad_clip_note": None
             if clipped or clip is None
-            else f"not applied: this poptorch's AdamW has no max_grad_norm (the workload asks for {clip})",
+            else f"not applied: this poptorch's {kind} has no max_grad_norm (the workload asks for {clip})",
         }
         return optimizer
 

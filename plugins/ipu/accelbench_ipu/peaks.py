@@ -48,6 +48,27 @@ PARTS: dict[str, IpuPart] = {
 }
 
 
+def known_devices() -> list[DeviceInfo]:
+    """What `accelbench estimate --device NAME` offers (``accelbench_known_devices``): one IPU of each Mk2 part, as
+    detection reports it, with its In-Processor-Memory (the memory a model must fit, streaming memory aside)."""
+    aliases = {"gc200": "GC200,IPU-M2000,Mk2", "bow": "Bow,Bow-2000,Bow IPU"}
+    return [
+        DeviceInfo(
+            index=index,
+            name=part.name,
+            arch="ipu2",
+            memory_bytes=IN_PROCESSOR_MEMORY_MK2,
+            details={
+                "part": key,
+                "label": part.name,
+                "aliases": aliases[key],
+                "memory_source": "In-Processor-Memory: 1472 tiles x 624 KiB",
+            },
+        )
+        for index, (key, part) in enumerate(PARTS.items())
+    ]
+
+
 def peak_figures(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
     """The table's peak for this IPU and AMP mode, or None (unknown part, FP16.32, emulator)."""
     part = PARTS.get(device.details.get("part", ""))

@@ -42,7 +42,7 @@ DESCRIPTION = (
 class IpuBackend:
     """The IPU backend. The graph profile's memory reading of the executor it built lives here."""
 
-    accelbench_contract = "2.0"
+    accelbench_contract = "2.1"
 
     def __init__(self) -> None:
         self.graph_memory: memory.GraphMemory = memory.NOT_COMPILED
@@ -139,3 +139,7 @@ class IpuBackend:
     @hookimpl
     def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_figures(device, precision)
+
+    @hookimpl
+    def accelbench_known_devices(self) -> list[DeviceInfo]:
+        return peaks.known_devices()

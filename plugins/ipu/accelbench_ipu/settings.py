@@ -113,6 +113,13 @@ def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
     replicas = _int(opts, "replicas", 1)
     device_iterations = _int(opts, "device_iterations", 1)
     requested_ga = _optional_int(opts, "gradient_accumulation")
+    ga_flag = "--gradient-accumulation"
+    if config.grad_accum > 1:  # the core's --grad-accum is PopTorch's gradient accumulation
+        if requested_ga is not None and requested_ga != config.grad_accum:
+            raise ConfigError(
+                f"--grad-accum {config.grad_accum} and --gradient-accumulation {requested_ga} disagree; give one"
+            )
+        requested_ga, ga_flag = config.grad_accum, "--grad-accum"
     ipus = _optional_int(opts, "ipus")
     loss_scaling = _float(opts, "ipu_loss_scaling", 1.0)
     if loss_scaling <= 0:
@@ -162,7 +169,9 @@ def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
         parse_layers_per_ipu(_optional_str(opts, "layers_per_ipu")),
         model=config.model,
     )
-    ga, source = _gradient_accumulation(config.batch_size, device_iterations, replicas, requested_ga, layout)
+    ga, source = _gradient_accumulation(
+        config.batch_size, device_iterations, replicas, requested_ga, layout, ga_flag
+    )
     return IpuSettings(
         strategy=config.strategy,
         layout=layout,
@@ -202,7 +211,12 @@ def _ipus_per_replica(devices: int, replicas: int, ipus: int | None) -> int:
 
 
 def _gradient_accumulation(
-    batch: int, di: int, replicas: int, requested: int | None, layout: Layout
+    batch: int,
+    di: int,
+    replicas: int,
+    requested: int | None,
+    layout: Layout,
+    flag: str = "--gradient-accumulation",
 ) -> tuple[int, str]:
     minimum = layout.min_gradient_accumulation
     why = (
@@ -213,16 +227,14 @@ def _gradient_accumulation(
     )
     if requested is not None:
         if requested < minimum:
-            raise ConfigError(
-                f"--gradient-accumulation {requested}: {why}; {_suggest(batch, di, replicas, minimum)}"
-            )
+            raise ConfigError(f"{flag} {requested}: {why}; {_suggest(batch, di, replicas, minimum)}")
         if batch % (di * replicas * requested):
             raise ConfigError(
                 f"--batch-size {batch} is not a multiple of device iterations {di} x replicas {replicas} x "
                 f"gradient accumulation {requested} = {di * replicas * requested} (PopTorch's 'Invalid batch "
                 f"dimension'); {_batches(batch, di * replicas * requested)}"
             )
-        return requested, "--gradient-accumulation"
+        return requested, flag
     for ga in range(minimum, batch // (di * replicas) + 1):
         if batch % (di * replicas * ga) == 0:
             source = f"automatic: the smallest that divides the batch ({why})" if why else "default"

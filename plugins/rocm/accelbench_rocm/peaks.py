@@ -71,6 +71,34 @@ TABLE: tuple[GpuPeaks, ...] = (
 )
 
 
+GIB = 2**30
+
+# What `accelbench estimate --device NAME` offers, one device as HIP counts it (a GCD of an MI250/MI250X): the name
+# and architecture detection reports, compute units, datasheet memory of that device, and the short names accepted.
+CATALOG: tuple[tuple[str, str, int, int, tuple[str, ...]], ...] = (
+    ("AMD Instinct MI100", "gfx908", 120, 32, ("MI100",)),
+    ("AMD Instinct MI210", "gfx90a", 104, 64, ("MI210",)),
+    ("AMD Instinct MI250", "gfx90a", 104, 64, ("MI250", "MI250 GCD")),
+    ("AMD Instinct MI250X", "gfx90a", 110, 64, ("MI250X", "MI250X GCD")),
+    ("AMD Instinct MI300X", "gfx942", 304, 192, ("MI300X",)),
+)
+
+
+def known_devices() -> list[DeviceInfo]:
+    """The catalogue as detection would report each device (``accelbench_known_devices``)."""
+    out = []
+    for index, (name, arch, units, gib, aliases) in enumerate(CATALOG):
+        entry = lookup(name, arch, units)
+        details = {
+            "compute_units": str(units),
+            "label": f"{aliases[0]}: {entry.unit}" if entry is not None else name,
+            "aliases": ",".join(aliases),
+            "memory_source": "AMD datasheet (per device as HIP counts them)",
+        }
+        out.append(DeviceInfo(index=index, name=name, arch=arch, memory_bytes=gib * GIB, details=details))
+    return out
+
+
 def lookup(name: str, arch: str, compute_units: int | None) -> GpuPeaks | None:
     """The table entry for a device, or None when the table does not know it for certain."""
     if compute_units is None:

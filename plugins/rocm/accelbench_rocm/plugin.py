@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class RocmBackend:
     """The ROCm backend. The amdsmi handles and each device's running epoch (its energy accumulator) live here."""
 
-    accelbench_contract = "2.0"
+    accelbench_contract = "2.1"
 
     def __init__(self) -> None:
         self._windows: dict[int, smi.EpochWindow] = {}  # device index -> energy window of the running epoch
@@ -139,6 +139,10 @@ class RocmBackend:
     @hookimpl
     def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_for(device, precision)
+
+    @hookimpl
+    def accelbench_known_devices(self) -> list[DeviceInfo]:
+        return peaks.known_devices()
 
     def _bdf(self, device: torch.device) -> str | None:
         index = _index(device)

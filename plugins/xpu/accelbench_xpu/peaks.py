@@ -13,6 +13,38 @@ T = 1e12
 MAX_1550_CARD = {"bf16": 839 * T, "fp16": 839 * T, "fp32": 52 * T, "bandwidth": 3.28e12}
 
 
+GIB = 2**30
+MAX_1550 = "Intel(R) Data Center GPU Max 1550"
+
+
+def known_devices() -> list[DeviceInfo]:
+    """What `accelbench estimate --device NAME` offers (``accelbench_known_devices``): a Max 1550 as a whole card
+    (COMPOSITE mode, 128 GiB) and as one tile (FLAT mode, the default: 64 GiB), as detection reports them."""
+    rows = (
+        (
+            "card (both stacks of a Max 1550)",
+            128,
+            "Max 1550, whole card (two stacks)",
+            "Max 1550,Max 1550 card,PVC",
+        ),
+        ("tile (one stack of a Max 1550)", 64, "Max 1550, one tile (stack)", "Max 1550 tile,PVC tile"),
+    )
+    return [
+        DeviceInfo(
+            index=index,
+            name=MAX_1550,
+            memory_bytes=gib * GIB,
+            details={
+                "device_unit": unit,
+                "label": label,
+                "aliases": aliases,
+                "memory_source": "Intel datasheet",
+            },
+        )
+        for index, (unit, gib, label, aliases) in enumerate(rows)
+    ]
+
+
 def peak_for(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
     """The peak for the math ``plan`` uses on ``device`` (card or tile from ``details["device_unit"]``)."""
     if " ".join(device.name.lower().split()) != "intel(r) data center gpu max 1550":

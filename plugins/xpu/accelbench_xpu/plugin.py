@@ -47,7 +47,7 @@ class XpuBackend:
     """The XPU backend. What device binding did about ZE_AFFINITY_MASK, and each device's running epoch (its
     power/utilisation sampler and energy counter reading) live here."""
 
-    accelbench_contract = "2.0"
+    accelbench_contract = "2.1"
 
     def __init__(self, drm: Path = hwmon.DRM) -> None:
         self._pinning: str | None = None  # what setup_device did about ZE_AFFINITY_MASK, for the record
@@ -209,6 +209,10 @@ class XpuBackend:
     @hookimpl
     def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_for(device, precision)
+
+    @hookimpl
+    def accelbench_known_devices(self) -> list[DeviceInfo]:
+        return peaks.known_devices()
 
 
 def _index(device: torch.device) -> int:

@@ -80,3 +80,77 @@ class AdamW(torch.optim.AdamW):
                 weight.addcdiv_(state["exp_avg"] / corrected1, denom, value=-lr)
                 p.copy_(weight)
         return None
+
+
+class SGD(torch.optim.SGD):
+    """poptorch.optim.SGD(params, lr, momentum, dampening, weight_decay, nesterov, loss_scaling, velocity_scaling,
+    use_combined_accum, accum_type, velocity_accum_type, max_grad_norm): torch's SGD stepping on the CPU."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float | None = None,
+        momentum: float | None = None,
+        dampening: float | None = None,
+        weight_decay: float | None = None,
+        nesterov: bool | None = None,
+        loss_scaling: float | None = None,
+        velocity_scaling: float | None = None,
+        use_combined_accum: bool | None = None,
+        accum_type: torch.dtype | None = None,
+        velocity_accum_type: torch.dtype | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        _check_accum(accum_type=accum_type, velocity_accum_type=velocity_accum_type)
+        super().__init__(
+            params,
+            lr=0.01 if lr is None else lr,
+            momentum=momentum or 0.0,
+            dampening=dampening or 0.0,
+            weight_decay=weight_decay or 0.0,
+            nesterov=bool(nesterov),
+            foreach=False,
+        )
+        self.loss_scaling = 1.0 if loss_scaling is None else float(loss_scaling)
+        self.max_grad_norm = float("inf") if max_grad_norm is None else float(max_grad_norm)
+        self.accum_types = (accum_type, velocity_accum_type)
+
+
+class RMSprop(torch.optim.RMSprop):
+    """poptorch.optim.RMSprop(params, lr, alpha, eps, weight_decay, momentum, centered, loss_scaling, accum_type,
+    first_order_momentum_accum_type, second_order_momentum_accum_type, use_tf_variant, max_grad_norm)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float | None = None,
+        alpha: float | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        momentum: float | None = None,
+        centered: bool | None = None,
+        loss_scaling: float | None = None,
+        accum_type: torch.dtype | None = None,
+        first_order_momentum_accum_type: torch.dtype | None = None,
+        second_order_momentum_accum_type: torch.dtype | None = None,
+        use_tf_variant: bool | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        _check_accum(
+            accum_type=accum_type,
+            first_order_momentum_accum_type=first_order_momentum_accum_type,
+            second_order_momentum_accum_type=second_order_momentum_accum_type,
+        )
+        super().__init__(
+            params,
+            lr=0.01 if lr is None else lr,
+            alpha=0.99 if alpha is None else alpha,
+            eps=1e-8 if eps is None else eps,
+            weight_decay=weight_decay or 0.0,
+            momentum=momentum or 0.0,
+            centered=bool(centered),
+            foreach=False,
+        )
+        self.loss_scaling = 1.0 if loss_scaling is None else float(loss_scaling)
+        self.max_grad_norm = float("inf") if max_grad_norm is None else float(max_grad_norm)
+        self.accum_types = (accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type)

@@ -1,0 +1,227 @@
+"""The `accelbench comm` command line: its options, message sizes as people write them, and the checked request.
+
+No torch here: ``accelbench comm --help`` and a refused request cost no torch import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from accelbench.comm.collectives import COLLECTIVES, DTYPE_ALIASES, DTYPES, OPS, size_label
+from accelbench.comm.records import CommConfig
+from accelbench.config import RunConfig, flag_of
+from accelbench.errors import ConfigError
+
+DEFAULT_MIN_BYTES = 8
+DEFAULT_MAX_BYTES = 128 * 2**20
+MAX_SIZES = 200  # a longer list is a mistake (a factor of 1.001), not a benchmark
+EXIT_CODES_HELP = (
+    "exit status: 0 ok (sizes that did not fit in memory are recorded as such); 1 a wrong result or a failed rank "
+    "(record written); 2 refused before measuring (nothing written); 130 interrupted (record written with the "
+    "sizes measured)"
+)
+
+# suffix -> bytes; K, M, G are binary as in nccl-tests (-b 8 -e 128M); KB, MB, GB are decimal
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kib": 2**10, "kb": 10**3,
+    "m": 2**20, "mib": 2**20, "mb": 10**6,
+    "g": 2**30, "gib": 2**30, "gb": 10**9,
+    "t": 2**40, "tib": 2**40, "tb": 10**12,
+}  # fmt: skip
+
+
+def parse_size(text: str, flag: str = "--sizes") -> int:
+    """Bytes from ``8``, ``1KiB``, ``64MiB``, ``1.5G`` (K/M/G and KiB/MiB/GiB: powers of 1024; KB/MB/GB: of 1000)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if match is None or unit is None:
+        raise ConfigError(
+            f"{flag} {text!r}: not a size; write bytes as 8, 1KiB, 64MiB or 1GiB (K, M, G are powers of 1024)"
+        )
+    value = float(match.group(1)) * unit
+    if value != int(value) or value < 1:
+        raise ConfigError(f"{flag} {text!r}: a message is a whole number of bytes, at least 1")
+    return int(value)
+
+
+def size_series(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
+    """``min_bytes``, x factor, ... up to ``max_bytes`` (as nccl-tests' -b/-e/-f: the last size is the largest not
+    above the maximum)."""
+    if min_bytes > max_bytes:
+        raise ConfigError(
+            f"--min-bytes {size_label(min_bytes)} is larger than --max-bytes {size_label(max_bytes)}; "
+            "swap them, or give one size with --sizes"
+        )
+    if not factor > 1:
+        raise ConfigError(f"--factor {factor:g}: sizes grow by it, so it must be above 1 (2 doubles them)")
+    sizes: list[int] = []
+    size = float(min_bytes)
+    while size <= max_bytes:
+        if not sizes or int(size) > sizes[-1]:
+            sizes.append(int(size))
+        if len(sizes) > MAX_SIZES:
+            raise ConfigError(
+                f"--factor {factor:g} from {size_label(min_bytes)} to {size_label(max_bytes)} makes more than "
+                f"{MAX_SIZES} sizes; use a larger factor (2 doubles), or list the sizes with --sizes"
+            )
+        size *= factor
+    return sizes
+
+
+def _names(text: str, known: tuple[str, ...], flag: str, aliases: dict[str, str] | None = None) -> list[str]:
+    """A comma-separated list of names (``all`` for every one), each checked; hyphens read as underscores."""
+    given = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if given == ["all"]:
+        return list(known)
+    out: list[str] = []
+    for name in given:
+        name = (aliases or {}).get(name, name.replace("-", "_"))
+        if name not in known:
+            raise ConfigError(
+                f"{flag}: unknown {flag.strip('-').rstrip('s')} {name!r}; choose from: {', '.join(known)}"
+            )
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise ConfigError(f"{flag}: give at least one of: {', '.join(known)} (or all)")
+    return out
+
+
+def add_comm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `comm` subcommand's options."""
+    parser.epilog = EXIT_CODES_HELP
+    what = parser.add_argument_group("what is measured")
+    what.add_argument(
+        "--backend", help="backend name (default: the highest-priority backend that detects a device)"
+    )
+    what.add_argument(
+        "--ops",
+        default="all",
+        metavar="LIST",
+        help=f"collectives, comma-separated, or all (default: all): {', '.join(OPS)}",
+    )
+    what.add_argument(
+        "--dtypes",
+        default="fp32",
+        metavar="LIST",
+        help=f"element types, comma-separated (default: fp32): {', '.join(DTYPES)}",
+    )
+    what.add_argument(
+        "--min-bytes",
+        default=str(DEFAULT_MIN_BYTES),
+        metavar="SIZE",
+        help=f"smallest message, e.g. 8, 1KiB, 64MiB (default: {size_label(DEFAULT_MIN_BYTES)})",
+    )
+    what.add_argument(
+        "--max-bytes",
+        default=size_label(DEFAULT_MAX_BYTES).replace(" ", ""),
+        metavar="SIZE",
+        help=f"largest message (default: {size_label(DEFAULT_MAX_BYTES)})",
+    )
+    what.add_argument("--factor", type=float, default=2.0, help="each size is the last x this (default: 2)")
+    what.add_argument(
+        "--sizes", metavar="LIST", help="these sizes instead of --min-bytes..--max-bytes, e.g. 1KiB,1MiB,1GiB"
+    )
+    what.add_argument(
+        "--warmup", type=int, default=5, metavar="N", help="untimed iterations per size (default: 5)"
+    )
+    what.add_argument(
+        "--iters", type=int, default=20, metavar="N", help="timed iterations per size (default: 20)"
+    )
+    what.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="do not check results against the expected values (#wrong shows N/A)",
+    )
+    job = parser.add_argument_group("the job (as for accelbench run)")
+    for name in ("devices", "nnodes", "node_rank", "rdzv_endpoint", "collective_timeout", "threads"):
+        info = RunConfig.model_fields[name]
+        kind = float if name == "collective_timeout" else str if name == "rdzv_endpoint" else int
+        job.add_argument(
+            "--" + flag_of(name),
+            dest=name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=flag_of(name).upper().replace("-", "_"),
+            help=f"{info.description} (default: {info.default})".replace("%", "%%"),
+        )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--output-dir", type=Path, default=Path("results"), help="where the record goes (default: results)"
+    )
+    out.add_argument("--quiet", "-q", action="store_true", help="no table")
+    out.add_argument(
+        "--json", action="store_true", help="print the record as JSON on stdout (the table goes to stderr)"
+    )
+
+
+def launch_config(args: argparse.Namespace, backend: str | None) -> RunConfig:
+    """The job's shape checked exactly as `accelbench run` checks it (devices, nodes, rendezvous, timeout)."""
+    values: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("devices", "nnodes", "node_rank", "rdzv_endpoint", "collective_timeout", "threads")
+        if hasattr(args, name)
+    }
+    try:
+        return RunConfig(backend=backend, output_dir=args.output_dir, **values)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            loc = str(e["loc"][0]) if e["loc"] else ""
+            problems.append(
+                (f"--{flag_of(loc)}: " if loc else "") + str(e["msg"]).removeprefix("Value error, ")
+            )
+        raise ConfigError("; ".join(problems)) from None
+
+
+def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
+    """The request, checked: names known, sizes readable and in order, counts positive; and the job's shape (node
+    rank, rendezvous) as `run` checks it. A ConfigError names the flag and what to give instead."""
+    ops = _names(args.ops, OPS, "--ops")
+    dtypes = _names(args.dtypes, DTYPES, "--dtypes", DTYPE_ALIASES)
+    if args.sizes is not None:
+        sizes = sorted({parse_size(t) for t in args.sizes.split(",") if t.strip()})
+        if not sizes:
+            raise ConfigError("--sizes: give at least one size, e.g. --sizes 1KiB,1MiB")
+    else:
+        sizes = size_series(
+            parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes"), args.factor
+        )
+    if args.iters < 1:
+        raise ConfigError(f"--iters {args.iters}: at least 1 timed iteration per size")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup {args.warmup}: 0 or more untimed iterations")
+    launch = launch_config(args, args.backend)
+    config = CommConfig(
+        backend=args.backend,
+        ops=ops,  # type: ignore[arg-type]  # checked against OPS above
+        dtypes=dtypes,  # type: ignore[arg-type]
+        sizes=sizes,
+        warmup=args.warmup,
+        iters=args.iters,
+        check=args.check,
+        devices=launch.devices,
+        nnodes=launch.nnodes,
+        collective_timeout=launch.collective_timeout,
+        threads=launch.threads,
+        output_dir=args.output_dir,
+    )
+    return config, launch
+
+
+def describe(config: CommConfig) -> str:
+    """The request in one line, for the table's heading."""
+    sizes = config.sizes
+    span = size_label(sizes[0]) if len(sizes) == 1 else f"{size_label(sizes[0])}..{size_label(sizes[-1])}"
+    factors = "; ".join(f"{op}: {COLLECTIVES[op].formula}" for op in config.ops)
+    return (
+        f"{len(sizes)} size(s) {span}, {', '.join(config.dtypes)}, {config.warmup} warm-up + {config.iters} timed "
+        f"iterations, results {'checked' if config.check else 'not checked'}; busbw = algbw x ({factors})"
+    )

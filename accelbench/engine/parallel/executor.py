@@ -1,0 +1,502 @@
+"""The executor of the ``tp``, ``pp`` and ``mesh`` strategies: tensor, pipeline and data parallelism composed on a
+device mesh, on PyTorch's own building blocks (DTensor's ``parallelize_module``, ``torch.distributed.pipelining``,
+FSDP2's ``fully_shard`` or DDP on the data axis).
+
+Order of construction, as torchtitan does it: cut the pipeline stages (when there is a pp axis), apply tensor
+parallelism to each stage's units, then shard (FSDP2) or replicate (DDP) each stage over the data axis. The step is
+single-device training's (same loss, same clipping of the global gradient norm, same AdamW), so for the same seed,
+fp32 and no dropout the losses match single-device training up to the order of floating-point sums:
+
+- the pipeline's microbatch gradients are summed and divided by the microbatch count once;
+- gradients of a tied parameter untied across stages are summed (:mod:`accelbench.engine.parallel.pp`);
+- the gradient norm is the norm over the whole model: DTensor shards reduced over their mesh, the pipeline's
+  stages summed over the pp group, the untied copy counted once;
+- the loss is computed on the last stage and broadcast to the pipeline's other ranks, so every rank reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from accelbench.config import fewest_microbatches
+from accelbench.engine.executor import DataShard, Executor, ExecutorRequest, World
+from accelbench.engine.parallel.mesh import Layout, build_device_mesh, check_model_split
+from accelbench.engine.parallel.pp import (
+    TORCH_SCHEDULES,
+    StageClock,
+    StageModule,
+    StagePlan,
+    TiedCopy,
+    build_stage,
+    make_schedule,
+    plan_stages,
+)
+from accelbench.engine.parallel.tp import parallelize_units
+from accelbench.errors import ConfigError
+from accelbench.estimate.parallel import MeshShape, TransformerShape, estimate, pipeline_bubble
+from accelbench.workloads import ModelUnits, TrainingJob
+
+if TYPE_CHECKING:
+    from accelbench.engine.metrics import RankLog
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class _TiedPair:
+    """A tied parameter untied across two pipeline stages: this rank's side(s) of it and the group that sums them."""
+
+    def __init__(self, sides: list[tuple[nn.Module, str]], group: Any) -> None:
+        self.sides = sides  # (module, attribute): the owner's and/or the copy's, on this rank
+        self.group = group  # the two ranks' process group; None when this rank holds both sides
+
+    def sum_gradients(self) -> None:
+        grads = []
+        for module, attribute in self.sides:
+            param = getattr(module, attribute)
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grads.append(_local(param.grad))
+        if self.group is not None:
+            dist.all_reduce(grads[0], group=self.group)
+        else:
+            total = grads[0] + grads[1]
+            for grad in grads:
+                grad.copy_(total)
+
+
+class ParallelExecutor(Executor):
+    """Tensor, pipeline and data parallelism composed on the run's mesh (``--mesh``, or ``--strategy tp``/``pp``)."""
+
+    def __init__(self, request: ExecutorRequest) -> None:
+        self.request = request
+        self.device = request.device
+        config = request.config
+        self.layout = Layout.of(config)
+        if self.layout.world != request.world.world_size:
+            raise ConfigError(
+                f"--mesh {config.mesh} covers {self.layout.world} ranks, but the job has {request.world.world_size}"
+            )
+        if request.units is None:
+            raise ConfigError(
+                f"strategy {config.strategy!r} needs the workload's units (ExecutorRequest.units)"
+            )
+        check_model_split(config, request.units, config.workload)
+        self._units: ModelUnits = request.units
+        self.coordinates = self.layout.coordinates(request.world.rank)
+        plan = request.precision
+        self._autocast: Any = (
+            torch.autocast(self.device.type, dtype=plan.torch_autocast_dtype)
+            if plan.torch_autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        self.pipelined = self.layout.size("pp") > 1
+        self.clock = StageClock(self.device) if self.pipelined else None
+        self._clip: float | None = None
+        self._tied: list[_TiedPair] = []
+        self._copies: list[TiedCopy] = []
+        self._schedules: dict[int, tuple[Any, int]] = {}  # batch size -> (schedule, microbatches)
+        self._logs: list[RankLog] = []
+        self._stage_plan: StagePlan | None = None
+        self._shape: TransformerShape | None = None
+        self.modules: list[nn.Module] = []
+
+    # ---------------------------------------------------------------------------------------------------------
+    # set-up
+    # ---------------------------------------------------------------------------------------------------------
+
+    def setup(self, job: TrainingJob) -> None:
+        layout, units = self.layout, job.units
+        self._units, self._clip = units, job.grad_clip_norm
+        self._shape = _shape_of(job.model, units)
+        self.mesh = build_device_mesh(layout, self.device.type)
+        dtype = self.request.precision.torch_param_dtype
+        if self.pipelined:
+            self._stage_plan = plan_stages(job.model, units, layout.stages, layout.split)
+            self.stage_ids = layout.stage_ids(self.coordinates["pp"])
+            built = [build_stage(job.model, units, self._stage_plan, s) for s in self.stage_ids]
+            parts: list[nn.Module] = [module for module, _ in built]
+            self._copies = [c for _, copies in built for c in copies]
+        else:
+            self.stage_ids = []
+            parts = [job.model]
+        for part in parts:
+            part.to(device=self.device, dtype=dtype).train()
+            part_units = list(part.units) if isinstance(part, StageModule) else units.modules(part)
+            if layout.size("tp") > 1:
+                parallelize_units(part_units, units.tp_plan, self.mesh["tp"], layout.sequence_parallel)
+            self.modules.append(self._data_parallel(part, part_units))
+        self.optimizer = _unmixed(job.make_optimizer(nn.ModuleList(self.modules), self.device))
+        if self.pipelined:
+            self._pp_group = self.mesh["pp"].get_group()
+            self._loss_fn = getattr(job.model, str(units.loss_method))
+            self._tied = self._tied_pairs(job.model, units)
+            last = layout.stage_holder(layout.stages - 1)  # pp rank p-1, or 0 for the V-shaped schedules
+            self._loss_source = layout.rank_of({**self.coordinates, "pp": last})
+
+    def _data_parallel(self, part: nn.Module, part_units: list[nn.Module]) -> nn.Module:
+        """``part`` sharded (FSDP2, one unit each plus the rest as the root) or replicated (DDP) over the dp axis."""
+        kind = self.layout.data_parallel
+        if self.layout.size("dp") == 1 or kind is None:
+            return part
+        dp_mesh = self.mesh["dp"]
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
+            # The pipeline runs a stage's microbatches under no_sync and hands DDP the last backward itself; plain
+            # DDP then counts the parameters twice when it first rebuilds its buckets, and static_graph=True gave the
+            # last stage wrong gradients (torch 2.13). Searching the graph for unused parameters gets them right.
+            return DistributedDataParallel(
+                part, process_group=dp_mesh.get_group(), device_ids=ids, find_unused_parameters=True
+            )
+        from torch.distributed.fsdp import fully_shard
+
+        # a pipeline runs several microbatches through a stage per step: keep its parameters gathered between them
+        reshard = not self.pipelined
+        for unit in part_units:
+            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard)
+        return part
+
+    def _tied_pairs(self, model: nn.Module, units: ModelUnits) -> list[_TiedPair]:
+        """The groups that sum the gradients of tied parameters untied across stages, one per pipeline (each
+        (dp, tp) coordinate): the ranks holding the owner's stage and the user's. Every rank creates every group,
+        in the same order (``new_group`` is collective), and keeps those it belongs to."""
+        assert self._stage_plan is not None
+        layout, me, mine = self.layout, self.request.world.rank, self.coordinates["pp"]
+        pairs: list[_TiedPair] = []
+        for user, owner in units.tied:
+            owner_module, _, attribute = owner.rpartition(".")
+            owner_stage = self._stage_plan.stage_of(units, owner_module)
+            user_stage = self._stage_plan.stage_of(units, user.rpartition(".")[0])
+            if owner_stage is None or user_stage is None or owner_stage == user_stage:
+                continue  # tied within one stage: one parameter, as on one device
+            owner_pp, user_pp = layout.stage_holder(owner_stage), layout.stage_holder(user_stage)
+            for group in layout.groups("pp"):
+                a, b = group[owner_pp], group[user_pp]
+                made = dist.new_group([a, b]) if a != b else None
+                if me not in (a, b):
+                    continue
+                sides: list[tuple[nn.Module, str]] = []
+                if mine == owner_pp:
+                    sides.append((model.get_submodule(owner_module), attribute))
+                if mine == user_pp:
+                    copy = next(c for c in self._copies if (c.user, c.owner) == (user, owner))
+                    sides.append((copy.module, copy.attribute))
+                pairs.append(_TiedPair(sides, made))
+        return pairs
+
+    # ---------------------------------------------------------------------------------------------------------
+    # training
+    # ---------------------------------------------------------------------------------------------------------
+
+    def data_shard(self, world: World) -> DataShard:
+        c = self.coordinates
+        return DataShard(c["dp"], self.layout.size("dp"), counts_samples=c["tp"] == 0 and c["pp"] == 0)
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.pipelined:
+            loss = self._pipeline_step(inputs, targets)
+        else:
+            with self._autocast:
+                loss = self.modules[0](inputs, targets)
+            loss.backward()
+            loss = loss.detach()
+        for pair in self._tied:
+            pair.sum_gradients()
+        if self._clip is not None:
+            self._clip_gradients(self._clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.pipelined:  # only the last stage computed the loss: every rank of the pipeline reports it
+            loss = loss.float()
+            dist.broadcast(loss, src=self._loss_source, group=self._pp_group)
+        return loss
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        schedule, microbatches = self._schedule_for(inputs.shape[0])
+        assert self.clock is not None
+        losses: list[torch.Tensor] = []
+        holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
+        self.clock.begin_step()
+        with self._autocast:
+            schedule.step(
+                *((inputs,) if holds_first else ()),
+                **({"target": targets, "losses": losses} if holds_last else {}),
+            )
+        self.clock.end_step()
+        seen: set[int] = set()
+        for module in self.modules:  # the mean over microbatches, each parameter once
+            for param in module.parameters():
+                if param.grad is not None and id(param) not in seen:
+                    seen.add(id(param))
+                    _local(param.grad).div_(microbatches)
+        if losses:
+            return torch.stack([loss.detach() for loss in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    def _schedule_for(self, batch: int) -> tuple[Any, int]:
+        """The schedule for batches of ``batch`` samples. Stages fix their microbatch shapes at their first step,
+        so an epoch's smaller last batch gets its own stages and schedule, with as many microbatches as divide it
+        (equal microbatches keep the mean loss exact)."""
+        if batch in self._schedules:
+            return self._schedules[batch]
+        from torch.distributed.pipelining import PipelineStage
+
+        layout = self.layout
+        microbatches = math.gcd(layout.microbatches, batch)
+        fewest = fewest_microbatches(layout.schedule, layout.size("pp"), layout.virtual_stages)
+        if microbatches < fewest:
+            raise RuntimeError(
+                f"a batch of {batch} samples (an epoch's smaller last batch) cannot be cut into the {fewest} or more "
+                f"equal microbatches --pp-schedule {layout.schedule} needs; cap the epoch with --steps-per-epoch, or "
+                "choose a batch size that divides the epoch"
+            )
+        stages = [
+            PipelineStage(module, stage, self.layout.stages, self.device, group=self._pp_group)
+            for module, stage in zip(self.modules, self.stage_ids, strict=True)
+        ]
+        assert self.clock is not None
+        for stage in stages:
+            self.clock.instrument(stage)
+        self._schedules[batch] = (
+            make_schedule(self.layout.schedule, stages, microbatches, self._loss_fn),
+            microbatches,
+        )
+        return self._schedules[batch]
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Clip to ``max_norm`` by the global gradient norm, as ``clip_grad_norm_`` does on one device: DTensor
+        gradients reduced over their mesh (tensor- and data-parallel shards), the pipeline's ranks summed, an
+        untied copy of a tied parameter counted once (its owner's gradient already holds the sum)."""
+        copies = {id(c.parameter) for c in self._copies}
+        params = list({id(p): p for m in self.modules for p in m.parameters() if p.grad is not None}.values())
+        by_mesh: dict[Any, list[torch.Tensor]] = {}
+        plain: list[torch.Tensor] = []
+        for p in params:
+            if id(p) in copies:
+                continue
+            grad = p.grad
+            assert grad is not None
+            if isinstance(grad, DTensor):
+                by_mesh.setdefault(grad.device_mesh, []).append(grad)
+            else:
+                plain.append(grad)
+        squares = torch.zeros((), device=self.device, dtype=torch.float32)
+        for grads in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
+        if plain:
+            squares += torch.nn.utils.get_total_norm(plain, foreach=True).float() ** 2
+        if self.pipelined:
+            dist.all_reduce(squares, group=self._pp_group)
+        coefficient = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+        for p in params:
+            assert p.grad is not None
+            grad = _local(p.grad)
+            grad.mul_(coefficient.to(grad.dtype))
+
+    # ---------------------------------------------------------------------------------------------------------
+    # the record
+    # ---------------------------------------------------------------------------------------------------------
+
+    def rank_facts(self) -> dict[str, Any]:
+        if self.clock is None:
+            return {}
+        return {"pp_rank": self.coordinates["pp"], "stages": self.stage_ids, "clock": self.clock.summary()}
+
+    def add_rank_logs(self, logs: list[RankLog]) -> None:
+        self._logs = list(logs)
+
+    def describe(self) -> dict[str, Any]:
+        config, layout = self.request.config, self.layout
+        defaults = getattr(getattr(self, "optimizer", None), "defaults", {})
+        out: dict[str, Any] = {
+            "executor": type(self).__name__,
+            "strategy": config.strategy,
+            "torch_compile": False,  # refused with tensor/pipeline parallelism (RunConfig)
+            "compile_mode": None,
+            "cuda_graphs": False,
+            "mesh": {"text": config.mesh, **layout.describe()},
+            "optimizer": type(self.optimizer).__name__ if hasattr(self, "optimizer") else None,
+            "fused_optimizer": bool(defaults.get("fused")),
+            "grad_clip_norm": self._clip,
+            "samples_counted": "once per data-parallel replica (by its tensor-parallel rank 0 of the first stage)",
+        }
+        if layout.size("tp") > 1:
+            out["tensor_parallel"] = {
+                "size": layout.size("tp"),
+                "sequence_parallel": layout.sequence_parallel,
+                "plan": [list(entry) for entry in self._units.tp_plan],
+                "whole_on_every_rank": "the stem and head (embeddings, final norm, LM head)",
+            }
+        if layout.size("dp") > 1:
+            out["data_parallel"] = {
+                "kind": layout.data_parallel,
+                "size": layout.size("dp"),
+                "how": "FSDP2 fully_shard per unit plus the rest as root"
+                if layout.data_parallel == "fsdp"
+                else "DDP per pipeline stage",
+            }
+        if self.pipelined:
+            out["pipeline"] = self._describe_pipeline()
+        analytical = self._analytical()
+        if analytical is not None:
+            out["analytical"] = analytical
+        return out
+
+    def _describe_pipeline(self) -> dict[str, Any]:
+        config, layout = self.request.config, self.layout
+        p, v, m = layout.size("pp"), layout.virtual_stages, layout.microbatches
+        per_rank: dict[int, dict[str, Any]] = {}
+        for log in self._logs:
+            facts = log.executor_facts
+            if "pp_rank" not in facts:
+                continue
+            entry = per_rank.setdefault(
+                int(facts["pp_rank"]),
+                {
+                    "pp_rank": facts["pp_rank"],
+                    "stages": facts["stages"],
+                    "idle": [],
+                    "ranks": [],
+                    "peaks": [],
+                },
+            )
+            entry["ranks"].append(log.rank)
+            idle = facts["clock"].get("idle_fraction")
+            if idle is not None:
+                entry["idle"].append(idle)
+            entry["peaks"].extend(
+                b for b in log.epoch_peak_bytes[1:] or log.epoch_peak_bytes if b is not None
+            )
+        ranks = []
+        for index in sorted(per_rank):
+            e = per_rank[index]
+            ranks.append(
+                {
+                    "pp_rank": index,
+                    "stages": e["stages"],
+                    "ranks": e["ranks"],
+                    "idle_fraction": statistics.fmean(e["idle"]) if e["idle"] else None,
+                    "peak_memory_bytes": max(e["peaks"]) if e["peaks"] else None,
+                }
+            )
+        measured = [r["idle_fraction"] for r in ranks if r["idle_fraction"] is not None]
+        units = self._units
+        stages = self._stage_plan.describe(units) if self._stage_plan else []
+        for stage in stages:
+            stage["pp_rank"] = layout.stage_holder(stage["stage"])
+        return {
+            "schedule": layout.schedule,
+            "torch_schedule": f"Schedule{TORCH_SCHEDULES[layout.schedule]}",
+            "ranks": p,
+            "virtual_stages": v,
+            "stages": layout.stages,
+            "microbatches": m,
+            "microbatch_size": config.batch_size // m,
+            "split": f"by {layout.split}"
+            + (" (units dealt in equal counts)" if layout.split == "layers" else ""),
+            "stage_units": stages,
+            "tied": [
+                f"{user} untied from {owner} on the stage that lacks it; gradients summed after each backward"
+                for user, owner in units.tied
+            ]
+            if self._copies or self._tied
+            else [],
+            "bubble": {
+                "analytical": pipeline_bubble(layout.schedule, p, m, v),
+                "analytical_formula": "(p-1)/(v m + p-1); none for zero-bubble schedules",
+                "measured": statistics.fmean(measured) if measured else None,
+                "measured_how": "per pipeline rank, 1 - (time in the schedule's forward/backward actions) / (step "
+                "time), over every step after the first; idle = bubble + communication not hidden by compute",
+                "per_rank": ranks,
+            },
+        }
+
+    def _analytical(self) -> dict[str, Any] | None:
+        """The analytical model's figures for this layout (:func:`accelbench.estimate.parallel.estimate`)."""
+        if self._shape is None:
+            return None
+        layout, plan = self.layout, self.request.precision
+        param_bytes = torch.empty((), dtype=plan.torch_param_dtype).element_size()
+        activation_dtype = plan.torch_autocast_dtype or plan.torch_param_dtype
+        mesh = MeshShape(
+            dp=layout.size("dp"),
+            tp=layout.size("tp"),
+            pp=layout.size("pp"),
+            data_parallel=layout.data_parallel or "fsdp",
+            schedule=layout.schedule or "1f1b",
+            microbatches=layout.microbatches,
+            virtual_stages=layout.virtual_stages,
+            sequence_parallel=layout.sequence_parallel,
+        )
+        result = estimate(
+            self._shape,
+            mesh,
+            self.request.config.batch_size,
+            param_bytes=param_bytes,
+            grad_bytes=param_bytes,
+            optimizer_bytes=2 * param_bytes,
+            activation_bytes=torch.empty((), dtype=activation_dtype).element_size(),
+        ).as_dict()
+        result["note"] = (
+            "estimates per device for the first pipeline rank (accelbench.estimate.parallel.estimate): memory by "
+            "kind; communication per step by mesh axis in bytes moved (nccl-tests' bus bytes)"
+        )
+        return result
+
+
+def _unmixed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The workload's optimizer with each parameter group split by kind (plain tensors, DTensors of each mesh):
+    fused and foreach kernels take one kind at a time, and tensor parallelism leaves the stem and head plain. The
+    groups keep their settings (weight decay, ...), so the updates are the workload's own. Done before any step."""
+    groups = list(optimizer.param_groups)
+    optimizer.param_groups.clear()
+    for group in groups:
+        kinds: dict[Any, list[torch.Tensor]] = {}
+        for param in group["params"]:
+            kinds.setdefault(param.device_mesh if isinstance(param, DTensor) else None, []).append(param)
+        settings = {k: v for k, v in group.items() if k != "params"}
+        for params in kinds.values():
+            optimizer.add_param_group({**settings, "params": params})
+    return optimizer
+
+
+def _shape_of(model: nn.Module, units: ModelUnits) -> TransformerShape | None:
+    """The model as the analytical model sees it: counted parameters of a unit and of the rest."""
+    if units.hidden_size is None or units.sequence_length is None or not units.units:
+        return None
+    seen: set[int] = set()
+
+    def count(paths: tuple[str, ...]) -> int:
+        total = 0
+        for module in units.modules(model, paths):
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
+        return total
+
+    layer = count((units.units[0],))
+    other = count(units.stem) + count(units.head)
+    heads = dict(units.tp_divides).get("attention heads", 1)
+    return TransformerShape(
+        layers=len(units.units),
+        hidden=units.hidden_size,
+        heads=heads,
+        sequence=units.sequence_length,
+        vocab=0,
+        layer_parameters=layer,
+        other_parameters=other,
+    )

@@ -1,0 +1,84 @@
+"""The ``accelbench estimate`` flags beside the ``run`` options: cheap to import (no model, no torch), since the
+command line builds every subcommand's parser at start-up."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+# Fraction of the peak FLOP/s a training step reaches. 0.4: the public figures for a tuned GPT-2 loop reach 40-50%
+# MFU on an A100 or H100 (shared/notes/MEASUREMENT.md); override with --efficiency.
+DEFAULT_EFFICIENCY = 0.4
+
+
+def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags ``estimate`` has beside the ``run`` options."""
+    group = parser.add_argument_group("estimate")
+    group.add_argument(
+        "--device",
+        dest="estimate_device",
+        metavar="NAME",
+        help="predict for a device from the installed plugins' peak tables (e.g. H100, MI250X, 'Max 1550 tile') "
+        "instead of the one detected here; an unknown name lists the known ones",
+    )
+    group.add_argument(
+        "--comm",
+        nargs="+",
+        action="extend",
+        type=Path,
+        metavar="DIR_OR_FILE",
+        help="comm records (schema accelbench.comm, from `accelbench comm`) giving bus bandwidth by collective and "
+        "message size, measured on the system predicted for",
+    )
+    group.add_argument(
+        "--bus-bandwidth",
+        type=float,
+        metavar="GB_PER_S",
+        help="one bus bandwidth (GB/s, nccl-tests' busbw) for every collective, instead of --comm",
+    )
+    group.add_argument(
+        "--efficiency",
+        type=float,
+        default=DEFAULT_EFFICIENCY,
+        help=f"fraction of the peak FLOP/s a step reaches (default: {DEFAULT_EFFICIENCY}, a tuned GPT-2 loop's "
+        "MFU on an A100/H100)",
+    )
+    group.add_argument(
+        "--overlap",
+        choices=("auto", "none", "backward"),
+        default="auto",
+        help="which collectives hide behind compute: none; backward (DDP's buckets, FSDP and ZeRO-3 prefetch, up "
+        "to the backward pass); auto: backward on accelerators, none on CPUs (default: auto)",
+    )
+    group.add_argument(
+        "--measure-peak",
+        action="store_true",
+        help="time dense matrix multiplies in each precision on this backend's device (a few seconds; cached per "
+        "host, device, torch version and thread count) and predict with the measured rate",
+    )
+    group.add_argument(
+        "--refresh-peak", action="store_true", help="with --measure-peak: measure again, ignoring the cache"
+    )
+    group.add_argument(
+        "--runtime-mib",
+        type=float,
+        default=0.0,
+        metavar="MIB",
+        help="memory a process holds before the model, added to the peak (a CPU run's resident-set peak counts "
+        "the interpreter and libraries, a GPU allocator's does not; default: 0)",
+    )
+    group.add_argument(
+        "--scale-to",
+        nargs="+",
+        action="extend",
+        type=int,
+        metavar="N",
+        help="also predict the speedup to N devices (seed 001's formula; needs --comm or --bus-bandwidth)",
+    )
+    group.add_argument(
+        "--measured",
+        type=Path,
+        metavar="RECORD",
+        help="with --scale-to: start from this result record's measured step time (a record of this configuration)",
+    )
+    group.add_argument("--json", action="store_true", help="print the prediction as JSON on stdout")

@@ -1,0 +1,78 @@
+"""Devices by name from the installed plugins' peak tables: a system you do not have (``--device H100``).
+
+Each backend plugin lists the devices its table knows through ``accelbench_known_devices``, as its detection would
+report them (so its ``accelbench_peak_figures`` answers for them), with their datasheet memory, a label and short
+names. A name matches when it equals, ignoring case, spaces and punctuation, a device's reported name, label or
+one of its short names; failing that, when it is part of exactly one device's names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from accelbench.devices import DeviceInfo
+from accelbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from accelbench.plugins import Backend, PluginHost
+
+
+@dataclass(frozen=True)
+class KnownDevice:
+    """A device from a backend's catalogue."""
+
+    backend: Backend
+    device: DeviceInfo
+
+    @property
+    def names(self) -> list[str]:
+        """Its short names, label and reported name, the first being what listings show."""
+        aliases = [a.strip() for a in self.device.details.get("aliases", "").split(",") if a.strip()]
+        label = self.device.details.get("label")
+        return [*aliases, *([label] if label else []), self.device.name]
+
+    @property
+    def shown(self) -> str:
+        memory = f", {self.device.memory_bytes / 2**30:g} GiB" if self.device.memory_bytes else ""
+        return f"{self.names[0]} ({self.backend.name}: {self.device.details.get('label', self.device.name)}{memory})"
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", text.casefold())
+
+
+def known_devices(host: PluginHost) -> list[KnownDevice]:
+    """Every device the installed backends' catalogues know, backend by backend (detection priority order). A
+    plugin whose catalogue fails is skipped: a listing never fails for one plugin's fault."""
+    out = []
+    for backend in host.backends.values():
+        try:
+            devices = backend.known_devices()
+        except Exception:  # noqa: BLE001 - a broken catalogue is left out, not raised
+            continue
+        out += [KnownDevice(backend, device) for device in devices]
+    return out
+
+
+def find_device(host: PluginHost, name: str) -> KnownDevice:
+    """The device ``name`` means; ConfigError listing the known names when it matches none, or the candidates when
+    it matches several."""
+    known = known_devices(host)
+    wanted = _key(name)
+    exact = [k for k in known if wanted in {_key(n) for n in k.names}]
+    if len(exact) == 1:
+        return exact[0]
+    partial = exact or [k for k in known if wanted and any(wanted in _key(n) for n in k.names)]
+    if len(partial) == 1:
+        return partial[0]
+    if partial:
+        raise ConfigError(
+            f"--device {name!r} matches several devices: {'; '.join(k.shown for k in partial)}; give one of "
+            "their names"
+        )
+    listing = "; ".join(k.shown for k in known) or "none (no installed plugin lists its devices)"
+    raise ConfigError(
+        f"--device {name!r}: no installed plugin's peak table knows it; known devices: {listing}"
+    )

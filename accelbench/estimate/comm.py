@@ -1,0 +1,182 @@
+"""Bus bandwidth by collective, element type and message size, from ``accelbench comm`` records: what the
+collectives' times are computed from.
+
+:func:`accelbench.estimate.model.estimate` needs one method, ``lookup(op, ranks, message_bytes, dtype)`` -> (bus
+bandwidth in bytes/s, where it comes from). :class:`BusBandwidth` answers it from measured samples:
+
+- the same collective and element type over the same number of ranks, interpolated log-log between the two
+  message sizes around the one asked for (clamped to the smallest or largest measured, which it says);
+- otherwise the nearest number of ranks measured (said so), another element type of the same collective (said
+  so), then a sibling collective (an all-gather for a reduce-scatter and back: the same ring moves the same bus
+  bytes; an all-reduce for a reduce or a broadcast), and as a last resort any measured collective (said so).
+
+:func:`load_bus_bandwidth` reads comm records (schema ``accelbench.comm``, written by ``accelbench comm``) through
+:func:`accelbench.comm.records.read_comm_record`: the measurements whose status is ``ok``, their ``busbw_gbps``
+(nccl-tests' bus bandwidth: sizes are the whole array; busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for
+all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and sendrecv). Out-of-place measurements are
+used where a size has both variants (what the training strategies run).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from accelbench.comm.records import comm_record_in, read_comm_record
+from accelbench.errors import ConfigError, ResultFileError
+from accelbench.estimate.model import Bandwidth
+
+SIBLINGS = {
+    "reduce_scatter": ("all_gather",),
+    "all_gather": ("reduce_scatter",),
+    "reduce": ("all_reduce",),
+    "broadcast": ("all_reduce", "all_gather"),
+    "sendrecv": ("broadcast",),
+    "all_to_all": ("all_gather",),
+}
+
+
+class BandwidthSample(BaseModel):
+    """One measured point: a collective in ``dtype`` over ``world_size`` ranks on ``size_bytes`` (the whole array)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: str
+    dtype: str = "fp32"
+    world_size: int = Field(ge=1)
+    size_bytes: float = Field(gt=0)
+    busbw_bytes_per_s: float = Field(gt=0)
+    source: str = ""
+
+
+class BusBandwidth(Bandwidth):
+    """Measured bus bandwidth (see the module's docstring for how a lookup is answered)."""
+
+    def __init__(self, samples: Iterable[BandwidthSample]) -> None:
+        self.samples = list(samples)
+
+    @classmethod
+    def constant(cls, bytes_per_s: float, source: str) -> BusBandwidth:
+        """One figure for every collective, type and size (``--bus-bandwidth``)."""
+        return _Constant(bytes_per_s, source)
+
+    def lookup(self, op: str, ranks: int, message_bytes: float, dtype: str) -> tuple[float, str] | None:
+        for candidate, note in self._candidates(op):
+            mine = [s for s in self.samples if s.op == candidate]
+            if not mine:
+                continue
+            same_type = [s for s in mine if s.dtype == dtype]
+            typed = same_type or mine
+            kind = typed[0].dtype if same_type else sorted({s.dtype for s in mine})[0]
+            typed = [s for s in typed if s.dtype == kind]
+            world = min({s.world_size for s in typed}, key=lambda w: (abs(math.log(w / ranks)), -w))
+            points = sorted((s for s in typed if s.world_size == world), key=lambda s: s.size_bytes)
+            busbw, where = _interpolate(points, message_bytes)
+            text = f"{candidate} {kind} over {world} ranks at {_size(message_bytes)}: {where}"
+            if world != ranks:
+                text += f" (none measured over {ranks} ranks)"
+            if not same_type:
+                text += f" (no {dtype} measured)"
+            if note:
+                text += f" ({note})"
+            origins = sorted({s.source for s in points if s.source})
+            if origins:
+                text += f"; from {', '.join(origins)}"
+            return busbw, text
+        return None
+
+    def _candidates(self, op: str) -> list[tuple[str, str]]:
+        out = [(op, "")]
+        out += [(s, f"no {op} measured: its sibling {s}") for s in SIBLINGS.get(op, ())]
+        others = sorted({s.op for s in self.samples} - {c for c, _ in out})
+        out += [(o, f"no {op} or its siblings measured: {o} stands in") for o in others]
+        return out
+
+
+class _Constant(BusBandwidth):
+    def __init__(self, bytes_per_s: float, source: str) -> None:
+        super().__init__([])
+        self.bytes_per_s = bytes_per_s
+        self.source = source
+
+    def lookup(self, op: str, ranks: int, message_bytes: float, dtype: str) -> tuple[float, str] | None:
+        return self.bytes_per_s, self.source
+
+
+def _interpolate(points: Sequence[BandwidthSample], size: float) -> tuple[float, str]:
+    """Bus bandwidth at ``size``: log-log between the measured sizes around it, the nearest end outside them."""
+    if size <= points[0].size_bytes:
+        clamp = " (below the smallest size measured)" if size < points[0].size_bytes else ""
+        return points[0].busbw_bytes_per_s, f"{_gbps(points[0].busbw_bytes_per_s)}{clamp}"
+    if size >= points[-1].size_bytes:
+        clamp = " (above the largest size measured)" if size > points[-1].size_bytes else ""
+        return points[-1].busbw_bytes_per_s, f"{_gbps(points[-1].busbw_bytes_per_s)}{clamp}"
+    for low, high in zip(points, points[1:], strict=False):
+        if low.size_bytes <= size <= high.size_bytes:
+            t = math.log(size / low.size_bytes) / math.log(high.size_bytes / low.size_bytes)
+            value = math.exp(
+                math.log(low.busbw_bytes_per_s) + t * math.log(high.busbw_bytes_per_s / low.busbw_bytes_per_s)
+            )
+            return (
+                value,
+                f"{_gbps(value)}, between {_size(low.size_bytes)} and {_size(high.size_bytes)} measured",
+            )
+    raise AssertionError("unreachable: the size lies between two measured sizes")
+
+
+def _gbps(value: float) -> str:
+    return f"{value / 1e9:.3g} GB/s"
+
+
+def _size(value: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
+    """The bandwidth samples of every comm record in ``paths``: files (each must be a comm record), or folders
+    (whose ``*.json`` comm records are read; other records there are skipped)."""
+    samples: list[BandwidthSample] = []
+    for path in paths:
+        path = Path(path)
+        try:
+            if path.is_dir():
+                records = [
+                    (f, r) for f in sorted(path.glob("*.json")) if (r := comm_record_in(f)) is not None
+                ]
+            elif path.is_file():
+                records = [(path, read_comm_record(path))]
+            else:
+                raise ConfigError(f"--comm {path}: no such file or folder")
+        except ResultFileError as exc:
+            raise ConfigError(f"--comm: {exc}") from None
+        for file, record in records:
+            label = f"accelbench comm, {record.backend.info.name}, {file.name}"
+            chosen: dict[tuple[str, str, int], BandwidthSample] = {}
+            for m in record.measurements:
+                if m.status != "ok" or not m.busbw_gbps:
+                    continue
+                key = (m.op, m.dtype, m.size_bytes)
+                if key in chosen and m.variant != "out-of-place":
+                    continue  # the out-of-place figure stands where both were measured
+                chosen[key] = BandwidthSample(
+                    op=m.op,
+                    dtype=m.dtype,
+                    world_size=record.world_size,
+                    size_bytes=m.size_bytes,
+                    busbw_bytes_per_s=m.busbw_gbps * 1e9,
+                    source=label,
+                )
+            samples += chosen.values()
+    if not samples:
+        where = ", ".join(str(p) for p in paths)
+        raise ConfigError(
+            f"--comm {where}: no bandwidth measured there (comm records of schema 'accelbench.comm' with ok "
+            "measurements: run `accelbench comm --devices N` on the system predicted for)"
+        )
+    return BusBandwidth(samples)

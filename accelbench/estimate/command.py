@@ -1,0 +1,345 @@
+"""``accelbench estimate``: the analytical model for a run configuration, without running it.
+
+It takes every ``accelbench run`` option (the command line adds them, generated as for ``run``), plus its own: the
+device (detected here, or ``--device NAME`` from the plugins' peak tables), comm records or a bus bandwidth, the
+assumed efficiency, and ``--measure-peak`` (dense matmuls timed on this device, cached). It prints tables (or
+``--json``: a :class:`~accelbench.estimate.model.Prediction`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accelbench.config import RunConfig
+from accelbench.devices import DeviceInfo, PeakFigures
+from accelbench.errors import ConfigError
+from accelbench.estimate.model import Bandwidth, Prediction, ScalingPrediction
+from accelbench.exitcodes import ExitCode
+from accelbench.precision import PRECISIONS, PrecisionPlan, standard_plan
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from accelbench.plugins import Backend, PluginHost
+
+
+def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) -> int:
+    """Run ``accelbench estimate`` for ``config`` (built from the run flags) and ``args`` (the estimate flags)."""
+    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
+    from accelbench.estimate.facts import meta_facts
+    from accelbench.estimate.predictor import predict, predict_scaling
+    from accelbench.plugins import get_host
+
+    host = get_host()
+    config = host.resolve(config)
+    workload = host.workload(config.workload)
+    if config.mesh is not None:
+        from accelbench.engine.parallel.mesh import check_model_split
+
+        check_model_split(config, workload.units(config), config.workload)
+    if args.efficiency is not None and not 0.0 < args.efficiency <= 1.0:
+        raise ConfigError(f"--efficiency {args.efficiency}: give a fraction above 0 and at most 1, e.g. 0.4")
+    if args.comm and args.bus_bandwidth is not None:
+        raise ConfigError("give either --comm (measured records) or --bus-bandwidth (one figure), not both")
+    if args.bus_bandwidth is not None and args.bus_bandwidth <= 0:
+        raise ConfigError(f"--bus-bandwidth {args.bus_bandwidth}: give GB/s above 0, e.g. 450")
+    bandwidth: Bandwidth | None = None
+    if args.comm:
+        bandwidth = load_bus_bandwidth(args.comm)
+    elif args.bus_bandwidth is not None:
+        bandwidth = BusBandwidth.constant(
+            args.bus_bandwidth * 1e9, f"given: --bus-bandwidth {args.bus_bandwidth:g} GB/s"
+        )
+    target = _target(host, config, args)
+    facts = meta_facts(workload, config)
+    common: dict[str, Any] = {
+        "device_type": target.device_type,
+        "device": target.device,
+        "peak": target.peak,
+        "bandwidth": bandwidth,
+        "efficiency": args.efficiency,
+        "overlap": args.overlap,
+    }
+    prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common)
+    measured_step = _measured_step(args.measured, config) if args.measured else None
+    scaling: list[ScalingPrediction] = [
+        predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
+        for n in args.scale_to or ()
+    ]
+    prediction = prediction.model_copy(
+        update={
+            "measured_peaks": target.measured,
+            "scaling": scaling,
+            "assumptions": [*target.notes, *prediction.assumptions],
+        }
+    )
+    if args.json:
+        print(prediction.to_json(), flush=True)
+        return ExitCode.OK
+    from rich.console import Console
+
+    show(prediction, Console())
+    return ExitCode.OK
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The device: detected here, or named
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _Target:
+    def __init__(
+        self,
+        device_type: str,
+        device: DeviceInfo | None,
+        peak: PeakFigures | None,
+        measured: dict[str, PeakFigures],
+        notes: list[str],
+    ) -> None:
+        self.device_type, self.device, self.peak, self.measured, self.notes = (
+            device_type,
+            device,
+            peak,
+            measured,
+            notes,
+        )
+
+
+def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _Target:
+    """The device predicted for, its peak for the run's precision, and any measured peaks."""
+    import torch
+
+    if args.estimate_device:
+        if args.measure_peak:
+            raise ConfigError(
+                "--measure-peak times the device here; it cannot be combined with --device NAME"
+            )
+        from accelbench.estimate.catalog import find_device
+
+        known = find_device(host, args.estimate_device)
+        plan, note = _plan(known.backend, config, torch.device(known.backend.info.device_type))
+        notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
+        notes += [note] if note else []
+        peak = known.backend.peak_figures(known.device, plan)
+        return _Target(known.backend.info.device_type, known.device, peak, {}, notes)
+    backend = host.select_backend(config.backend)
+    devices = backend.detect()
+    if not devices:
+        reason = f" (detection failed: {backend.detect_error})" if backend.detect_error else ""
+        raise ConfigError(
+            f"backend {backend.name!r} found no device here{reason}; predict for a device you do not have with "
+            "--device NAME (e.g. --device H100)"
+        )
+    config = host.check_backend_options(config, backend)
+    kind = torch.device(backend.info.device_type)
+    backend.check_precision(config.precision, kind)
+    if kind.type == "cpu":  # the runner's split of the cores over the node's worker processes
+        from accelbench.hostinfo import usable_cores
+
+        torch.set_num_threads(config.threads or max(1, usable_cores() // config.devices))
+    plan = backend.precision_plan(config.precision, kind, config.backend_options)
+    device = devices[0]
+    notes = [f"device: {device.name} ({backend.name}, detected here)"]
+    if kind.type == "cpu":
+        notes.append(f"{torch.get_num_threads()} intra-op thread(s) per process, as a run of {config.devices} "
+                     "process(es) gets")  # fmt: skip
+    peak = backend.peak_figures(device, plan)
+    measured: dict[str, PeakFigures] = {}
+    if args.measure_peak:
+        measured = _measure(backend, config, kind, device, args.refresh_peak)
+        mine = measured.get(config.precision)
+        if mine is not None:
+            if peak is not None:
+                notes.append(f"the measured rate replaces the table's ({peak.flops_per_s / 1e12:g} TFLOP/s)")
+            peak = mine
+    elif peak is None:
+        from accelbench.estimate.peak import measured_peak
+
+        peak = measured_peak(backend, kind, plan, device_name=device.name, cached_only=True)
+        if peak is None:
+            notes.append(
+                "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
+            )
+    return _Target(kind.type, device, peak, measured, notes)
+
+
+def _plan(backend: Backend, config: RunConfig, kind: Any) -> tuple[PrecisionPlan, str | None]:
+    """The plugin's precision plan where it can make one without the device, else the standard plan (fp32 matmuls
+    as IEEE fp32)."""
+    try:
+        return backend.precision_plan(config.precision, kind, config.backend_options), None
+    except Exception:  # noqa: BLE001 - a plugin asking its absent device: fall back to the standard plan
+        note = f"precision plan: the standard {config.precision} plan (fp32 matmuls as IEEE fp32): the device is not here"
+        return standard_plan(config.precision, matmul_math="ieee-fp32"), note
+
+
+def _measure(
+    backend: Backend, config: RunConfig, kind: Any, device: DeviceInfo, refresh: bool
+) -> dict[str, PeakFigures]:
+    """The measured dense-matmul peak for each precision the device supports (one per matmul dtype)."""
+    from accelbench.estimate.peak import matmul_dtype, measured_peak
+
+    bound = backend.setup_device(0)
+    out: dict[str, PeakFigures] = {}
+    by_dtype: dict[str, PeakFigures | None] = {}
+    for name in PRECISIONS:
+        if name not in backend.supported_precisions(kind):
+            continue
+        plan = backend.precision_plan(name, kind, config.backend_options)
+        dtype = matmul_dtype(plan) + (plan.matmul_math if matmul_dtype(plan) == "float32" else "")
+        if dtype not in by_dtype:
+            by_dtype[dtype] = measured_peak(backend, bound, plan, device_name=device.name, refresh=refresh)
+        figures = by_dtype[dtype]
+        if figures is not None:
+            out[name] = figures
+    return out
+
+
+def _measured_step(path: Path, config: RunConfig) -> float:
+    """The steady step time of a result record (median steady epoch / its steps), checked to be of this job's size."""
+    from accelbench.results import read_record
+
+    record = read_record(path)
+    world = config.devices * config.nnodes
+    if record.world_size != world:
+        raise ConfigError(
+            f"--measured {path}: a run on {record.world_size} device(s), but this estimate is for {world}; start "
+            f"from its configuration with --config {path}"
+        )
+    metrics = record.metrics
+    if metrics is None or metrics.steady is None or not metrics.epochs:
+        raise ConfigError(f"--measured {path}: the record has no steady epochs to take a step time from")
+    steps = metrics.epochs[-1].steps
+    return metrics.steady.epoch_s_median / max(steps, 1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    if value >= 1:
+        return f"{value:.3g} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} µs"
+
+
+def show(prediction: Prediction, out: Console) -> None:
+    """The prediction as tables: memory per device, communication per step, time, scaling, assumptions."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from accelbench.display import fmt_bytes
+
+    p = prediction
+    title = (
+        f"{p.workload} {p.model}, {p.strategy} on {p.devices} device(s), {p.precision}, batch {p.batch_size} per "
+        f"{'replica' if p.strategy in ('tp', 'pp', 'mesh') else 'device'}"
+    )
+    out.print(f"[bold]accelbench estimate[/]: {escape(title)}", highlight=False, soft_wrap=True)
+    out.print(f"device: {escape(p.device)}", highlight=False, soft_wrap=True)
+    capacity = p.device_memory_bytes
+    memory = Table(title="memory per device (predicted peak)")
+    for column in ("kind", "bytes", "share"):
+        memory.add_column(column, justify="left" if column == "kind" else "right")
+    m = p.memory
+    rows = [
+        ("weights", m.weights_bytes),
+        ("fp32 master weights", m.master_weights_bytes),
+        ("gradients", m.gradients_bytes),
+        ("optimizer state (AdamW)", m.optimizer_bytes),
+        ("activations", m.activations_bytes),
+        ("transient (gathered, copies, buckets)", m.transient_bytes),
+        ("runtime (given)", m.runtime_bytes),
+    ]
+    total = p.peak_memory_bytes
+    for kind, value in rows:
+        if value == 0.0 and kind in ("fp32 master weights", "runtime (given)"):
+            continue
+        share = f"{value / total:.0%}" if value is not None and total else ""
+        memory.add_row(kind, fmt_bytes(value), share)
+    memory.add_row("[bold]total[/]", f"[bold]{fmt_bytes(total)}[/]", "")
+    out.print(memory)
+    verdict = {True: "[green]fits[/]", False: "[bold red]predicted out of memory[/]", None: "fit unknown"}[
+        p.fits
+    ]
+    of = f" in {fmt_bytes(capacity)} per device" if capacity else " (the device's memory is unknown)"
+    out.print(f"{verdict}: {fmt_bytes(total)}{of}", highlight=False)
+    if p.comm:
+        comm = Table(title="communication per device per step (nccl-tests bus bytes)")
+        for column in ("op", "group", "count", "message", "bus bytes", "busbw", "time", "overlaps"):
+            comm.add_column(column, justify="left" if column in ("op", "group", "overlaps") else "right")
+        for op in p.comm:
+            busbw = f"{op.busbw_bytes_per_s / 1e9:.3g} GB/s" if op.busbw_bytes_per_s else "unknown"
+            comm.add_row(
+                f"{op.op} {op.dtype}",
+                f"{op.axis} ({op.ranks})",
+                str(op.count),
+                fmt_bytes(op.message_bytes),
+                fmt_bytes(op.bus_bytes),
+                busbw,
+                _seconds(op.time_s),
+                "yes" if op.overlappable else "no",
+            )
+        out.print(comm)
+        for op in p.comm:
+            where = f"; bandwidth: {op.bandwidth_source}" if op.bandwidth_source else ""
+            out.print(f"  {op.op} ({op.axis}): {escape(op.what + where)}", highlight=False, soft_wrap=True)
+    timing = Table(title="time per step", show_header=False)
+    timing.add_column("what")
+    timing.add_column("value", justify="right")
+    timing.add_row("FLOPs per device (workload's formula)", f"{p.flops_per_step:.4g}")
+    if p.megatron_flops_per_step:
+        timing.add_row("FLOPs per device (Megatron-LM's count)", f"{p.megatron_flops_per_step:.4g}")
+    peak = f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
+    timing.add_row("peak x efficiency", peak)
+    timing.add_row("compute", _seconds(p.compute_s))
+    if p.bubble:
+        timing.add_row("of which pipeline bubble", f"{p.bubble:.1%}")
+    timing.add_row(
+        "optimizer update (memory-bound)", _seconds(p.optimizer_s) if p.optimizer_s else "not counted"
+    )
+    timing.add_row("communication", _seconds(p.comm_s))
+    timing.add_row("communication exposed", _seconds(p.comm_exposed_s))
+    timing.add_row("overlap", p.overlap)
+    timing.add_row("[bold]step time[/]", f"[bold]{_seconds(p.step_time_s)}[/]")
+    rate = f"{p.samples_per_s:.4g}" if p.samples_per_s else "unknown"
+    timing.add_row("samples/s (whole job)", rate)
+    out.print(timing)
+    if p.measured_peaks:
+        peaks = Table(title="measured peak (dense matmul, this device)")
+        peaks.add_column("precision")
+        peaks.add_column("TFLOP/s", justify="right")
+        peaks.add_column("how")
+        for name, figures in p.measured_peaks.items():
+            peaks.add_row(name, f"{figures.flops_per_s / 1e12:.4g}", escape(figures.source))
+        out.print(peaks)
+    if p.scaling:
+        scaling = Table(
+            title="scaling (seed 001: speedup = (r_compute + r_comm) / (r_compute + r_comm / eff))"
+        )
+        for column in ("devices", "step", "comm exposed", "eff", "step ratio", "throughput speedup"):
+            scaling.add_column(column, justify="right")
+        for s in p.scaling:
+            eff = f"{s.network_efficiency:.3g}" if s.network_efficiency is not None else "-"
+            scaling.add_row(
+                f"{s.devices_from} -> {s.devices_to}",
+                f"{_seconds(s.step_s_from)} -> {_seconds(s.step_s_to)}",
+                f"{_seconds(s.comm_s_from)} -> {_seconds(s.comm_s_to)}",
+                eff,
+                f"{s.step_ratio:.3g}",
+                f"{s.throughput_speedup:.3g}x",
+            )
+        out.print(scaling)
+    out.print("[bold]assumptions[/]", highlight=False)
+    for line in p.assumptions:
+        out.print(f"  - {escape(line)}", highlight=False, soft_wrap=True)
+    out.print("[bold]sources[/]", highlight=False)
+    for line in p.sources:
+        out.print(f"  - {escape(line)}", highlight=False, soft_wrap=True)

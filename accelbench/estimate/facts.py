@@ -1,0 +1,94 @@
+"""What the analytical model needs to know about a workload, read off its model without training it.
+
+:func:`facts_of` reads a built :class:`~accelbench.workloads.TrainingJob` (the runner has one); :func:`meta_facts`
+builds the workload on torch's ``meta`` device first, which creates every parameter's shape and no storage, so
+``accelbench estimate --model gpt2-xl`` costs no memory. torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from accelbench.estimate.model import WorkloadFacts
+from accelbench.estimate.parallel import TransformerShape, megatron_flops_per_iteration
+
+if TYPE_CHECKING:
+    from accelbench.config import RunConfig
+    from accelbench.workloads import TrainingJob, Workload
+
+
+def meta_facts(workload: Workload, config: RunConfig) -> WorkloadFacts:
+    """Build ``workload`` for ``config`` (resolved: its workload options filled in) on the meta device and read its
+    facts. The data source is built too (workloads build both), on the host; nothing trains."""
+    import torch
+
+    with torch.device("meta"):
+        job = workload.build(config)
+    return facts_of(job, config, source=f"{workload.name} built on the meta device (shapes, no storage)")
+
+
+def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model") -> WorkloadFacts:
+    """The facts of a built job: its parameters (each tensor once, tied ones included once), those of each of its
+    units and outside them, those of its linear layers, its FLOPs, and a transformer's shape where its summary names
+    one (``n_layer``, ``n_head``, ``n_embd`` and ``block_size`` or ``seq_len``, as the GPT and BERT workloads do)."""
+    from torch import nn
+
+    model = job.model
+    sizes = {id(p): p.numel() for p in model.parameters()}  # parameters() yields a shared tensor once
+    stored = sum(sizes.values())
+    counted: set[int] = set()
+    units = []
+    for module in job.units.modules(model):
+        total = 0
+        for p in module.parameters():
+            if id(p) not in counted:
+                counted.add(id(p))
+                total += p.numel()
+        units.append(total)
+    linear: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            linear.update(id(p) for p in module.parameters())
+    summary: dict[str, Any] = job.summary
+    shape = _transformer(summary, units, stored - sum(units))
+    megatron = job.megatron_flops_per_sample
+    if megatron is None and shape is not None:
+        megatron = megatron_flops_per_iteration(
+            1, shape.sequence, shape.layers, shape.hidden, int(summary.get("vocab_size", shape.vocab))
+        )
+    return WorkloadFacts(
+        workload=config.workload,
+        model=str(summary.get("name", config.model)),
+        parameters=int(summary.get("parameters", stored)),
+        stored_parameters=stored,
+        flops_per_sample=float(job.flops_per_sample),
+        flops_formula=job.flops_formula,
+        tokens_per_sample=job.tokens_per_sample,
+        tensor_sizes=tuple(sizes.values()),
+        unit_parameters=tuple(units),
+        outer_parameters=stored - sum(units),
+        matmul_parameters=sum(sizes[i] for i in linear if i in sizes),
+        megatron_flops_per_sample=megatron,
+        transformer=shape,
+        dropout=float(summary.get("dropout", 0.0) or 0.0),
+        source=source,
+    )
+
+
+def _transformer(summary: dict[str, Any], units: list[int], outer: int) -> TransformerShape | None:
+    """A transformer's shape from a workload summary, or None when it names none. The vocabulary is the logits'
+    width (padded, where the workload pads it: that is what is computed and stored)."""
+    keys = ("n_layer", "n_head", "n_embd")
+    sequence = summary.get("block_size", summary.get("seq_len"))
+    vocab = summary.get("vocab_padded_to", summary.get("vocab_size"))
+    if any(summary.get(k) is None for k in keys) or sequence is None or vocab is None:
+        return None
+    return TransformerShape(
+        layers=int(summary["n_layer"]),
+        hidden=int(summary["n_embd"]),
+        heads=int(summary["n_head"]),
+        sequence=int(sequence),
+        vocab=int(vocab),
+        layer_parameters=units[0] if units else None,
+        other_parameters=outer,
+    )

@@ -1,0 +1,168 @@
+"""The image models: torchvision's definitions behind a loss-returning wrapper, their optimizers and FLOPs
+(imported when a run builds the job)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accelbench.config import RunConfig
+from accelbench.workloads import ModelUnits, TrainingJob
+from accelbench.workloads.dataoptions import data_label
+from accelbench.workloads.vision import FLOPS_FORMULA, IMAGENET_TRAIN_IMAGES, VisionModel
+from accelbench.workloads.vision.library import TORCHVISION_NOTES, load_torchvision
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+# strategies that keep whole parameters on each rank; the sharding ones (FSDP, ZeRO, tensor and pipeline parallelism,
+# the IPU's) flatten or split parameters and need them contiguous
+WHOLE_PARAMETER_STRATEGIES = ("single", "ddp")
+
+
+class ImageClassifier(nn.Module):
+    """``forward(images, labels) -> mean cross-entropy``. Images arrive as uint8 (N, 3, H, W) and are normalised
+    here, on the device, with ImageNet's mean and standard deviation; ``net`` is the torchvision model.
+
+    ``channels_last``: the inputs go channels-last, so every convolution's activations do (cuDNN and oneDNN follow
+    the input's format); ``channels_last_weights``: the weights too, which saves reordering them each step but
+    only strategies that keep whole parameters accept (sharding flattens them)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, net: nn.Module, channels_last: bool, channels_last_weights: bool = False) -> None:
+        super().__init__()
+        self.net = net
+        self.channels_last = channels_last
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255, persistent=False)
+        if channels_last and channels_last_weights:
+            self.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = (images.to(self.mean.dtype) - self.mean) / self.std
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return F.cross_entropy(self.net(x), labels)
+
+
+def build_net(spec: VisionModel, num_classes: int) -> nn.Module:
+    models = load_torchvision().models
+    net: nn.Module = getattr(models, spec.builder)(weights=None, num_classes=num_classes)
+    return net
+
+
+@functools.lru_cache(maxsize=16)
+def forward_flops(spec: VisionModel, image_size: int, num_classes: int) -> int:
+    """Forward FLOPs of one image: the model built on the meta device (no memory, no compute) and counted by
+    ``torch.utils.flop_counter`` (2 per multiply-accumulate of convolutions and matmuls)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        net = build_net(spec, num_classes).eval()  # one image: batch norm cannot train on it (same FLOPs)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            net(torch.empty(1, 3, image_size, image_size))
+    return int(counter.get_total_flops())
+
+
+def make_optimizer(
+    spec: VisionModel, model: nn.Module, device: torch.device, lr: float
+) -> torch.optim.Optimizer:
+    """The recipe's optimizer over every parameter (torchvision's reference applies weight decay to all)."""
+    params = list(model.parameters())
+    if spec.optimizer.name == "sgd":
+        fused = device.type in _fused_devices()
+        return torch.optim.SGD(
+            params, lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused, foreach=None if fused else True
+        )
+    return torch.optim.RMSprop(
+        params, lr=lr, alpha=0.9, eps=0.0316, momentum=0.9, weight_decay=1e-5, foreach=True
+    )
+
+
+def _fused_devices() -> set[str]:
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return set(_get_fused_kernels_supported_devices())
+    except ImportError:  # older torch
+        return {"cuda"}
+
+
+def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> TrainingJob:
+    from accelbench.workloads.imagedata import open_images, random_images
+    from accelbench.workloads.pipeline import GeneratedBatches, LoaderSource
+
+    options = config.workload_options
+    image_size, num_classes = int(options["image_size"]), int(options["num_classes"])
+    torchvision = load_torchvision()
+    samples = options.get("synthetic_samples")
+    data: Any
+    if data_label(config) == "synthetic-device":
+        data = GeneratedBatches(
+            random_images(image_size, num_classes),
+            int(samples or IMAGENET_TRAIN_IMAGES),
+            config.batch_size,
+            config.seed,
+            config.steps_per_epoch,
+            f"uint8 {image_size}x{image_size} images, {num_classes} classes",
+        )
+    else:
+        dataset = open_images(
+            config.data, int(samples) if samples else None, num_classes, image_size, config.seed
+        )
+        given = options.get("data_workers")
+        workers = int(given) if given is not None else None
+        data = LoaderSource(
+            dataset, config.batch_size, config.seed, config.steps_per_epoch, workers, config.devices
+        )
+    torch.manual_seed(config.seed)
+    channels_last = bool(options["channels_last"])
+    whole = config.strategy in WHOLE_PARAMETER_STRATEGIES
+    model = ImageClassifier(build_net(spec, num_classes), channels_last, channels_last_weights=whole)
+    parameters = sum(p.numel() for p in model.parameters())
+    forward = forward_flops(spec, image_size, num_classes)
+    lr = config.learning_rate
+    return TrainingJob(
+        model=model,
+        data=data,
+        make_optimizer=lambda m, device: make_optimizer(spec, m, device, lr),
+        flops_per_sample=3.0 * forward,
+        flops_formula=FLOPS_FORMULA,
+        tokens_per_sample=1,  # a sample is one image
+        units=units,
+        grad_clip_norm=None,  # the reference recipes do not clip
+        summary={
+            "name": spec.workload,
+            "architecture": spec.description,
+            "source": f"torchvision {torchvision.__version__} models.{spec.builder}(weights=None): from "
+            "initialisation, nothing downloaded",
+            "torchvision_notes": list(TORCHVISION_NOTES),
+            "parameters": parameters,
+            "image_size": image_size,
+            "num_classes": num_classes,
+            "forward_flops_per_image": forward,
+            "flops_per_image": 3.0 * forward,
+            "tokens_per_sample": "1 (a sample is an image)",
+            "optimizer": spec.optimizer.text,
+            "loss": "cross-entropy",
+            "normalisation": "on the device, the model's first operation (uint8 batches cross to the device)",
+            "memory_format": (
+                (
+                    "channels_last (inputs and weights)"
+                    if whole
+                    else "channels_last inputs, contiguous weights (the "
+                    f"{config.strategy} strategy shards parameters)"
+                )
+                if channels_last
+                else "contiguous (NCHW)"
+            ),
+        },
+    )

@@ -1,0 +1,278 @@
+"""`accelbench estimate` against real runs: predicted peak memory, step time and 1 -> 2 process speedup on this CPU.
+
+    python benchmarks/estimate_vs_measured.py [--models gpt-micro gpt-mini] [--batch-size 16]
+        [--strategies ddp fsdp deepspeed-zero1 deepspeed-zero2 deepspeed-zero3] [--steps 6] [--epochs 4]
+        [--gpt2] [--comm DIR] [--out DIR] [--json FILE]
+
+For each model it runs `accelbench run` once on one process (strategy single) and once per strategy on two
+processes, fp32, a few short epochs, every process with one intra-op thread (--threads), so that a "device" is one
+core in every run and 1 -> 2 processes doubles the devices (two threads per process on two shared cores stall at
+OpenMP barriers whenever another job takes a core), and reads the records. The
+predictions are made the way `accelbench estimate` makes them, from what was measured apart from those runs, never
+fitted to them:
+
+- peak FLOP/s: `accelbench estimate`'s measured dense-matmul peak (accelbench.estimate.peak) at the thread count
+  each run's processes get, cached; default efficiency (0.4);
+- bus bandwidth: an `accelbench comm` record of all_reduce, all_gather and reduce_scatter over 2 gloo processes
+  (measured here unless --comm names one);
+- the runtime a process holds besides its model (the CPU backend's peak is the resident-set high-water mark, which
+  counts the interpreter, torch and its libraries): measured in a fresh interpreter that imports what a worker
+  imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
+  batch 1 for three steps, so that what a first step initialises is counted.
+
+Prints one table of predicted against measured figures with the relative errors, and the host contention each run
+recorded (this machine is shared: a contended run's times say little). --json writes everything for docs/estimate.md.
+--gpt2 adds gpt2 at batch 2 (about a second and a half per step per process here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+STRATEGIES = ["ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]
+
+# What a worker process holds besides its model: the modules the runner imports, the plugin host, the generated
+# corpus, a gloo group for the distributed strategies, DeepSpeed for its strategies, and what the first training
+# steps initialise (autograd's engine, oneDNN, the optimizer), here with the smallest model, gpt-nano at batch 1
+# (its own state, ~1.5 MiB, is counted in).
+RUNTIME_PROBE = r"""
+import sys
+import torch
+import accelbench.engine.runner, accelbench.engine.distributed
+from accelbench.plugins import get_host
+from accelbench.workloads.chardata import CharCorpus
+get_host().select_backend("cpu")
+corpus = CharCorpus.generated()
+torch.set_num_threads(int(sys.argv[1]))
+if sys.argv[2] != "single":
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+if sys.argv[2].startswith("deepspeed"):
+    import deepspeed, accelbench.engine.deepspeed
+from accelbench.config import RunConfig
+host = get_host()
+config = host.resolve(RunConfig(model="gpt-nano", batch_size=1))
+job = host.workload("gpt").build(config)
+model = job.model.train()
+optimizer = job.make_optimizer(model, torch.device("cpu"))
+inputs, targets = next(iter(job.data.batches(0, 0, 1)))
+for _ in range(3):  # autograd, oneDNN and the optimizer initialised, as after a run's first step
+    model(inputs, targets).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+for line in open("/proc/self/status"):
+    if line.startswith("VmRSS:"):
+        print(int(line.split()[1]) * 1024)
+"""
+
+
+def runtime_bytes(threads: int, strategy: str) -> int:
+    """The resident memory of a fresh worker-like interpreter (median of three)."""
+    values = []
+    for _ in range(3):
+        out = subprocess.run(
+            [sys.executable, "-c", RUNTIME_PROBE, str(threads), strategy],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        values.append(int(out.stdout.strip().splitlines()[-1]))
+    return sorted(values)[1]
+
+
+def comm_record(folder: Path) -> Path:
+    """Measure all_reduce, all_gather and reduce_scatter over two gloo processes with `accelbench comm`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "accelbench.cli", "comm", "--devices", "2", "--ops",
+         "all_reduce,all_gather,reduce_scatter", "--dtypes", "fp32", "--min-bytes", "16KiB", "--max-bytes",
+         "64MiB", "--factor", "4", "--iters", "10", "--warmup", "3", "--output-dir", str(folder), "-q"],
+        check=True,
+    )  # fmt: skip
+    return folder
+
+
+def run(model: str, strategy: str, devices: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One real run; its record as JSON."""
+    cmd = [sys.executable, "-m", "accelbench.cli", "run", "--model", model, "--batch-size",
+           str(args.batch_size if model != "gpt2" else args.gpt2_batch), "--strategy", strategy, "--devices",
+           str(devices), "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps), "--output-dir",
+           str(out), "--precision", "fp32", "--threads", str(args.threads), "--json", "-q"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    record: dict[str, Any] = json.loads(done.stdout)
+    return record
+
+
+def measured(record: dict[str, Any]) -> dict[str, Any]:
+    m = record["metrics"]
+    steps = m["epochs"][-1]["steps"]
+    return {
+        "step_s": m["steady"]["epoch_s_median"] / steps,
+        "samples_per_s": m["steady"]["samples_per_s"],
+        "peak_bytes": m["peak_memory_max_bytes"],
+        "waiting": m["host"]["waiting"] if m.get("host") else None,
+        "contended": m["host"]["contended"] if m.get("host") else None,
+    }
+
+
+def predicted(record: dict[str, Any], runtime: int, bandwidth: Any, peaks: dict[int, Any]) -> dict[str, Any]:
+    """The prediction for the run's own configuration, made as `accelbench estimate` makes it."""
+    from accelbench.config import RunConfig
+    from accelbench.devices import DeviceInfo
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+    from accelbench.plugins import get_host
+
+    config = RunConfig.model_validate(record["config"])
+    threads = int(record["system"]["torch_threads"])
+    facts = meta_facts(get_host().workload(config.workload), config)
+    device = DeviceInfo.model_validate(record["backend"]["devices"][0])
+    p = predict(config, facts, device_type="cpu", device=device, peak=peaks[threads], bandwidth=bandwidth,
+                runtime_bytes=runtime)  # fmt: skip
+    return {
+        "step_s": p.step_time_s,
+        "compute_s": p.compute_s,
+        "comm_s": p.comm_exposed_s,
+        "optimizer_s": p.optimizer_s,
+        "samples_per_s": p.samples_per_s,
+        "peak_bytes": p.peak_memory_bytes,
+        "runtime_bytes": runtime,
+        "memory": p.memory.model_dump(),
+        "comm_bytes": p.comm_bytes_per_step,
+        "flops": p.flops_per_step,
+        "threads": threads,
+        "peak_flops_per_s": p.peak_flops_per_s,
+    }
+
+
+def error(pred: float | None, meas: float | None) -> float | None:
+    return None if pred is None or not meas else (pred - meas) / meas
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["gpt-micro", "gpt-mini"])
+    parser.add_argument("--strategies", nargs="+", default=STRATEGIES)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--gpt2", action="store_true", help="add gpt2 (batch --gpt2-batch)")
+    parser.add_argument("--gpt2-batch", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6, help="steps per epoch")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads of every process (default 1: one process is one core, the unit 2 processes double)",
+    )
+    parser.add_argument("--epochs", type=int, default=4, help="epochs (the first is the warm-up)")
+    parser.add_argument("--comm", type=Path, help="comm records to read instead of measuring")
+    parser.add_argument("--out", type=Path, help="where records go (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, help="write the table's data here")
+    parser.add_argument(
+        "--refresh-peak", action="store_true", help="measure the matmul peaks again (not cached)"
+    )
+    parser.add_argument(
+        "--again",
+        type=Path,
+        metavar="JSON",
+        help="predict again for the runs a previous --json file lists (their records, comm record, runtimes and "
+        "the cached peaks), without running anything",
+    )
+    args = parser.parse_args()
+    previous = json.loads(args.again.read_text()) if args.again else None
+
+    import torch
+
+    from accelbench.estimate.comm import load_bus_bandwidth
+    from accelbench.estimate.peak import measured_peak
+    from accelbench.plugins import get_host
+    from accelbench.precision import standard_plan
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="estimate-vs-measured-"))
+    backend = get_host().backends["cpu"]
+    device = backend.setup_device(0)
+    peaks = {}
+    for threads in [args.threads]:
+        torch.set_num_threads(threads)
+        peaks[threads] = measured_peak(
+            backend, device, standard_plan("fp32", "ieee-fp32"), refresh=args.refresh_peak
+        )
+        print(f"measured fp32 matmul peak, {threads} thread(s): {peaks[threads].flops_per_s / 1e9:.1f} GFLOP/s, "
+              f"copy {peaks[threads].memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s", flush=True)  # fmt: skip
+    comm = Path(previous["comm"]) if previous else args.comm or comm_record(out / "comm")
+    bandwidth = load_bus_bandwidth([comm])
+    if previous:
+        runtimes = {k: int(v) for k, v in previous["runtime_bytes"].items()}
+    else:
+        runtimes = {s: runtime_bytes(args.threads, s) for s in ["single", *args.strategies]}
+    print("runtime besides the model:", {k: f"{v / 2**20:.0f} MiB" for k, v in runtimes.items()}, flush=True)
+    models = args.models + (["gpt2"] if args.gpt2 else [])
+    runs = (
+        [(r["model"], r["strategy"], r["devices"], Path(r["record"])) for r in previous["rows"]]
+        if previous
+        else [(m, s, d, None) for m in models for s, d in [("single", 1), *((s, 2) for s in args.strategies)]]
+    )
+    rows = []
+    for model, strategy, devices, path in runs:
+        if path is None:
+            record = run(model, strategy, devices, args, out / "runs")
+            path = out / "runs" / f"{model}-{strategy}-{devices}.json"
+            path.write_text(json.dumps(record))
+        else:
+            record = json.loads(path.read_text())
+        row = {"model": model, "strategy": strategy, "devices": devices, "record": str(path),
+               "measured": measured(record), "predicted": predicted(record, runtimes[strategy], bandwidth, peaks)}  # fmt: skip
+        rows.append(row)
+        m, p = row["measured"], row["predicted"]
+        print(f"{model:10} {strategy:16} step {m['step_s'] * 1e3:8.1f} ms (pred {p['step_s'] * 1e3:8.1f}) "
+              f"peak {m['peak_bytes'] / 2**20:7.1f} MiB (pred {p['peak_bytes'] / 2**20:7.1f}) "
+              f"waiting {m['waiting'] or 0:.0%}", flush=True)  # fmt: skip
+    single = {r["model"]: r for r in rows if r["strategy"] == "single"}
+    for r in rows:
+        base = single[r["model"]]
+        r["measured"]["speedup"] = r["measured"]["samples_per_s"] / base["measured"]["samples_per_s"]
+        ps, pb = r["predicted"]["samples_per_s"], base["predicted"]["samples_per_s"]
+        r["predicted"]["speedup"] = ps / pb if ps and pb else None
+        r["errors"] = {
+            "step": error(r["predicted"]["step_s"], r["measured"]["step_s"]),
+            "memory": error(r["predicted"]["peak_bytes"], r["measured"]["peak_bytes"]),
+            "memory_model_part": error(
+                r["predicted"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
+                r["measured"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
+            ),
+            "speedup": error(r["predicted"]["speedup"], r["measured"]["speedup"])
+            if r["devices"] > 1
+            else None,
+        }
+    print()
+    header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6}  {'peak MiB':>8} {'pred':>8} "
+              f"{'err':>6} {'model-part err':>14}  {'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+
+    def pct(x: float | None) -> str:
+        return f"{x:+.0%}" if x is not None else "-"
+
+    for r in rows:
+        m, p, e = r["measured"], r["predicted"], r["errors"]
+        speed = f"{m['speedup']:7.2f} {p['speedup']:6.2f}" if r["devices"] > 1 else f"{'':7} {'':6}"
+        print(f"{r['model']:10} {r['strategy']:16} {m['step_s'] * 1e3:9.1f} {p['step_s'] * 1e3:9.1f} "
+              f"{pct(e['step']):>6}  {m['peak_bytes'] / 2**20:8.1f} {p['peak_bytes'] / 2**20:8.1f} "
+              f"{pct(e['memory']):>6} {pct(e['memory_model_part']):>14}  {speed} {pct(e['speedup']):>6}  "
+              f"{m['waiting'] or 0:6.0%}")  # fmt: skip
+    print(f"\nrecords: {out / 'runs'}; this host is shared: 'waited' is the share of ready time the run's threads "
+          "waited for a core")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "runtime_bytes": runtimes, "comm": str(comm),
+                                         "peaks": {k: v.model_dump() for k, v in peaks.items()}}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""`accelbench estimate`: the analytical model against figures worked out by hand, the measured peak and its cache,
+devices by name, refusals, comm records, and the command line's JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from core_support import accelbench
+
+from accelbench.config import RunConfig
+from accelbench.devices import BackendInfo, DeviceInfo, PeakFigures
+from accelbench.errors import ConfigError
+from accelbench.estimate import Prediction, predict, predict_speedup
+from accelbench.estimate.catalog import find_device
+from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
+from accelbench.estimate.facts import meta_facts
+from accelbench.estimate.model import WorkloadFacts
+from accelbench.hostinfo import CpuUsage
+from accelbench.plugins import get_host
+
+GIB = 2**30
+
+
+def facts_for(**config: object) -> tuple[RunConfig, WorkloadFacts]:
+    host = get_host()
+    resolved = host.resolve(RunConfig(**config))  # type: ignore[arg-type]
+    return resolved, meta_facts(host.workload(resolved.workload), resolved)
+
+
+# A: custom GPT, 2 layers, 2 heads, width 64, context 32, the generated corpus's 65 characters padded to 128 rows;
+# bf16-mixed, batch 8 per device, 2 devices, on a GPU-like device (fused attention: no a*s^2 scores kept).
+#   a block: ln_1 2d + qkv 3d^2+3d + proj d^2+d + ln_2 2d + fc 4d^2+4d + mlp.proj 4d^2+d = 12d^2 + 13d = 49,984
+#   stored: 2 x 49,984 + wte 128 x 64 (8,192, the head tied to it) + wpe 32 x 64 (2,048) + ln_f 128 = 110,336
+#   the workload's count leaves out the 63 padding rows: 110,336 - 63 x 64 = 106,304
+#   FLOPs per token 6 N + 12 l d s, N without wpe: 6 x 104,256 + 12 x 2 x 64 x 32 = 674,688; x 32 tokens x 8 samples
+A = {"model": "custom", "workload_options": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32},
+     "batch_size": 8, "precision": "bf16-mixed", "devices": 2}  # fmt: skip
+A_STORED, A_PARAMETERS, A_FLOPS = 110_336, 106_304, 674_688 * 32 * 8
+# linear layers' parameters (autocast copies them to bf16): per block 12d^2 + 9d = 49,728, x 2, + the head 8,192
+A_MATMUL = 2 * 49_728 + 8_192
+# activations, 2-byte values, no scores: per layer 34 s b h = 34 x 32 x 8 x 64 = 557,056, x 2 layers;
+# outside the layers s b h (1 + 4) = 81,920 and fp32 logits 4 s b V = 4 x 32 x 8 x 128 = 131,072 (DeepSpeed's bf16
+# mode runs the model in bf16); under autocast the two norms' inputs stay fp32: + 4 s b h = 65,536 a layer
+A_ACTIVATIONS_16 = 2 * 557_056 + 81_920 + 131_072
+A_ACTIVATIONS = A_ACTIVATIONS_16 + 2 * 65_536
+
+# B: custom GPT, 1 layer, 4 heads, width 256, context 32; fp32, batch 4 per device, 2 devices, on a CPU (dropout 0.1:
+# torch's CPU attention runs the math path, which keeps the a*s^2 scores).
+#   a block: 12 x 65,536 + 13 x 256 = 789,760; wte 128 x 256 = 32,768; wpe 32 x 256 = 8,192; ln_f 512
+B = {"model": "custom", "workload_options": {"n_layer": 1, "n_head": 4, "n_embd": 256, "block_size": 32},
+     "batch_size": 4, "precision": "fp32", "devices": 2}  # fmt: skip
+B_STORED = 789_760 + 32_768 + 8_192 + 512  # 831,232
+B_PARAMETERS = B_STORED - 63 * 256  # 815,104
+# ZeRO-3 keeps tensors under 1e5 elements whole: only qkv.weight 196,608, fc.weight and mlp.proj.weight 262,144
+B_PARTITIONED = 196_608 + 2 * 262_144  # 720,896
+B_PERSISTENT = B_STORED - B_PARTITIONED  # 110,336
+#   FLOPs: 6 x (815,104 - 8,192) + 12 x 1 x 256 x 32 = 4,939,776 per token, x 32 tokens x 4 samples
+B_FLOPS = 4_939_776 * 32 * 4
+# activations, fp32: Korthikanti's 34 s b h (16-bit) x 2 = 32 x 4 x 256 x 68, and the scores torch's math attention
+# keeps, 12 bytes each (fp32 softmax, dropout noise, dropout output): 12 x a s^2 b = 12 x 4 x 32^2 x 4;
+# outside the layers: 32,768 x (1 + 4 x 4 / 2) + 4 s b V = 4 x 32 x 4 x 128
+B_ACTIVATIONS = 32_768 * 68 + 12 * 4 * 32 * 32 * 4 + 32_768 * 9 + 65_536
+
+
+def test_the_facts_are_the_hand_counted_ones() -> None:
+    _, facts = facts_for(**A)
+    assert (facts.stored_parameters, facts.parameters, facts.matmul_parameters) == (
+        A_STORED,
+        A_PARAMETERS,
+        A_MATMUL,
+    )
+    assert facts.flops_per_sample * 8 == A_FLOPS
+    assert facts.unit_parameters == (49_984, 49_984) and facts.outer_parameters == 8_192 + 2_048 + 128
+    _, facts = facts_for(**B)
+    assert (facts.stored_parameters, facts.parameters) == (B_STORED, B_PARAMETERS)
+    assert sum(t for t in facts.tensor_sizes if t >= 100_000) == B_PARTITIONED
+
+
+def test_a_ddp_against_zero3_on_a_gpu() -> None:
+    config, facts = facts_for(**A, strategy="ddp")
+    ddp = predict(config, facts, device_type="cuda")
+    m = ddp.memory
+    # replicated: fp32 weights 4 + gradients 4 + AdamW moments 8 bytes per parameter; autocast's bf16 copies
+    assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == (
+        4 * A_STORED,
+        4 * A_STORED,
+        8 * A_STORED,
+    )
+    assert m.transient_bytes == 2 * A_MATMUL
+    assert m.activations_bytes == A_ACTIVATIONS
+    assert ddp.peak_memory_bytes == 16 * A_STORED + 2 * A_MATMUL + A_ACTIVATIONS == 3_438_848
+    assert ddp.flops_per_step == A_FLOPS and ddp.parameters == A_PARAMETERS
+    # all-reduce of the fp32 gradients: 2 (p-1)/p x 4 x 110,336 bytes = 441,344 per device
+    assert [(op.op, op.bus_bytes) for op in ddp.comm] == [("all_reduce", 441_344.0)]
+
+    config, facts = facts_for(**A, strategy="deepspeed-zero3")
+    zero3 = predict(config, facts, device_type="cuda")
+    m = zero3.memory
+    # DeepSpeed's bf16 mode: bf16 parameters (every tensor is under 1e5 elements: all stay whole), an fp32 master
+    # partition 4 x n / 2, bf16 gradient partition 2 x n / 2 + its fp32 copy 4 x n / 2, fp32 moments 8 x n / 2, and
+    # the gradient bucket an accelerator allocates whole: 5e8 elements x 2 bytes
+    assert m.weights_bytes == 2 * A_STORED
+    assert m.master_weights_bytes == 2 * A_STORED
+    assert m.gradients_bytes == A_STORED + 2 * A_STORED
+    assert m.optimizer_bytes == 4 * A_STORED
+    assert m.transient_bytes == 500_000_000 * 2
+    assert m.activations_bytes == A_ACTIVATIONS_16
+    assert zero3.peak_memory_bytes == 1_002_540_800
+    # nothing to all-gather; reduce-scatter of bf16 gradients: (p-1)/p x 2 x 110,336
+    assert [(op.op, op.bus_bytes) for op in zero3.comm] == [("reduce_scatter", 110_336.0)]
+    assert zero3.comm_bytes_per_step == 110_336
+
+
+def test_b_ddp_against_zero3_on_a_cpu() -> None:
+    config, facts = facts_for(**B, strategy="ddp")
+    ddp = predict(config, facts, device_type="cpu")
+    assert ddp.memory.activations_bytes == B_ACTIVATIONS == 2_785_280
+    assert ddp.peak_memory_bytes == 16 * B_STORED + B_ACTIVATIONS == 16_084_992
+    assert ddp.flops_per_step == B_FLOPS == 632_291_328
+    assert ddp.comm_bytes_per_step == 4 * B_STORED  # 2 (p-1)/p x 4 bytes x n, p = 2
+
+    config, facts = facts_for(**B, strategy="deepspeed-zero3")
+    zero3 = predict(config, facts, device_type="cpu")
+    m = zero3.memory
+    assert m.weights_bytes == 4 * B_PARTITIONED / 2 + 4 * B_PERSISTENT == 1_883_136
+    assert m.master_weights_bytes == 4 * B_STORED / 2 == 1_662_464
+    assert m.gradients_bytes == 4 * B_STORED / 2 + 4 * B_STORED / 2 == 3_324_928
+    assert m.optimizer_bytes == 8 * B_STORED / 2 == 3_324_928
+    # gathered parameters (all the partitioned ones: under the 5e7 prefetch) + the bucket as far as a CPU writes it
+    assert m.transient_bytes == 4 * B_PARTITIONED + 4 * B_STORED == 6_208_512
+    # more than DDP's: for so small a model DeepSpeed's copies and bucket outweigh what the sharding saves
+    assert zero3.peak_memory_bytes == 19_189_248
+    # all-gather of the partitioned parameters twice, (p-1)/p x 2 x 4 x 720,896; reduce-scatter (p-1)/p x 4 x n
+    ops = {op.op: op.bus_bytes for op in zero3.comm}
+    assert ops == {"all_gather": 2_883_584.0, "reduce_scatter": 1_662_464.0}
+
+
+def test_one_device_frees_its_gradients_so_its_peak_holds_the_larger_of_them_and_the_activations() -> None:
+    config, facts = facts_for(**{**B, "devices": 1}, strategy="single")
+    single = predict(config, facts, device_type="cpu")
+    assert single.memory.gradients_bytes == 4 * B_STORED and single.memory.gradients_freed_each_step
+    # weights 4 + moments 8 bytes a parameter, and max(gradients 4 x n = 3,324,928, activations 2,785,280)
+    assert single.peak_memory_bytes == 12 * B_STORED + max(4 * B_STORED, B_ACTIVATIONS) == 13_299_712
+    assert single.comm == [] and single.comm_bytes_per_step == 0
+
+
+def test_step_time_and_fit_follow_from_peak_bandwidth_and_memory() -> None:
+    config, facts = facts_for(**B, strategy="ddp")
+    device = DeviceInfo(index=0, name="test", memory_bytes=15_000_000)
+    peak = PeakFigures(flops_per_s=1e12, memory_bandwidth_bytes_per_s=1e11, source="test")
+    bandwidth = BusBandwidth.constant(1e9, "test")
+    p = predict(config, facts, device_type="cuda", device=device, peak=peak, bandwidth=bandwidth, efficiency=0.5,
+                overlap="none")  # fmt: skip
+    assert p.compute_s == pytest.approx(B_FLOPS / 0.5e12)
+    assert p.comm_s == pytest.approx(4 * B_STORED / 1e9)
+    # AdamW streams fp32 weights (read, write), gradients and both moments (read, write): 28 bytes a parameter
+    assert p.optimizer_s == pytest.approx(28 * B_STORED / 1e11)
+    assert p.step_time_s == pytest.approx(p.compute_s + p.comm_s + p.optimizer_s)
+    assert p.samples_per_s == pytest.approx(2 * 4 / p.step_time_s)
+    # on a GPU-like device no scores are kept: 16 x n + 32,768 x 34 x 2 + 294,912 + 65,536 > 15,000,000 bytes
+    assert p.peak_memory_bytes == 16 * B_STORED + 32_768 * 68 + 32_768 * 9 + 65_536 == 15_888_384
+    assert p.fits is False
+    overlapped = predict(config, facts, device_type="cuda", peak=peak, bandwidth=bandwidth, efficiency=0.5,
+                         overlap="backward")  # fmt: skip
+    assert overlapped.comm_exposed_s == pytest.approx(max(0.0, p.comm_s - 2 / 3 * p.compute_s))
+
+
+def test_seed_001_speedup() -> None:
+    # 1 s steps of which 0.2 s communication at g = 8; at n = 16 the communication takes 0.25 s: eff = 0.8
+    s = predict_speedup(1.0, 0.2, 8, 16, 0.25)
+    assert s.network_efficiency == pytest.approx(0.8)
+    assert s.step_ratio == pytest.approx(1 / (0.8 + 0.2 / 0.8))
+    assert s.throughput_speedup == pytest.approx(2 / 1.05)
+    one = predict_speedup(0.5, 0.0, 1, 2, 0.1)  # from one device: no communication to scale from
+    assert one.network_efficiency is None and one.throughput_speedup == pytest.approx(2 * 0.5 / 0.6)
+
+
+def test_measured_peak_is_positive_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from accelbench.estimate import peak as peak_module
+    from accelbench.precision import standard_plan
+
+    backend = get_host().backends["cpu"]
+    plan = standard_plan("fp32", "ieee-fp32")
+    device = backend.setup_device(0)
+    torch.set_num_threads(1)
+    quiet = iter([CpuUsage(0.0, 0.0, None), CpuUsage(1.0, 0.0, None)])  # ran 1 s, never waited for a core
+    monkeypatch.setattr(peak_module, "cpu_usage", lambda: next(quiet))
+    first = peak_module.measured_peak(backend, device, plan, budget_s=0.2, directory=tmp_path)
+    assert first is not None and first.flops_per_s > 0 and first.source.startswith("measured: dense matmul")
+    assert (first.memory_bandwidth_bytes_per_s or 0) > 0
+    assert "1 thread(s)" in first.source and "float32" in first.source
+    stored = json.loads((tmp_path / peak_module.CACHE_FILE).read_text())
+    assert len(stored) == 1
+
+    def no_timing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the second call must read the cache, not measure")
+
+    monkeypatch.setattr(peak_module, "time_matmul", no_timing)
+    again = peak_module.measured_peak(backend, device, plan, budget_s=0.2, directory=tmp_path)
+    assert again == first
+    torch.set_num_threads(2)  # another thread count is another measurement
+    assert peak_module.measured_peak(backend, device, plan, cached_only=True, directory=tmp_path) is None
+
+
+def test_a_peak_measured_on_a_busy_host_is_measured_again_and_the_higher_rate_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy host can only lower a matmul rate: a contended measurement is cached but measured again next time,
+    keeping the higher rate, until one on a quiet host stands."""
+    from accelbench.estimate import peak as peak_module
+    from accelbench.estimate.peak import MatmulRate
+    from accelbench.precision import standard_plan
+
+    backend = get_host().backends["cpu"]
+    plan = standard_plan("fp32", "ieee-fp32")
+    device = backend.setup_device(0)
+    rates = iter([100e9, 80e9, 150e9])  # busy, busy and slower, then quiet and faster
+    waits = iter([0.5, 0.5, 0.0])  # seconds waited for a core over 1 s of running
+    readings: list[CpuUsage] = []
+
+    def usage() -> CpuUsage:
+        if not readings:
+            readings.append(CpuUsage(0.0, 0.0, None))
+            return readings[0]
+        readings.clear()
+        return CpuUsage(1.0, next(waits), None)
+
+    def timed(*args: object, **kwargs: object) -> MatmulRate:
+        rate = next(rates)
+        return MatmulRate("float32", 256, 3, rate, rate)
+
+    monkeypatch.setattr(peak_module, "cpu_usage", usage)
+    monkeypatch.setattr(peak_module, "time_matmul", timed)
+    monkeypatch.setattr(peak_module, "time_copy", lambda *a, **k: 1e10)
+
+    def measure() -> PeakFigures:
+        figures = peak_module.measured_peak(backend, device, plan, directory=tmp_path)
+        assert figures is not None
+        return figures
+
+    busy = measure()
+    assert busy.flops_per_s == 100e9 and "the host was busy meanwhile (threads waited 33%" in busy.source
+    assert measure().flops_per_s == 100e9  # measured again, slower: the higher rate stands
+    quiet = measure()
+    assert quiet.flops_per_s == 150e9 and "busy" not in quiet.source
+    assert measure() == quiet  # a quiet measurement is trusted: no fourth timing (rates would run out)
+
+
+def test_devices_by_name_and_unknown_names() -> None:
+    host = get_host()
+    h100 = find_device(host, "h100")
+    assert h100.backend.name == "cuda" and h100.device.memory_bytes == 80 * GIB
+    assert find_device(host, "MI250X").device.details["compute_units"] == "110"
+    with pytest.raises(
+        ConfigError, match=r"no installed plugin's peak table knows it; known devices: .*H100"
+    ):
+        find_device(host, "Z9000")
+    with pytest.raises(ConfigError, match="matches several devices"):
+        find_device(host, "MI2")
+
+
+def test_impossible_configurations_are_refused() -> None:
+    config, facts = facts_for(**B, strategy="ddp")
+    with pytest.raises(ConfigError, match="strategy 'single' trains on one device"):
+        predict(config.model_copy(update={"strategy": "single"}), facts, device_type="cpu")
+    with pytest.raises(ConfigError, match="DeepSpeed keeps fp32 master weights"):
+        predict(config.model_copy(update={"strategy": "deepspeed-zero2", "precision": "bf16-true"}), facts,
+                device_type="cpu")  # fmt: skip
+    with pytest.raises(ConfigError, match="--efficiency"):
+        predict(config, facts, device_type="cpu", efficiency=1.5)
+    with pytest.raises(ConfigError, match="no model for strategy 'pipelined'"):
+        predict(config.model_copy(update={"strategy": "pipelined"}), facts, device_type="cpu")
+
+
+def test_comm_records_give_bandwidth_by_size(tmp_path: Path) -> None:
+    from accelbench.comm.records import CommConfig, CommMeasurement, CommRecord, write_comm_record
+    from accelbench.results import BackendRecord, Outcome
+    from accelbench.system import collect_system_info
+
+    def measured(op: str, size: int, busbw: float, variant: str = "out-of-place") -> CommMeasurement:
+        return CommMeasurement(op=op, dtype="fp32", variant=variant, size_bytes=size, count=size // 4,  # type: ignore[arg-type]
+                               requested_bytes=size, status="ok", iters=1, busbw_gbps=busbw, bus_factor=1.0)  # fmt: skip
+
+    record = CommRecord(
+        run_id="0123456789abcdef",
+        created_at=datetime.now(timezone.utc),
+        outcome=Outcome(status="ok"),
+        config=CommConfig(
+            ops=["all_reduce"],
+            dtypes=["fp32"],
+            sizes=[2**20, 2**24],
+            warmup=1,
+            iters=1,
+            check=True,
+            devices=2,
+            nnodes=1,
+            collective_timeout=60.0,
+        ),  # fmt: skip
+        system=collect_system_info(),
+        backend=BackendRecord(
+            info=BackendInfo(name="cpu", device_type="cpu", device_unit="CPU"),
+            distribution=None,
+            version=None,
+            devices=[],
+            devices_used=2,
+            collective_backend="gloo",
+            runtime_versions={},
+        ),  # fmt: skip
+        plugins={},
+        world_size=2,
+        measurements=[
+            measured("all_reduce", 2**20, 1.0),
+            measured("all_reduce", 2**20, 9.0, "in-place"),
+            measured("all_reduce", 2**24, 4.0),
+        ],  # fmt: skip
+    )
+    write_comm_record(record, tmp_path)
+    (tmp_path / "other.json").write_text('{"schema": "accelbench.result"}')  # another record: skipped
+    bandwidth = load_bus_bandwidth([tmp_path])
+    found = bandwidth.lookup("all_reduce", 2, 2**22, "fp32")
+    assert found is not None
+    assert found[0] == pytest.approx(2e9)  # log-log halfway between 1 GB/s at 1 MiB and 4 GB/s at 16 MiB
+    assert bandwidth.lookup("all_reduce", 2, 2**10, "fp32")[0] == pytest.approx(1e9)  # type: ignore[index]
+    sibling = bandwidth.lookup("reduce_scatter", 8, 2**24, "bf16")
+    assert sibling is not None and "none measured over 8 ranks" in sibling[1] and "no bf16" in sibling[1]
+    with pytest.raises(ConfigError, match="not an accelbench comm record"):
+        load_bus_bandwidth([tmp_path / "other.json"])
+
+
+def test_command_line_json_validates_and_refusals_exit_2(tmp_path: Path) -> None:
+    args = ["estimate", "--model", "gpt2", "--batch-size", "16", "--precision", "bf16-mixed", "--strategy", "fsdp",
+            "--devices", "8", "--device", "H100", "--bus-bandwidth", "450", "--scale-to", "16"]  # fmt: skip
+    done = accelbench(*args, "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    prediction = Prediction.model_validate_json(done.stdout)
+    assert prediction.device.startswith("NVIDIA H100 80GB HBM3") and prediction.fits is True
+    assert prediction.step_time_s and prediction.scaling[0].devices_to == 16
+    table = accelbench(*args, timeout=120)
+    assert table.returncode == 0 and "memory per device" in table.stdout and "fits" in table.stdout
+    unknown = accelbench("estimate", "--device", "Z9000", timeout=120)
+    assert unknown.returncode == 2 and "known devices" in unknown.stderr and "H100" in unknown.stderr
+    single = accelbench("estimate", "--devices", "2", "--device", "H100", timeout=120)
+    assert single.returncode == 2 and "strategy 'single' trains on one device" in single.stderr
+
+
+def test_help_imports_no_torch() -> None:
+    import subprocess
+
+    code = (
+        "import sys\nfrom accelbench.cli import main\n"
+        "for argv in (['--help'], ['estimate', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stderr.strip().splitlines()[-1] == "False", out.stderr
+    assert "--measure-peak" in out.stdout and "estimate" in out.stdout
+
+
+def test_runs_carry_their_prediction_and_compare_and_report_set_it_against_what_they_measured(
+    tmp_path: Path,
+) -> None:
+    """Real runs (DDP on one process, then over two gloo processes, with comm records of this host) each store the
+    model's prediction for their own configuration; compare puts it against what they measured, with the
+    predicted 1 -> 2 speedup (seed 001's formula) beside the measured one, and report draws it."""
+    comm = tmp_path / "comm"
+    done = accelbench("comm", "--devices", "2", "--ops", "all_reduce", "--dtypes", "fp32", "--min-bytes", "4KiB",
+                      "--max-bytes", "1MiB", "--factor", "4", "--iters", "3", "--warmup", "1", "--output-dir",
+                      str(comm), "-q")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    tiny = ["--model", "custom", "--layers", "1", "--heads", "2", "--embd", "32", "--block-size", "16",
+            "--batch-size", "4", "--dropout", "0", "--threads", "1", "--epochs", "2", "--steps-per-epoch", "3"]  # fmt: skip
+    runs = tmp_path / "runs"
+    for strategy, devices in (("ddp", "1"), ("ddp", "2")):  # one series: compare scales within a strategy
+        done = accelbench("run", *tiny, "--strategy", strategy, "--devices", devices, "--comm-records", str(comm),
+                          "--output-dir", str(runs), "-q")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    records = {r["config"]["devices"]: r for r in map(json.loads, map(Path.read_text, runs.glob("*.json")))}
+    one, two = records[1]["prediction"], records[2]["prediction"]
+    assert one["comm_bytes_per_step"] == 0 and one["note"] is None
+    # DDP over 2 ranks all-reduces every gradient: 2 (n-1)/n x 4 bytes x parameters on the bus per device
+    stored = two["memory_bytes"]["weights"] / 4
+    assert two["comm_bytes_per_step"] == pytest.approx(2 * (2 - 1) / 2 * 4 * stored, rel=1e-6)
+    assert two["comm_s"] > 0 and two["comm_exposed_s"] == two["comm_s"]  # a CPU overlaps nothing
+    assert two["step_time_s"] == pytest.approx(two["compute_s"] + two["optimizer_s"] + two["comm_exposed_s"])
+    assert str(comm) in two["bandwidth_source"]
+
+    done = accelbench("compare", str(runs), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    cells = {c["devices"]: c for c in json.loads(done.stdout)["groups"][0]["cells"]}
+    assert cells[1]["predicted"]["step_s"]["median"] == pytest.approx(one["step_time_s"])
+    measured_step = cells[1]["step_s"]["median"]
+    steps = records[1]["metrics"]["epochs"][-1]["steps"]
+    assert measured_step == pytest.approx(records[1]["metrics"]["steady"]["epoch_s_median"] / steps)
+    # seed 001: speedup = (n/g) t_iter(g) / (t_iter(g) - t_comm(g) + t_comm(n)), t_iter(1) measured
+    expected = 2 * measured_step / (measured_step + two["comm_exposed_s"])
+    assert cells[2]["predicted"]["speedup"] == pytest.approx(expected)
+    assert cells[2]["scaling"]["speedup"] > 0
+    done = accelbench("compare", str(runs), env={**__import__("os").environ, "COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr
+    assert "predicted (accelbench estimate's model) against measured" in done.stdout
+    assert f"{expected:.2f}x" in done.stdout
+
+    done = accelbench("report", str(runs), "--output", str(tmp_path / "report.html"))
+    assert done.returncode == 0, done.stderr
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "Predicted against measured" in html
+
+
+@pytest.mark.parametrize("what", ["missing", "empty", "not a comm record"])
+def test_unreadable_comm_records_are_refused_before_a_run(what: str, tmp_path: Path, capsys) -> None:
+    from accelbench.cli import main
+
+    path = tmp_path / "comm"
+    if what == "empty":
+        path.mkdir()
+    elif what == "not a comm record":
+        path.write_text('{"schema": "accelbench.result", "schema_version": 2}')
+    code = main(
+        ["run", "--model", "gpt-nano", "--comm-records", str(path), "--output-dir", str(tmp_path / "out")]
+    )
+    assert code == 2  # refused before anything ran: no record
+    assert "--comm-records" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
