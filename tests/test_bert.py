@@ -201,3 +201,20 @@ def test_ddp_on_two_processes(tmp_path: Path) -> None:
     record = only_record(tmp_path)
     assert record.outcome.status == "ok", (record.outcome, proc.stderr[-2000:])
     assert record.world_size == 2 and record.executor["strategy"] == "ddp"
+
+
+def test_tensor_and_pipeline_parallel_bert_train_the_same_model(tmp_path: Path) -> None:
+    """BERT under tp=2 (its Megatron plan) and pp=2 (its layers dealt to two stages) on two gloo processes: the
+    same batches give the same losses, since neither changes the maths."""
+    losses = {}
+    for mesh in ("tp=2", "pp=2"):
+        out = tmp_path / mesh
+        proc = accelbench("run", "--workload", "bert", "--model", "bert-tiny", "--seq-len", "16", "--batch-size", "4",
+                          "--dropout", "0", "--data-workers", "0", "--mesh", mesh, "--devices", "2", "--epochs", "2",
+                          "--steps-per-epoch", "2", "--output-dir", str(out), "-q")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        record = read_record(next(out.glob("*.json")))
+        assert record.outcome.status == "ok" and record.config.strategy == mesh[:2]
+        assert ("tensor_parallel" if mesh == "tp=2" else "pipeline") in record.executor
+        losses[mesh] = [e.loss for e in record.metrics.epochs]
+    assert losses["tp=2"] == pytest.approx(losses["pp=2"], rel=1e-4)
