@@ -16,9 +16,10 @@ from accelbench.results import EpochMetrics, PredictionCheck, ResultRecord, chec
 _REFRESH_S = 0.25  # the display is updated at most this often, so a fast step loop pays ~100 ns per step
 
 
-def progress_bar(console: Console, counted: str, transient: bool) -> Progress:
+def progress_bar(console: Console, counted: str, transient: bool, auto_refresh: bool = True) -> Progress:
     """The one progress bar style (label, bar, done/total, a counted-unit or rate column, elapsed time) that runs
-    and sweeps share; ``counted`` is a literal text or a ``{task.fields[...]}`` column."""
+    and sweeps share; ``counted`` is a literal text or a ``{task.fields[...]}`` column. ``auto_refresh=False``:
+    no refresh thread, the caller refreshes."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -27,6 +28,7 @@ def progress_bar(console: Console, counted: str, transient: bool) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=transient,
+        auto_refresh=auto_refresh,
     )
 
 
@@ -82,7 +84,9 @@ class LiveProgress:
     read."""
 
     def __init__(self, console: Console) -> None:
-        self._progress = progress_bar(console, "{task.fields[rate]}", transient=False)
+        # refreshed from the training loop itself, not by Rich's thread: a Ctrl-C or SIGTERM raised while the loop
+        # holds the display's lock would otherwise leave that thread waiting for it, and closing the display hangs
+        self._progress = progress_bar(console, "{task.fields[rate]}", transient=False, auto_refresh=False)
         self._task = TaskID(0)  # replaced by each epoch's task
         self._clock = RunClock()
         self._next = 0.0
@@ -91,6 +95,7 @@ class LiveProgress:
     def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:
         self._clock.start_epoch(epoch, epochs, steps, samples_per_step)
         self._task = self._progress.add_task(self._clock.label(), total=steps, rate="")
+        self._progress.refresh()
         self._next = self._clock.start + _REFRESH_S
 
     def step(self) -> None:
@@ -104,13 +109,17 @@ class LiveProgress:
                 completed=self._clock.done,
                 rate=f"~{self._clock.rate(now):,.0f} samples/s"
                 + (f", run ends in ~{fmt_duration(eta)}" if eta is not None else ""),
+                refresh=True,
             )
 
     def end_epoch(self, metrics: EpochMetrics) -> None:
         self._clock.end_epoch(metrics.wall_s)
         loss = f", loss {metrics.loss:.3f}" if metrics.loss is not None else ""
         self._progress.update(
-            self._task, completed=metrics.steps, rate=f"{metrics.samples_per_s:,.0f} samples/s{loss}"
+            self._task,
+            completed=metrics.steps,
+            rate=f"{metrics.samples_per_s:,.0f} samples/s{loss}",
+            refresh=True,
         )
 
     def close(self) -> None:
