@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
 _PREFIX = "accelbench/status/"
+_PROGRESS = "accelbench/progress/"
 
 
 def init_process_group(launch: LaunchEnv, collective: str, device: torch.device, timeout_s: float) -> None:
@@ -71,6 +72,25 @@ def report_status(rank: int, status: str, message: str | None, log: RankLog | No
         _store().set(f"{_PREFIX}{rank}", json.dumps(payload))
 
 
+def publish_progress(rank: int, log: RankLog) -> None:
+    """After each epoch: leave this rank's log so far in the store, so that rank 0 keeps its completed epochs even
+    if it never reports an ending (blocked in a collective a stopped peer left, killed). Best effort, between
+    epochs: never inside a timed one."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    with contextlib.suppress(Exception):
+        _store().set(f"{_PROGRESS}{rank}", json.dumps(dataclasses.asdict(log)))
+
+
+def published_progress(rank: int) -> RankLog | None:
+    """The last log ``rank`` published with :func:`publish_progress`, or None."""
+    with contextlib.suppress(Exception):
+        store, key = _store(), f"{_PROGRESS}{rank}"
+        if store.check([key]):
+            return RankLog(**json.loads(store.get(key)))
+    return None
+
+
 def collect_statuses(world_size: int, wait_s: float) -> dict[int, dict[str, Any] | None]:
     """Every rank's reported ending; None for ranks that sent none within ``wait_s`` (dead or hung)."""
     store = _store()
@@ -97,8 +117,9 @@ def exchange(
 
     Ranks leave both in the process group's key-value store, which needs no collective: a rank that failed or was
     interrupted may have collectives in flight that its peers never joined, and a collective now would hang or
-    mismatch. When every rank reported, the metrics cover every rank over the epochs all of them completed (so an
-    interrupted or failed run keeps those); when some rank sent nothing (it died or hangs), rank 0's alone, saying so.
+    mismatch. The metrics cover every rank over the epochs all of them completed (so an interrupted or failed run
+    keeps those), with the log a rank published after its last epoch where it sent no ending (it died, or hangs in
+    a collective); rank 0's alone where some rank left neither, saying so.
     """
     report_status(rank, outcome.status, outcome.message, log if rank != 0 else None)
     if rank != 0:
@@ -107,8 +128,13 @@ def exchange(
     wait_s = timeout_s if outcome.status == "ok" else min(timeout_s, 10.0)
     statuses = collect_statuses(world_size, wait_s)
     others = {r: s for r, s in statuses.items() if r != 0}
-    complete = all(s is not None and s.get("log") for s in others.values())
-    logs = [log] + [RankLog(**s["log"]) for _, s in sorted(others.items()) if s] if complete else [log]
+    # a rank that sent no ending (blocked in a collective, killed) still left its log after each epoch it completed
+    theirs = {
+        r: RankLog(**status["log"]) if status is not None and status.get("log") else published_progress(r)
+        for r, status in others.items()
+    }
+    complete = all(other is not None for other in theirs.values())
+    logs = [log] + [other for _, other in sorted(theirs.items()) if other is not None] if complete else [log]
     failed = {r: s for r, s in others.items() if s is None or s["status"] != "ok"}
     if not failed and outcome.status == "ok":
         return logs, outcome

@@ -30,7 +30,13 @@ from accelbench.engine.executor import DataShard, Executor, ExecutorRequest, Wor
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
 from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
 from accelbench.engine.profile import PROFILE_WARMUP_STEPS, profile_steps
-from accelbench.engine.ranks import destroy_process_group, exchange, init_process_group, release_peers
+from accelbench.engine.ranks import (
+    destroy_process_group,
+    exchange,
+    init_process_group,
+    publish_progress,
+    release_peers,
+)
 from accelbench.engine.signals import TERMINATION, RunInterrupted
 from accelbench.errors import BackendError, ConfigError
 from accelbench.estimate.model import WorkloadFacts
@@ -312,6 +318,10 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
                 )
                 log.epoch_load.append(after.load_1m)
                 progress.end_epoch(epoch_metrics(epoch, [log], job.tokens_per_sample))
+                if world.world_size > 1:
+                    publish_progress(
+                        world.rank, log
+                    )  # kept by rank 0 even if this rank never reports an ending
                 walls.append(slowest_rank(wall, device) if plan.fixed is None else wall)
                 if plan.stop_after(walls):
                     break
