@@ -50,9 +50,10 @@ def destroy_process_group() -> None:
 
 
 def release_peers() -> None:
-    """This rank stopped training (interrupted, failed): close its side of the process group, so that a peer
-    blocked in a collective this rank will never join fails now instead of at the collective timeout, and can
-    report how it ended. The key-value store the ranks report through is kept (it outlives the group)."""
+    """This rank stopped training (interrupted, failed): let go of its side of the process group, so that a peer
+    blocked in a collective this rank will never join can fail before the collective timeout (where nothing else,
+    e.g. a DDP module, still holds the group open) and report how it ended; its completed epochs reach rank 0 in any
+    case (:func:`publish_progress`). The key-value store the ranks report through is kept."""
     global _kept_store
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
