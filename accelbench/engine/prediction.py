@@ -14,7 +14,7 @@ predicted compute time are against the achievable matmul rate, labelled ``measur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.results import RunPrediction
@@ -71,16 +71,7 @@ def predict_run(
 ) -> RunPrediction:
     """The prediction for ``config`` as it ran: ``estimate``'s, on the facts of the built model."""
     if facts is None:
-        return RunPrediction(
-            step_time_s=None,
-            compute_s=None,
-            comm_s=None,
-            comm_exposed_s=None,
-            samples_per_s=None,
-            peak_memory_bytes=None,
-            comm_bytes_per_step=None,
-            note="no prediction: the model was never built",
-        )
+        return _none("the model was never built")
     from accelbench.estimate.predictor import predict
 
     try:
@@ -95,16 +86,7 @@ def predict_run(
             runtime_bytes=runtime_bytes or 0.0,
         )
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
-        return RunPrediction(
-            step_time_s=None,
-            compute_s=None,
-            comm_s=None,
-            comm_exposed_s=None,
-            samples_per_s=None,
-            peak_memory_bytes=None,
-            comm_bytes_per_step=None,
-            note=f"no prediction: {exc}",
-        )
+        return _none(str(exc))
     missing = []
     if p.peak_flops_per_s is None:
         missing.append("no peak FLOP/s for this device (give --peak-tflops)")
@@ -144,3 +126,12 @@ def predict_run(
         else None,
         note="; ".join(missing) or None,
     )
+
+
+def _none(why: str) -> RunPrediction:
+    """No prediction, and why."""
+    unknown: dict[str, Any] = dict.fromkeys(
+        ("step_time_s", "compute_s", "comm_s", "comm_exposed_s", "samples_per_s", "peak_memory_bytes",
+         "comm_bytes_per_step")
+    )  # fmt: skip
+    return RunPrediction(**unknown, note=f"no prediction: {why}")

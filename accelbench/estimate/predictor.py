@@ -25,7 +25,6 @@ from accelbench.estimate.model import (
     estimate,
     predict_speedup,
 )
-from accelbench.estimate.parallel import MeshShape
 
 if TYPE_CHECKING:
     from accelbench.devices import DeviceInfo, PeakFigures
@@ -38,17 +37,7 @@ def layout_of(config: RunConfig) -> Layout:
     if config.mesh is not None:
         from accelbench.engine.parallel.mesh import Layout as MeshLayout
 
-        laid = MeshLayout.of(config)
-        mesh = MeshShape(
-            dp=laid.size("dp"),
-            tp=laid.size("tp"),
-            pp=laid.size("pp"),
-            data_parallel=laid.data_parallel or "fsdp",
-            schedule=laid.schedule or "1f1b",
-            microbatches=laid.microbatches,
-            virtual_stages=laid.virtual_stages,
-            sequence_parallel=laid.sequence_parallel,
-        )
+        mesh = MeshLayout.of(config).shape()
     return Layout(
         strategy=config.strategy,
         precision=config.precision,

@@ -41,7 +41,7 @@ from accelbench.engine.parallel.pp import (
 )
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
-from accelbench.estimate.parallel import MeshShape, TransformerShape, estimate, pipeline_bubble
+from accelbench.estimate.parallel import TransformerShape, estimate, pipeline_bubble
 from accelbench.workloads import ModelUnits, TrainingJob
 
 if TYPE_CHECKING:
@@ -431,16 +431,7 @@ class ParallelExecutor(Executor):
         layout, plan = self.layout, self.request.precision
         param_bytes = torch.empty((), dtype=plan.torch_param_dtype).element_size()
         activation_dtype = plan.torch_autocast_dtype or plan.torch_param_dtype
-        mesh = MeshShape(
-            dp=layout.size("dp"),
-            tp=layout.size("tp"),
-            pp=layout.size("pp"),
-            data_parallel=layout.data_parallel or "fsdp",
-            schedule=layout.schedule or "1f1b",
-            microbatches=layout.microbatches,
-            virtual_stages=layout.virtual_stages,
-            sequence_parallel=layout.sequence_parallel,
-        )
+        mesh = layout.shape()
         result = estimate(
             self._shape,
             mesh,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.config import DATA_AXES, PP_SCHEDULES, RunConfig, parse_mesh
 from accelbench.errors import ConfigError
+from accelbench.estimate.parallel import MeshShape
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -65,6 +66,19 @@ class Layout:
 
     def size(self, axis: str) -> int:
         return self.sizes.get(axis, 1)
+
+    def shape(self) -> MeshShape:
+        """The layout as the analytical model takes it (:mod:`accelbench.estimate.parallel`)."""
+        return MeshShape(
+            dp=self.size("dp"),
+            tp=self.size("tp"),
+            pp=self.size("pp"),
+            data_parallel=self.data_parallel or "fsdp",
+            schedule=self.schedule or "1f1b",
+            microbatches=self.microbatches,
+            virtual_stages=self.virtual_stages,
+            sequence_parallel=self.sequence_parallel,
+        )
 
     @property
     def order(self) -> tuple[str, ...]:
