@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelbench import __version__
-from accelbench.config import RunConfig, RunOption, cli_fields, flag_of
+from accelbench.config import RunConfig, cli_fields, flag_of
+from accelbench.contract import PRECISIONS, RunOption
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.exitcodes import ExitCode
-from accelbench.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -257,7 +257,7 @@ def _main(argv: Sequence[str] | None) -> int:
             backend_options, workload_options = host.run_options(), host.workload_run_options()
             listed = {
                 "strategy": ", ".join(
-                    sorted({s for b in host.backends.values() for s in b.supported_strategies()})
+                    sorted({s for b in host.backends.values() for s in b.supported_strategies(_device_kind(b))})
                 ),
                 "model": "; ".join(
                     f"{name}: {', '.join(w.model_names())}" for name, w in host.workloads.items()
@@ -499,7 +499,7 @@ def _device_line(device: dict[str, Any]) -> str:
 
 def _peaks(backend: Any, device: Any) -> dict[str, dict[str, Any] | None]:
     """The backend's peak figures for the first device, per math: what MFU is measured against."""
-    from accelbench.precision import standard_plan
+    from accelbench.contract import standard_plan
 
     out: dict[str, dict[str, Any] | None] = {}
     for label, precision in (("bf16", "bf16-mixed"), ("fp16", "fp16-mixed"), ("fp32", "fp32")):
@@ -518,7 +518,7 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
         backend = host.backends.get(record.backend.name) if record.backend else None
         detected = backend.detect() if backend else []
         row["devices"] = [d.model_dump() for d in detected]
-        row["strategies"] = _answer(backend.supported_strategies) if backend else None
+        row["strategies"] = _answer(functools.partial(_strategies, backend)) if backend else None
         row["precisions"] = _answer(functools.partial(_precisions, backend)) if backend and detected else None
         rows.append(row)
     if args.json:
@@ -535,7 +535,8 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
             if row["status"] == "active"
             else f"[bold red]failed[/]: {escape(row['error'])}"
         )
-        out.print(f"[bold]{row['name']}[/] ({dist}): {status}", highlight=False, soft_wrap=True)
+        contract = f", contract {row['contract']}" if row["contract"] else ""
+        out.print(f"[bold]{row['name']}[/] ({dist}{contract}): {status}", highlight=False, soft_wrap=True)
         if row["backend"]:
             about = f" ({row['backend']['description']})" if row["backend"]["description"] else ""
             names = ", ".join(d["name"] for d in row["devices"]) or f"none detected{about}"
@@ -543,6 +544,9 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
             precisions = row["precisions"] or "(the device decides; none detected here)"
             out.print(f"  precisions: {_listed(precisions)}", highlight=False, soft_wrap=True)
             out.print(f"  strategies: {_listed(row['strategies'])}", highlight=False, soft_wrap=True)
+            for name, methods in row["overrides"].items():
+                shown = ", ".join(methods) or "none (the stock torch behaviour throughout)"
+                out.print(f"  {name} overrides: {shown}", highlight=False, soft_wrap=True)
         if row["hooks"]:
             hooks = ", ".join(h.removeprefix("accelbench_") for h in row["hooks"])
             out.print(f"  hooks: {hooks}", highlight=False, soft_wrap=True)
@@ -564,6 +568,17 @@ def _precisions(backend: Any) -> list[str]:
     import torch
 
     return list(backend.supported_precisions(torch.device(backend.info.device_type)))
+
+
+def _strategies(backend: Any) -> list[str]:
+    return list(backend.supported_strategies(_device_kind(backend)))
+
+
+def _device_kind(backend: Any) -> Any:
+    """A backend's device type as an index-less torch device: what is asked before a device is bound."""
+    import torch
+
+    return torch.device(backend.info.device_type)
 
 
 def _listed(value: list[str] | str | None) -> str:

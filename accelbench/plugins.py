@@ -1,45 +1,35 @@
-"""Plugin host: finds plugins through entry points, isolates broken ones, selects the backend.
+"""Plugin host: finds plugins through entry points, isolates broken ones, registers their backends and workloads,
+selects the backend.
 
-The rest of accelbench talks to plugins only through :class:`PluginHost` and :class:`Backend`, never through
-``pm.hook`` directly, so every hook call site is typed and in one place, and every call goes through pluggy's
-public API (``subset_hook_caller``), so ``ACCELBENCH_DEBUG=1`` traces them all.
+Discovery and registration go through pluggy (``accelbench.contract.hookspecs``): a plugin's
+``accelbench_register_backends`` registers :class:`~accelbench.contract.Backend` subclasses, its
+``accelbench_register_workloads`` workloads. The selected backend is then a plain object: the rest of accelbench calls
+its methods.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal
 
 import pluggy
 
-from accelbench import CONTRACT_VERSION, PROJECT, hookspecs
-from accelbench.config import RunConfig, RunOption, resolve_options
-from accelbench.devices import NO_COLLECTIVE, BackendInfo, DeviceInfo, EpochReadings, PeakFigures
+from accelbench.config import RunConfig
+from accelbench.contract import CONTRACT_VERSION, PROJECT, Backend, BackendInfo, RunOption, hookspecs
+from accelbench.contract.options import resolve_options
 from accelbench.errors import BackendError, ConfigError, PluginError
 from accelbench.workloads import Workload
-
-if TYPE_CHECKING:
-    import torch
-
-    from accelbench.engine.executor import Executor, ExecutorRequest
-    from accelbench.precision import PrecisionPlan
-
-T = TypeVar("T")
 
 ENTRY_POINT_GROUP = "accelbench"
 STRICT_ENV = "ACCELBENCH_STRICT_PLUGINS"
 ONLY_ENV = "ACCELBENCH_PLUGINS"  # comma-separated entry-point names: load only these (plus the core defaults)
 DEBUG_ENV = "ACCELBENCH_DEBUG"  # trace every hook call on stderr
-DEFAULTS_MODULE = (
-    "accelbench.backends.defaults"  # the core's stock-PyTorch answers, loaded by name like a plugin
-)
-DEFAULTS_NAME = "accelbench.defaults"
+CORE_WORKLOADS = "accelbench (core)"  # who registered the core's own workloads
 
 _HOOK_NAMES = sorted(name for name in dir(hookspecs) if name.startswith("accelbench_"))
 
@@ -50,6 +40,8 @@ FIRST_PARTY_PLUGINS = {
     "rocm": "accelbench-rocm",
     "xpu": "accelbench-xpu",
     "ipu": "accelbench-ipu",
+    "gaudi": "accelbench-gaudi",
+    "xla": "accelbench-xla",
 }
 
 
@@ -63,9 +55,17 @@ class PluginRecord:
     status: Literal["active", "failed"]
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
-    backend: BackendInfo | None = None
+    backends: list[BackendInfo] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     contract: str | None = None
+    overrides: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # backend name -> Backend methods it overrides
+
+    @property
+    def backend(self) -> BackendInfo | None:
+        """The plugin's (first) backend; None for a workload-only plugin."""
+        return self.backends[0] if self.backends else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,157 +77,10 @@ class PluginRecord:
             "contract": self.contract,
             "hooks": self.hooks,
             "backend": self.backend.model_dump() if self.backend else None,
+            "backends": [b.model_dump() for b in self.backends],
+            "overrides": self.overrides,
             "warnings": self.warnings,
         }
-
-
-class Backend:
-    """Typed access to one backend's hooks: the selected plugin's implementation, else the core default."""
-
-    def __init__(self, pm: pluggy.PluginManager, info: BackendInfo, plugin: object, defaults: object) -> None:
-        self.info = info
-        self.name = info.name
-        self.plugin = plugin
-        self._pm = pm
-        self._defaults = defaults
-        self._callers: dict[str, tuple[pluggy.HookCaller, pluggy.HookCaller]] = {}
-        self._devices: list[DeviceInfo] | None = None
-        self.detect_error: str | None = None
-
-    def _pair(self, hook: str) -> tuple[pluggy.HookCaller, pluggy.HookCaller]:
-        """(this plugin's caller, the defaults' caller) for ``hook``: every other plugin removed from each."""
-        pair = self._callers.get(hook)
-        if pair is None:
-            plugins = self._pm.get_plugins()
-            mine = self._pm.subset_hook_caller(hook, [p for p in plugins if p is not self.plugin])
-            default = self._pm.subset_hook_caller(hook, [p for p in plugins if p is not self._defaults])
-            pair = self._callers[hook] = (mine, default)
-        return pair
-
-    def _ask(self, hook: str, **kwargs: Any) -> Any:
-        """A first-result hook: the plugin's answer, or the default's where it has none (or returns None)."""
-        mine, default = self._pair(hook)
-        answer = mine(**kwargs) if mine.get_hookimpls() else None
-        if answer is None and default.get_hookimpls():
-            answer = default(**kwargs)
-        return answer
-
-    def _act(self, hook: str, **kwargs: Any) -> None:
-        """An action hook: the plugin's implementation replaces the default."""
-        mine, default = self._pair(hook)
-        (mine if mine.get_hookimpls() else default)(**kwargs)
-
-    def _typed(self, hook: str, answer: object, kind: type[T]) -> T:
-        """A plugin's answer, checked against the contract's return type (a wrong type is the plugin's bug)."""
-        if not isinstance(answer, kind):
-            raise BackendError(
-                f"backend {self.name!r}: {hook} returned {type(answer).__name__}, not {kind.__name__} "
-                "(see accelbench.hookspecs)"
-            )
-        return answer
-
-    def implements(self, hook: str) -> bool:
-        return bool(self._pair(hook)[0].get_hookimpls())
-
-    # detection ------------------------------------------------------------------------------------------
-    def detect(self) -> list[DeviceInfo]:
-        """Devices present; [] when none or when detection itself failed (the failure is kept in ``detect_error``).
-
-        Detected once per Backend: backend selection, preflight and the record all ask, and a probe may cost a
-        subprocess.
-        """
-        if self._devices is None:
-            try:
-                self._devices = list(self._ask("accelbench_detect_devices") or [])
-            except Exception as exc:  # detection must never break a command
-                self.detect_error = f"{type(exc).__name__}: {exc}"
-                self._devices = []
-        return list(self._devices)
-
-    def runtime_versions(self) -> dict[str, str]:
-        return dict(self._ask("accelbench_runtime_versions") or {})
-
-    # device setup / collectives -------------------------------------------------------------------------
-    def setup_device(self, local_rank: int) -> torch.device:
-        import torch
-
-        hook = "accelbench_setup_device"
-        answer = self._ask(hook, device_type=self.info.device_type, local_rank=local_rank)
-        return self._typed(hook, answer, torch.device)
-
-    def collective_backend(self, device: torch.device) -> str | None:
-        """The torch.distributed backend name, or None where the backend replicates without torch.distributed."""
-        answer = self._ask("accelbench_collective_backend", device=device)
-        return None if answer is NO_COLLECTIVE else str(answer)
-
-    # precision --------------------------------------------------------------------------------------------
-    def supported_precisions(self, device: torch.device) -> list[str]:
-        return list(self._ask("accelbench_supported_precisions", device=device))
-
-    def check_precision(self, precision: str, device: torch.device) -> None:
-        supported = self.supported_precisions(device)
-        if precision not in supported:
-            raise ConfigError(
-                f"backend {self.name!r} does not support precision {precision!r} on {device}; "
-                f"it supports: {', '.join(supported)}"
-            )
-
-    def precision_plan(
-        self, precision: str, device: torch.device, options: dict[str, str | int | float | bool] | None = None
-    ) -> PrecisionPlan:
-        from accelbench.precision import PrecisionPlan
-
-        self.check_precision(precision, device)
-        hook = "accelbench_precision_plan"
-        answer = self._ask(hook, precision=precision, device=device, options=dict(options or {}))
-        return self._typed(hook, answer, PrecisionPlan)
-
-    # strategies -------------------------------------------------------------------------------------------
-    def supported_strategies(self) -> list[str]:
-        return list(self._ask("accelbench_supported_strategies"))
-
-    def executor(self, request: ExecutorRequest) -> Executor:
-        self.check_strategy(request.strategy)
-        executor = self._ask("accelbench_executor", request=request)
-        if executor is None:
-            raise BackendError(
-                f"backend {self.name!r} declared strategy {request.strategy!r} but built no executor"
-            )
-        return cast("Executor", executor)  # its type is the engine's: the host imports no engine code
-
-    def check_strategy(self, strategy: str) -> None:
-        supported = self.supported_strategies()
-        if strategy not in supported:
-            raise ConfigError(
-                f"backend {self.name!r} does not support strategy {strategy!r}; it supports: {', '.join(supported)}"
-            )
-
-    # timing / epochs / memory / peaks ---------------------------------------------------------------------
-    def synchronize(self, device: torch.device) -> None:
-        self._act("accelbench_synchronize", device=device)
-
-    def epoch_start(self, device: torch.device) -> None:
-        self._act("accelbench_epoch_start", device=device)
-
-    def epoch_end(self, device: torch.device) -> EpochReadings:
-        return self._typed(
-            "accelbench_epoch_end", self._ask("accelbench_epoch_end", device=device), EpochReadings
-        )
-
-    def release_memory(self, device: torch.device) -> None:
-        self._act("accelbench_release_memory", device=device)
-
-    def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
-        answer = self._ask("accelbench_peak_figures", device=device, precision=precision)
-        return None if answer is None else self._typed("accelbench_peak_figures", answer, PeakFigures)
-
-    def known_devices(self) -> list[DeviceInfo]:
-        """The devices this backend's peak table knows (``accelbench_known_devices``), [] without a catalogue."""
-        answer = self._ask("accelbench_known_devices")
-        if answer is None:
-            return []
-        devices = self._typed("accelbench_known_devices", answer, list)
-        return [self._typed("accelbench_known_devices", d, DeviceInfo) for d in devices]
 
 
 class PluginHost:
@@ -237,11 +90,10 @@ class PluginHost:
         self.strict = os.environ.get(STRICT_ENV, "") not in ("", "0") if strict is None else strict
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        self.debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        if self.debug:
             self.pm.trace.root.setwriter(sys.stderr.write)
             self.pm.enable_tracing()
-        self.defaults = importlib.import_module(DEFAULTS_MODULE)
-        self.pm.register(self.defaults, name=DEFAULTS_NAME)
         self.records: list[PluginRecord] = []
         self._backends: dict[str, Backend] = {}
         self._workloads: dict[str, tuple[Workload, str]] = {}
@@ -310,32 +162,47 @@ class PluginHost:
                 yield record, plugin
 
     def _collect_backends(self) -> None:
-        found: dict[str, tuple[BackendInfo, object]] = {}
+        """Every active plugin's ``accelbench_register_backends``: one instance of each Backend subclass."""
         for record, plugin in list(self._active()):
+            classes: list[type[Backend]] = []
             try:
-                answers = [a for a in self._only("accelbench_backend", plugin)() if a is not None]
-                if not answers:
-                    continue
-                info = answers[0]
-                if not isinstance(info, BackendInfo):
-                    raise PluginError(f"accelbench_backend returned {type(info).__name__}, not BackendInfo")
-                if info.name in found:
-                    owner = next(r for r in self.records if r.backend and r.backend.name == info.name)
-                    raise PluginError(
-                        f"backend name {info.name!r} is already provided by distribution {owner.distribution} "
-                        f"(plugin {owner.name!r}); uninstall one of the two"
-                    )
+                self._only("accelbench_register_backends", plugin)(register=classes.append)
+                made = [self._instantiate(cls) for cls in classes]
+                for backend in made:
+                    if backend.name in self._backends:
+                        owner = next(
+                            r for r in self.records if any(b.name == backend.name for b in r.backends)
+                        )
+                        raise PluginError(
+                            f"backend name {backend.name!r} is already provided by distribution "
+                            f"{owner.distribution} (plugin {owner.name!r}); uninstall one of the two"
+                        )
             except Exception as exc:
                 self.pm.unregister(plugin)
                 self._fail(record, exc)
                 continue
-            record.backend = info
-            found[info.name] = (info, plugin)
-        for name, (info, plugin) in found.items():
-            self._backends[name] = Backend(self.pm, info, plugin, self.defaults)
+            for backend in made:
+                if self.debug:
+                    trace_calls(backend)
+                self._backends[backend.name] = backend
+                record.backends.append(backend.info)
+                record.overrides[backend.name] = overridden_methods(type(backend))
+
+    @staticmethod
+    def _instantiate(cls: object) -> Backend:
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise PluginError(
+                f"accelbench_register_backends registered {cls!r}, not a subclass of accelbench.contract.Backend"
+            )
+        info = getattr(cls, "info", None)
+        if not isinstance(info, BackendInfo):
+            raise PluginError(f"backend class {cls.__name__} sets no info = BackendInfo(...)")
+        return cls()
 
     def _collect_workloads(self) -> None:
-        owners: list[tuple[str, object, PluginRecord | None]] = [(DEFAULTS_NAME, self.defaults, None)]
+        from accelbench.workloads import register_all
+
+        owners: list[tuple[str, object | None, PluginRecord | None]] = [(CORE_WORKLOADS, None, None)]
         owners += [(record.name, plugin, record) for record, plugin in self._active()]
         for owner, plugin, record in owners:
 
@@ -348,9 +215,12 @@ class PluginHost:
                 self._workloads[workload.name] = (workload, owner)
 
             try:
-                self._only("accelbench_register_workloads", plugin)(register=register)
+                if plugin is None:
+                    register_all(register)  # the core's own workloads must register
+                else:
+                    self._only("accelbench_register_workloads", plugin)(register=register)
             except Exception as exc:
-                if record is None:  # the core's own workloads must register
+                if record is None:
                     raise
                 self._fail(record, exc)
 
@@ -404,18 +274,24 @@ class PluginHost:
         return {name: w for name, (w, _) in sorted(self._workloads.items())}
 
     def run_options(self) -> list[RunOption]:
-        """Options backend plugins add to `accelbench run`; a plugin whose hook fails is reported and skipped.
+        """Options the backends add to `accelbench run`; a backend whose method fails is reported and skipped.
         Collected once: the command line and the preflight check both need them."""
         if self._run_options is None:
             options: list[RunOption] = []
-            for record, plugin in list(self._active()):
+            for backend in list(self._backends.values()):
                 try:
-                    for answer in self._only("accelbench_run_options", plugin)():
-                        options.extend(answer or [])
+                    options.extend(backend.run_options())
                 except Exception as exc:
-                    self._fail(record, exc)
+                    self._fail(self._record_of(backend), exc)
             self._run_options = options
         return list(self._run_options)
+
+    def _record_of(self, backend: Backend) -> PluginRecord:
+        return next(r for r in self.records if any(b.name == backend.name for b in r.backends))
+
+    def distribution_of(self, backend: Backend) -> PluginRecord:
+        """The plugin record (distribution, version) that registered ``backend``."""
+        return self._record_of(backend)
 
     def workload_run_options(self) -> list[RunOption]:
         """Every registered workload's options (one ``--flag`` may serve several workloads)."""
@@ -424,9 +300,8 @@ class PluginHost:
     def recorded_environment(self) -> list[str]:
         """Environment variable names (or ``PREFIX*``) the installed plugins want recorded."""
         names: list[str] = []
-        for _, plugin in self._active():
-            for answer in self._only("accelbench_recorded_environment", plugin)():
-                names.extend(n for n in answer or [] if n not in names)
+        for backend in self._backends.values():
+            names.extend(n for n in backend.recorded_environment() if n not in names)
         return names
 
     def resolve(self, config: RunConfig) -> RunConfig:
@@ -481,6 +356,9 @@ class PluginHost:
         }
 
 
+PORTING = "docs/writing-a-backend-plugin.md, 'Porting a 2.x plugin'"
+
+
 def check_contract(plugin: object) -> str:
     """The contract version ``plugin`` declares, if this accelbench can load it; PluginError saying why not."""
     declared = getattr(plugin, "accelbench_contract", None)
@@ -488,25 +366,67 @@ def check_contract(plugin: object) -> str:
     if declared is None:
         raise PluginError(
             f"written for plugin contract 1 (it declares no accelbench_contract); this accelbench implements "
-            f"contract {CONTRACT_VERSION}: upgrade the plugin"
+            f"contract {CONTRACT_VERSION}: upgrade the plugin ({PORTING})"
         )
     try:
         major, minor = (int(p) for p in str(declared).split("."))
     except ValueError:
         raise PluginError(f"accelbench_contract = {declared!r} is not a MAJOR.MINOR version") from None
     if major != mine[0] or minor > mine[1]:
-        upgrade = "accelbench" if (major, minor) > mine else "the plugin"
+        if (major, minor) > mine:
+            todo = "upgrade accelbench"
+        elif major == 2:
+            todo = (
+                "upgrade the plugin: in 3.0 a backend is a subclass of accelbench.contract.Backend registered "
+                f"through accelbench_register_backends, its hooks become methods ({PORTING})"
+            )
+        else:
+            todo = f"upgrade the plugin ({PORTING})"
         raise PluginError(
-            f"written for plugin contract {declared}; this accelbench implements contract {CONTRACT_VERSION}: "
-            f"upgrade {upgrade}"
+            f"written for plugin contract {declared}; this accelbench implements contract {CONTRACT_VERSION}: {todo}"
         )
     return str(declared)
+
+
+def trace_calls(backend: Backend) -> None:
+    """``ACCELBENCH_DEBUG=1``: every call of ``backend``'s contract methods written to stderr with its arguments
+    and answer, as pluggy traces the registration hooks."""
+    import functools
+
+    for name in dir(Backend):
+        if name.startswith("_") or not callable(getattr(Backend, name, None)):
+            continue
+        method = getattr(backend, name)
+
+        def traced(*args: Any, __name: str = name, __method: Any = method, **kwargs: Any) -> Any:
+            shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            answer = __method(*args, **kwargs)
+            sys.stderr.write(f"accelbench: {backend.name}.{__name}({shown}) -> {answer!r}\n"[:1000])
+            return answer
+
+        setattr(backend, name, functools.wraps(method)(traced))
+
+
+def overridden_methods(cls: type[Backend]) -> list[str]:
+    """The public methods of ``cls`` that differ from :class:`Backend`'s stock ones (what `plugins` shows)."""
+    out = []
+    for name in dir(Backend):
+        if name.startswith("_") or not callable(getattr(Backend, name, None)):
+            continue
+        if getattr(cls, name, None) is not getattr(Backend, name):
+            out.append(name)
+    return out
 
 
 def _unknown_hook_message(name: str) -> str:
     close = difflib.get_close_matches(name, _HOOK_NAMES, n=1)
     suggestion = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown hook {name!r}{suggestion}; see accelbench.hookspecs for the hook names"
+    moved = (
+        f"; in contract 3.0 {name.removeprefix('accelbench_')} is a method of accelbench.contract.Backend"
+        if not close and name.startswith("accelbench_")
+        else ""
+    )
+    return f"unknown hook {name!r}{suggestion}{moved}; see accelbench.contract.hookspecs for the hook names"
 
 
 _HOST: PluginHost | None = None

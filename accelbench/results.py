@@ -16,9 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accelbench.config import RunConfig
-from accelbench.devices import BackendInfo, DeviceInfo, MemoryStats, PeakFigures
+from accelbench.contract import BackendInfo, DeviceInfo, MemoryStats, PeakFigures, PrecisionPlan
 from accelbench.errors import AccelbenchError, ConfigError, ResultFileError
-from accelbench.precision import PrecisionPlan
 from accelbench.system import SystemInfo
 
 SCHEMA_NAME = "accelbench.result"

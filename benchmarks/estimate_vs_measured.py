@@ -60,7 +60,7 @@ host = get_host()
 config = host.resolve(RunConfig(model="gpt-nano", batch_size=1))
 job = host.workload("gpt").build(config)
 model = job.model.train()
-optimizer = job.make_optimizer(model, torch.device("cpu"))
+optimizer = job.make_optimizer(model, torch.device("cpu"), "fused")
 inputs, targets = next(iter(job.data.batches(0, 0, 1)))
 for _ in range(3):  # autograd, oneDNN and the optimizer initialised, as after a run's first step
     model(inputs, targets).backward()
@@ -126,7 +126,7 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
 def predicted(record: dict[str, Any], runtime: int, bandwidth: Any, peaks: dict[int, Any]) -> dict[str, Any]:
     """The prediction for the run's own configuration, made as `accelbench estimate` makes it."""
     from accelbench.config import RunConfig
-    from accelbench.devices import DeviceInfo
+    from accelbench.contract import DeviceInfo
     from accelbench.estimate import predict
     from accelbench.estimate.facts import meta_facts
     from accelbench.plugins import get_host
@@ -190,14 +190,14 @@ def main() -> None:
 
     import torch
 
+    from accelbench.contract import World, standard_plan
     from accelbench.estimate.comm import load_bus_bandwidth
     from accelbench.estimate.peak import measured_peak
     from accelbench.plugins import get_host
-    from accelbench.precision import standard_plan
 
     out = args.out or Path(tempfile.mkdtemp(prefix="estimate-vs-measured-"))
     backend = get_host().backends["cpu"]
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(), {})
     peaks = {}
     for threads in [args.threads]:
         torch.set_num_threads(threads)

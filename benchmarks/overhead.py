@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from accelbench.config import RunConfig
-from accelbench.engine.executor import Executor
+from accelbench.contract import Executor
 from accelbench.engine.runner import NoProgress, measure, prepare, run
 from accelbench.plugins import get_host
 
@@ -32,7 +32,7 @@ def hand_written_epochs(config: RunConfig) -> list[float]:
     host = get_host()
     job = host.workload(config.workload).build(config)
     model, device = job.model.train(), torch.device("cpu")
-    optimizer = job.make_optimizer(model, device)
+    optimizer = job.make_optimizer(model, device, "fused")
     times = []
     for epoch in range(config.epochs):
         losses = []

@@ -84,26 +84,28 @@ def test_ddp_on_one_device_needs_no_launcher(tmp_path: Path) -> None:
 FAULTY = """
 import os, time
 import torch
-from accelbench import hookimpl
-from accelbench.config import RunOption
-from accelbench.devices import BackendInfo, DeviceInfo
+from accelbench.contract import Backend, BackendInfo, DeviceInfo, RunOption, hookimpl
 from accelbench.engine.distributed import DDPExecutor
-accelbench_contract = "2.0"
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_backend():
-    return BackendInfo(name="faulty", device_type="cpu", device_unit="test CPU", priority=-10)
+def accelbench_register_backends(register):
+    register(FaultyBackend)
 
-@hookimpl
-def accelbench_detect_devices():
-    return [DeviceInfo(index=0, name="Faulty CPU")]
+# device binding, synchronisation and epoch readings: the stock Backend's, which know CPU tensors
+class FaultyBackend(Backend):
+    info = BackendInfo(name="faulty", device_type="cpu", device_unit="test CPU", priority=-10)
 
-@hookimpl
-def accelbench_run_options():
-    return [RunOption(name="fail_mode", backend="faulty", help="raise, exit, hang or oom"),
-            RunOption(name="fail_rank", type="int", default=1, backend="faulty")]
+    def detect_devices(self):
+        return [DeviceInfo(index=0, name="Faulty CPU")]
 
-# device binding, synchronisation and epoch readings: the core defaults, which know CPU tensors
+    def run_options(self):
+        return [RunOption(name="fail_mode", backend="faulty", help="raise, exit, hang or oom"),
+                RunOption(name="fail_rank", type="int", default=1, backend="faulty")]
+
+    def executor(self, request):
+        return FaultyDDP(request) if request.strategy == "ddp" else super().executor(request)
+
 
 class FaultyDDP(DDPExecutor):
     steps = 0
@@ -122,10 +124,6 @@ class FaultyDDP(DDPExecutor):
             if mode == "hang":
                 time.sleep(3600)
         return super().train_step(inputs, targets)
-
-@hookimpl
-def accelbench_executor(request):
-    return FaultyDDP(request) if request.strategy == "ddp" else None
 """
 
 

@@ -12,7 +12,7 @@ import pytest
 from core_support import accelbench
 
 from accelbench.config import RunConfig
-from accelbench.devices import BackendInfo, DeviceInfo, PeakFigures
+from accelbench.contract import BackendInfo, DeviceInfo, PeakFigures
 from accelbench.errors import ConfigError
 from accelbench.estimate import Prediction, predict, predict_speedup
 from accelbench.estimate.catalog import find_device
@@ -182,8 +182,8 @@ def test_seed_001_speedup() -> None:
 def test_measured_peak_is_positive_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
+    from accelbench.contract import standard_plan
     from accelbench.estimate import peak as peak_module
-    from accelbench.precision import standard_plan
 
     backend = get_host().backends["cpu"]
     plan = standard_plan("fp32", "ieee-fp32")
@@ -213,9 +213,9 @@ def test_a_peak_measured_on_a_busy_host_is_measured_again_and_the_higher_rate_ke
 ) -> None:
     """A busy host can only lower a matmul rate: a contended measurement is cached but measured again next time,
     keeping the higher rate, until one on a quiet host stands."""
+    from accelbench.contract import standard_plan
     from accelbench.estimate import peak as peak_module
     from accelbench.estimate.peak import MatmulRate
-    from accelbench.precision import standard_plan
 
     backend = get_host().backends["cpu"]
     plan = standard_plan("fp32", "ieee-fp32")

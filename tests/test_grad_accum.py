@@ -10,10 +10,10 @@ import pytest
 import torch
 from core_support import TINY, accelbench
 
-from accelbench.engine.executor import ExecutorRequest, TorchExecutor, World
+from accelbench.contract import ExecutorRequest, World, standard_plan
+from accelbench.engine.executor import TorchExecutor
 from accelbench.hostinfo import cpu_list, numa_nodes
 from accelbench.plugins import get_host
-from accelbench.precision import standard_plan
 from accelbench.results import read_record
 from accelbench.testing import tiny_config
 
@@ -28,7 +28,7 @@ def one_step(grad_accum: int, batch: int = 8) -> tuple[torch.Tensor, list[torch.
         device=torch.device("cpu"),
         precision=standard_plan("fp32", "ieee-fp32"),
         world=World(),
-        synchronize=lambda device: None,
+        backend=get_host().backends["cpu"],
         units=job.units,
     )
     executor = TorchExecutor(request)

@@ -1,7 +1,8 @@
 """The core's layers point one way: a module imports only from its own layer or the layers below it.
 
-From the bottom: errors and exit codes; the records' building blocks (precision, devices, config, host facts); the
-system and result records; workloads and the executors; the plugin contract and host; the built-in backends; the
+From the bottom: errors and exit codes; the plugin contract (the Backend base class, every type a plugin sees); the
+records' building blocks (devices, config, host facts); the system and result records; workloads and the
+executors; the plugin host; the built-in backends; the
 run itself (runner, ranks, signals, launcher); what reads records (display, compare, report, sweep); the command
 line and the conformance kit. So the result schema never imports a backend, the plugin host never imports the run
 engine, and nothing below the command line reaches up into it. Imports under ``if TYPE_CHECKING:`` (annotations
@@ -19,12 +20,13 @@ ROOT = Path(__file__).resolve().parents[1] / "accelbench"
 
 LAYERS: list[tuple[str, ...]] = [
     ("accelbench", "accelbench.errors", "accelbench.exitcodes"),
-    ("accelbench.precision", "accelbench.devices", "accelbench.config", "accelbench.hostinfo"),
+    ("accelbench.contract",),
+    ("accelbench.devices", "accelbench.config", "accelbench.hostinfo"),
     ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
      "accelbench.engine.metrics", "accelbench.estimate"),
-    ("accelbench.hookspecs", "accelbench.plugins"),
+    ("accelbench.plugins",),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",
      "accelbench.engine", "accelbench.comm"),

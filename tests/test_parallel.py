@@ -136,21 +136,21 @@ def test_three_dimensional_mesh_matches_data_parallel_training(runs: Runs) -> No
 
 
 NO_TP = """
-from accelbench import hookimpl
-from accelbench.devices import BackendInfo, DeviceInfo
-accelbench_contract = "2.0"
+from accelbench.contract import Backend, BackendInfo, DeviceInfo, hookimpl
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_backend():
-    return BackendInfo(name="notp", device_type="cpu", device_unit="test CPU", priority=-10)
+def accelbench_register_backends(register):
+    register(NoTpBackend)
 
-@hookimpl
-def accelbench_detect_devices():
-    return [DeviceInfo(index=0, name="CPU without tensor parallelism")]
+class NoTpBackend(Backend):
+    info = BackendInfo(name="notp", device_type="cpu", device_unit="test CPU", priority=-10)
 
-@hookimpl
-def accelbench_supported_strategies():
-    return ["single", "ddp", "fsdp"]
+    def detect_devices(self):
+        return [DeviceInfo(index=0, name="CPU without tensor parallelism")]
+
+    def supported_strategies(self, device):
+        return ["single", "ddp", "fsdp"]
 """
 
 

@@ -14,71 +14,95 @@ import nonexistent_vendor_runtime  # the vendor library is missing on this machi
 """
 
 MISSPELLED = """
-from accelbench import hookimpl
-accelbench_contract = "2.0"
+from accelbench.contract import hookimpl
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_detect_devcies():
-    return []
+def accelbench_register_backend(register):
+    pass
 """
 
 BAD_SIGNATURE = """
-from accelbench import hookimpl
-accelbench_contract = "2.0"
+from accelbench.contract import hookimpl
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_epoch_end(device, stream):
-    return None
+def accelbench_register_backends(register, stream):
+    pass
 """
 
 UNDECORATED = """
-from accelbench import hookimpl
-from accelbench.devices import BackendInfo
-accelbench_contract = "2.0"
+from accelbench.contract import Backend, BackendInfo, hookimpl
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_backend():
-    return BackendInfo(name="quiet", device_type="cpu", device_unit="test unit", priority=-5)
+def accelbench_register_workloads(register):
+    pass
 
-def accelbench_detect_devices():  # forgot @hookimpl: pluggy would ignore it silently
+def accelbench_register_backends(register):  # forgot @hookimpl: pluggy would ignore it silently
+    register(QuietBackend)
+
+class QuietBackend(Backend):
+    info = BackendInfo(name="quiet", device_type="cpu", device_unit="test unit", priority=-5)
+"""
+
+# Written for contract 2.1: per-backend hooks, no Backend subclass
+CONTRACT_2 = """
+from accelbench.contract import hookimpl
+accelbench_contract = "2.1"
+
+@hookimpl
+def accelbench_detect_devices():
     return []
+"""
+
+NOT_A_BACKEND = """
+from accelbench.contract import hookimpl
+accelbench_contract = "3.0"
+
+class Lookalike:  # has the methods, but does not subclass accelbench.contract.Backend
+    def detect_devices(self):
+        return []
+
+@hookimpl
+def accelbench_register_backends(register):
+    register(Lookalike)
 """
 
 # A complete third-party backend: runs on CPU tensors but is its own backend with its own rules.
 TESTDEV = """
 import torch
-from accelbench import hookimpl
-from accelbench.config import RunOption
-from accelbench.devices import BackendInfo, DeviceInfo
-accelbench_contract = "2.0"
+from accelbench.contract import Backend, BackendInfo, DeviceInfo, RunOption, hookimpl
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_run_options():
-    return [RunOption(name="tiles_per_card", type="int", default=1, help="tiles per card", backend="testdev")]
+def accelbench_register_backends(register):
+    register(TestDevBackend)
 
-@hookimpl
-def accelbench_backend():
-    return BackendInfo(name="testdev", device_type="cpu", device_unit="test device", priority=50)
+# device binding, synchronisation and epoch readings: the stock Backend's, which know CPU tensors
+class TestDevBackend(Backend):
+    info = BackendInfo(name="testdev", device_type="cpu", device_unit="test device", priority=50)
 
-@hookimpl
-def accelbench_detect_devices():
-    return [DeviceInfo(index=0, name="Test Device 9000")]
+    def run_options(self):
+        return [RunOption(name="tiles_per_card", type="int", default=1, help="tiles per card", backend="testdev")]
 
-@hookimpl
-def accelbench_supported_precisions(device):
-    return ["fp32"]
+    def detect_devices(self):
+        return [DeviceInfo(index=0, name="Test Device 9000")]
 
-# device binding, synchronisation and epoch readings: the core defaults, which know CPU tensors
+    def supported_precisions(self, device):
+        return ["fp32"]
 """
 
 DUPLICATE = """
-from accelbench import hookimpl
-from accelbench.devices import BackendInfo
-accelbench_contract = "2.0"
+from accelbench.contract import Backend, BackendInfo, hookimpl
+accelbench_contract = "3.0"
 
 @hookimpl
-def accelbench_backend():
-    return BackendInfo(name="testdev", device_type="cpu", device_unit="another", priority=1)
+def accelbench_register_backends(register):
+    register(Duplicate)
+
+class Duplicate(Backend):
+    info = BackendInfo(name="testdev", device_type="cpu", device_unit="another", priority=1)
 """
 
 
@@ -93,7 +117,8 @@ def test_cpu_backend_is_an_entry_point_plugin_with_a_device() -> None:
     cpu = next(r for r in host.records if r.name == "cpu")
     assert cpu.status == "active"
     assert cpu.distribution == "accelbench"
-    assert "accelbench_detect_devices" in cpu.hooks
+    assert cpu.hooks == ["accelbench_register_backends"] and cpu.contract == "3.0"
+    assert "detect_devices" in cpu.overrides["cpu"] and "executor" not in cpu.overrides["cpu"]
     assert host.backends["cpu"].detect()[0].memory_bytes > 0
 
 
@@ -109,8 +134,8 @@ def test_broken_plugins_are_reported_and_skipped(site: Site) -> None:
     assert (broken["status"], broken["distribution"]) == ("failed", "accelbench-broken")
     assert "nonexistent_vendor_runtime" in broken["error"]
     assert rows["typo"]["status"] == "failed"
-    assert "accelbench_detect_devcies" in rows["typo"]["error"]
-    assert "did you mean 'accelbench_detect_devices'" in rows["typo"]["error"]
+    assert "accelbench_register_backend'" in rows["typo"]["error"]
+    assert "did you mean 'accelbench_register_backends'" in rows["typo"]["error"]
     assert rows["badsig"]["status"] == "failed"
     assert "stream" in rows["badsig"]["error"]
 
@@ -131,7 +156,7 @@ def test_undecorated_hook_is_a_warning(site: Site) -> None:
     site.add_distribution("accelbench-quiet", {"quiet": "quiet_plugin"}, {"quiet_plugin": UNDECORATED})
     row = plugins_json(site)["quiet"]
     assert row["status"] == "active"
-    assert any("accelbench_detect_devices is not decorated" in w for w in row["warnings"])
+    assert any("accelbench_register_backends is not decorated" in w for w in row["warnings"])
 
 
 def test_third_party_backend_selection_and_its_own_precision_rules(site: Site, tmp_path) -> None:
@@ -198,56 +223,79 @@ def test_unknown_backend_lists_installed_ones(site: Site, tmp_path) -> None:
     assert not list(tmp_path.glob("*.json"))
 
 
-@pytest.mark.parametrize("hook", ["accelbench_backend", "accelbench_detect_devices", "accelbench_executor"])
+@pytest.mark.parametrize("hook", ["accelbench_register_backends", "accelbench_register_workloads"])
 def test_every_hook_is_documented(hook: str) -> None:
-    from accelbench import hookspecs
+    from accelbench.contract import hookspecs
 
     assert len((getattr(hookspecs, hook).__doc__ or "").split()) > 10
 
 
+def test_every_backend_method_is_documented_and_typed() -> None:
+    import inspect
+
+    from accelbench.contract import Backend
+
+    for name, method in inspect.getmembers(Backend, callable):
+        if name.startswith("_"):
+            continue
+        assert len((method.__doc__ or "").split()) > 8, f"Backend.{name} needs a docstring"
+        assert "return" in inspect.get_annotations(method), f"Backend.{name} needs a return type"
+
+
+def test_a_2x_plugin_is_reported_with_its_version_and_what_to_do(site: Site) -> None:
+    site.add_distribution("accelbench-two", {"two": "two_plugin"}, {"two_plugin": CONTRACT_2})
+    site.add_distribution("accelbench-fake", {"fake": "fake_plugin"}, {"fake_plugin": NOT_A_BACKEND})
+    rows = plugins_json(site)
+    two = rows["two"]
+    assert two["status"] == "failed" and "written for plugin contract 2.1" in two["error"]
+    assert "subclass of accelbench.contract.Backend" in two["error"] and "Porting a 2.x plugin" in two["error"]
+    fake = rows["fake"]
+    assert fake["status"] == "failed" and "not a subclass of accelbench.contract.Backend" in fake["error"]
+    assert rows["cpu"]["status"] == "active" and rows["cpu"]["contract"] == "3.0"
+
+
 CONTRACT_1 = """
-from accelbench import hookimpl
-from accelbench.devices import BackendInfo
+from accelbench.contract import hookimpl
+from accelbench.contract import BackendInfo
 
 @hookimpl
 def accelbench_backend():
     return BackendInfo(name="oldie", device_type="cpu", device_unit="old", priority=-1)
 """
 
-FUTURE = CONTRACT_1.replace("oldie", "future") + 'accelbench_contract = "2.9"\n'
+FUTURE = CONTRACT_1.replace("oldie", "future") + 'accelbench_contract = "3.9"\n'
 
 # A plugin object: its methods are the hooks and its per-run state lives on it (an epoch counter here)
 STATEFUL = """
 import os
-from accelbench import hookimpl
-from accelbench.devices import BackendInfo, DeviceInfo, EnergyReading, EpochReadings, MemoryStats
+from accelbench.contract import Backend, BackendInfo, DeviceInfo, EnergyReading, EpochReadings, MemoryStats
+from accelbench.contract import hookimpl
 
-class CountingBackend:
+accelbench_contract = "3.0"
+
+@hookimpl
+def accelbench_register_backends(register):
+    register(CountingBackend)
+
+class CountingBackend(Backend):
     \"\"\"A test backend that counts the epochs it saw and reports a made-for-the-test energy counter.\"\"\"
 
-    accelbench_contract = "2.0"
+    info = BackendInfo(name="counting", device_type="cpu", device_unit="test unit", priority=-10)
 
     def __init__(self):
+        super().__init__()
         self.started = 0
 
-    @hookimpl
-    def accelbench_backend(self):
-        return BackendInfo(name="counting", device_type="cpu", device_unit="test unit", priority=-10)
-
-    @hookimpl
-    def accelbench_detect_devices(self):
+    def detect_devices(self):
         return [DeviceInfo(index=0, name="Counter")]
 
-    @hookimpl
-    def accelbench_recorded_environment(self):
+    def recorded_environment(self):
         return ["COUNTING_*"]
 
-    @hookimpl
-    def accelbench_epoch_start(self, device):
+    def epoch_start(self, device):
         self.started += 1
 
-    @hookimpl
-    def accelbench_epoch_end(self, device):
+    def epoch_end(self, device):
         memory = MemoryStats(peak_bytes=self.started, source="epochs started so far (a test counter)")
         energy = EnergyReading(joules=10.0 * self.started, domain="test:one", source="test counter")
         return EpochReadings(memory=memory, energy=energy, telemetry={"epochs_started": float(self.started)})
@@ -263,7 +311,7 @@ def test_plugins_for_another_contract_version_are_reported_not_loaded(site: Site
     assert "upgrade the plugin" in old["error"] and old["hooks"] == [] and old["backend"] is None
     assert (
         future["status"] == "failed"
-        and "contract 2.9" in future["error"]
+        and "contract 3.9" in future["error"]
         and "upgrade accelbench" in future["error"]
     )
     assert rows["cpu"]["status"] == "active"
@@ -271,7 +319,7 @@ def test_plugins_for_another_contract_version_are_reported_not_loaded(site: Site
 
 def test_a_plugin_object_keeps_its_state_and_reports_epoch_readings(site: Site, tmp_path) -> None:
     site.add_distribution(
-        "accelbench-counting", {"counting": "counting_plugin:CountingBackend"}, {"counting_plugin": STATEFUL}
+        "accelbench-counting", {"counting": "counting_plugin"}, {"counting_plugin": STATEFUL}
     )
     out = tmp_path / "out"
     env = site.env(COUNTING_MODE="fast", ACCELBENCH_DEBUG="1")
@@ -290,5 +338,5 @@ def test_a_plugin_object_keeps_its_state_and_reports_epoch_readings(site: Site, 
         and record["metrics"]["energy_source"] == "test counter"
     )
     assert record["system"]["environment"]["COUNTING_MODE"] == "fast"  # the plugin asked for COUNTING_*
-    # ACCELBENCH_DEBUG=1: pluggy traced the hook calls on stderr
-    assert "accelbench_epoch_end" in proc.stderr and "accelbench_epoch_start" in proc.stderr
+    # ACCELBENCH_DEBUG=1: every call of the backend's methods traced on stderr
+    assert "counting.epoch_end(" in proc.stderr and "counting.epoch_start(" in proc.stderr

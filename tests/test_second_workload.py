@@ -13,12 +13,12 @@ TOY = '''
 import math
 import torch
 from torch import nn
-from accelbench import hookimpl
-from accelbench.config import RunOption
+from accelbench.contract import hookimpl
+from accelbench.contract import RunOption
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits, TrainingJob
 
-accelbench_contract = "2.0"
+accelbench_contract = "3.0"
 SIZES = {"toy-s": 2, "toy-m": 4}
 
 
@@ -88,7 +88,7 @@ class ToyWorkload:
         return TrainingJob(
             model=model,
             data=Regression(width, config.batch_size, config.seed, config.steps_per_epoch),
-            make_optimizer=lambda m, device: torch.optim.AdamW(m.parameters(), lr=lr),
+            make_optimizer=lambda m, device, kernels: torch.optim.AdamW(m.parameters(), lr=lr),
             flops_per_sample=6.0 * n,
             flops_formula="6N per sample (N = parameters)",
             tokens_per_sample=1,

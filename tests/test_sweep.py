@@ -15,7 +15,8 @@ import pytest
 from core_support import accelbench
 
 from accelbench.cli import main
-from accelbench.config import RunConfig, RunOption
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption
 from accelbench.errors import AccelbenchError
 from accelbench.results import read_record
 from accelbench.sweep import (

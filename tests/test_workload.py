@@ -41,7 +41,7 @@ def test_flops_per_token_follows_the_stated_formula() -> None:
 def test_head_is_tied_and_embeddings_are_not_decayed() -> None:
     model = GPT(GPTConfig(1, 2, 16, block_size=8, vocab_size=10))
     assert model.lm_head.weight is model.wte.weight
-    opt = configure_adamw(model, torch.device("cpu"), 3e-4)
+    opt = configure_adamw(model, "fused", 3e-4)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert any(p is model.wte.weight for p in no_decay["params"])

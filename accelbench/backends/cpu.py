@@ -1,4 +1,5 @@
-"""The built-in CPU backend. Registered through the ``accelbench`` entry-point group like any vendor plugin.
+"""The built-in CPU backend. Registered through the ``accelbench`` entry-point group like any vendor plugin: this module
+is the plugin, :class:`CpuBackend` its backend.
 
 One device = the CPU cores this process may run on (its affinity mask), with torch's intra-op threads.
 Peak memory is the process's resident-set high-water mark (VmHWM), reset at each epoch's start through
@@ -12,17 +13,29 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from accelbench import hookimpl
-from accelbench.devices import BackendInfo, CounterFile, DeviceInfo, EnergyReading, EpochReadings, MemoryStats
+from accelbench.contract import (
+    Backend,
+    BackendInfo,
+    DeviceInfo,
+    EnergyReading,
+    EpochReadings,
+    MemoryStats,
+    PrecisionPlan,
+    Scalar,
+    World,
+    hookimpl,
+)
+from accelbench.devices import CounterFile
 from accelbench.hostinfo import cpu_model, usable_cores
 
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.precision import PrecisionPlan
+accelbench_contract = "3.0"
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -46,29 +59,30 @@ def rapl_packages(root: Path = POWERCAP) -> list[CounterFile]:
     return out
 
 
-class CpuBackend:
+@hookimpl
+def accelbench_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    register(CpuBackend)
+
+
+class CpuBackend(Backend):
     """The CPU backend. Per-run state (whether VmHWM was reset, the RAPL counters at the epoch's start) lives here."""
 
-    accelbench_contract = "2.0"
+    info = BackendInfo(
+        name="cpu",
+        device_type="cpu",
+        device_unit="CPU (the cores this process may use)",
+        priority=0,
+        description="Built-in: trains on the host CPU with torch's intra-op threads.",
+    )
 
     def __init__(self, powercap: Path = POWERCAP) -> None:
+        super().__init__()
         self.powercap = powercap
         self._peak_resettable = False
         self._rapl_start: dict[str, int] = {}
         self._packages: list[CounterFile] | None = None
 
-    @hookimpl
-    def accelbench_backend(self) -> BackendInfo:
-        return BackendInfo(
-            name="cpu",
-            device_type="cpu",
-            device_unit="CPU (the cores this process may use)",
-            priority=0,
-            description="Built-in: trains on the host CPU with torch's intra-op threads.",
-        )
-
-    @hookimpl
-    def accelbench_recorded_environment(self) -> list[str]:
+    def recorded_environment(self) -> list[str]:
         return [
             "OMP_NUM_THREADS",
             "MKL_NUM_THREADS",
@@ -78,8 +92,7 @@ class CpuBackend:
             "ONEDNN_*",
         ]
 
-    @hookimpl
-    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+    def detect_devices(self) -> list[DeviceInfo]:
         import psutil
 
         details = {
@@ -98,8 +111,7 @@ class CpuBackend:
             )
         ]
 
-    @hookimpl
-    def accelbench_runtime_versions(self) -> dict[str, str]:
+    def runtime_versions(self) -> dict[str, str]:
         import torch
 
         versions = {
@@ -113,34 +125,31 @@ class CpuBackend:
             versions["cpu_capability"] = str(get())  # the kernels torch dispatches to
         return versions
 
-    @hookimpl
-    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+    def supported_precisions(self, device: torch.device) -> list[str]:
         # torch's CPU autocast runs bf16 and fp16 regions; fp16 is emulated on most CPUs and slow, but it runs.
         return ["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
 
-    @hookimpl
-    def accelbench_precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
+    def precision_plan(
+        self, precision: str, device: torch.device, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan:
         import torch
 
-        from accelbench.precision import standard_plan
+        from accelbench.contract import standard_plan
 
         # oneDNN may run fp32 matmuls in bf16 when asked; record the setting that is really in force (torch >= 2.9)
         fp32_mode = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")
         math = "ieee-fp32" if fp32_mode in ("none", "ieee") else f"oneDNN fp32 matmuls as {fp32_mode}"
         return standard_plan(precision, matmul_math=math)
 
-    @hookimpl
-    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+    def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
         import torch
 
         return torch.device("cpu")
 
-    @hookimpl
-    def accelbench_synchronize(self, device: torch.device) -> None:
+    def synchronize(self, device: torch.device) -> None:
         """Nothing to wait for: CPU kernels run synchronously with the Python thread."""
 
-    @hookimpl
-    def accelbench_epoch_start(self, device: torch.device) -> None:
+    def epoch_start(self, device: torch.device) -> None:
         try:
             _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS (VmHWM) of this process (Linux >= 4.0)
             self._peak_resettable = True
@@ -148,8 +157,7 @@ class CpuBackend:
             self._peak_resettable = False
         self._rapl_start = {p.name: uj for p in self.packages() if (uj := p.read()) is not None}
 
-    @hookimpl
-    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+    def epoch_end(self, device: torch.device) -> EpochReadings:
         return EpochReadings(memory=self._memory(), energy=self._energy())
 
     def packages(self) -> list[CounterFile]:

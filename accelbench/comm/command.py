@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from accelbench.config import RunConfig
-    from accelbench.devices import DeviceInfo
+    from accelbench.contract import Backend, DeviceInfo
     from accelbench.launch import LaunchEnv
-    from accelbench.plugins import Backend, PluginHost
+    from accelbench.plugins import PluginHost
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,10 @@ def measure_here(
         torch.set_num_threads(
             max(1, usable_cores() // launch.local_world_size)
         )  # ranks share the host's cores
-    device = backend.setup_device(launch.local_rank)
+    from accelbench.contract import World
+
+    world = World(launch.rank, launch.local_rank, launch.world_size, launch.local_world_size, launch.nnodes)
+    device = backend.setup_device(world, {})  # comm declares no backend options
     collective = backend.collective_backend(device) or checked.collective
     init_process_group(launch, collective, device, config.collective_timeout)
     rank0 = launch.rank == 0

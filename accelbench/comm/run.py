@@ -29,8 +29,8 @@ from accelbench.engine.signals import TERMINATION, RunInterrupted
 from accelbench.results import Outcome
 
 if TYPE_CHECKING:
+    from accelbench.contract import Backend
     from accelbench.launch import LaunchEnv
-    from accelbench.plugins import Backend
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHUNK = 1 << 24  # elements filled or checked at a time: the index arithmetic's scratch stays bounded

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from accelbench.contract import PRECISIONS
 from accelbench.errors import AccelbenchError
-from accelbench.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from accelbench.compare.summary import RunSummary

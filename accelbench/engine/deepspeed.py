@@ -7,9 +7,8 @@ from typing import Any
 
 import torch
 
-from accelbench.engine.executor import Executor, ExecutorRequest
+from accelbench.contract import Executor, ExecutorRequest, PrecisionPlan
 from accelbench.errors import ConfigError
-from accelbench.precision import PrecisionPlan
 from accelbench.workloads import TrainingJob
 
 STAGES = {"deepspeed-zero1": 1, "deepspeed-zero2": 2, "deepspeed-zero3": 3}
@@ -63,7 +62,9 @@ class DeepSpeedExecutor(Executor):
         import deepspeed
 
         model = job.model.to(self.request.device).train()
-        optimizer = job.make_optimizer(model, self.request.device)
+        optimizer = job.make_optimizer(
+            model, self.request.device, self.request.backend.optimizer_implementation(self.request.device)
+        )
         self.config = self.ds_config(job)
         if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             # ZeRO shards any torch optimizer's state, but asks to be told for those outside its tested list (the
@@ -79,9 +80,11 @@ class DeepSpeedExecutor(Executor):
         for x, y in zip(inputs.tensor_split(parts), targets.tensor_split(parts), strict=True):
             loss = self.engine(x, y)
             self.engine.backward(loss)
+            self.request.backend.after_backward(self.request.device)
             self.engine.step()
             share = loss.detach() * (x.shape[0] / inputs.shape[0])
             total = share if total is None else total + share
+        self.request.backend.after_optimizer_step(self.request.device)  # the boundary step applied the update
         assert total is not None
         return total
 

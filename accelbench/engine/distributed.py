@@ -11,7 +11,8 @@ from typing import Any, cast
 
 import torch
 
-from accelbench.engine.executor import Executor, ExecutorRequest, TorchExecutor
+from accelbench.contract import Executor, ExecutorRequest
+from accelbench.engine.executor import TorchExecutor
 from accelbench.workloads import ModelUnits
 
 

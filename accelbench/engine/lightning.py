@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from accelbench.engine.executor import Executor, ExecutorRequest
+from accelbench.contract import Executor, ExecutorRequest
 from accelbench.errors import ConfigError
 from accelbench.workloads import TrainingJob
 
@@ -31,7 +31,6 @@ STRATEGY = {
     "deepspeed-zero2": "deepspeed_stage_2",
     "deepspeed-zero3": "deepspeed_stage_3",
 }
-ACCELERATOR = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}  # Lightning's own accelerators
 
 
 def require_lightning() -> None:
@@ -45,10 +44,13 @@ class LightningExecutor(Executor):
     def __init__(self, request: ExecutorRequest) -> None:
         require_lightning()
         device_type = request.device.type
-        if device_type not in ACCELERATOR:
+        self.accelerator = (
+            request.backend.lightning_accelerator()
+        )  # a name Lightning knows, or an Accelerator
+        if self.accelerator is None:
             raise ConfigError(
-                f"Lightning has no built-in accelerator for device type {device_type!r}; "
-                f"use --engine native (Lightning supports: {', '.join(ACCELERATOR)})"
+                f"backend {request.backend.name!r} names no Lightning accelerator for device type {device_type!r}; "
+                "use --engine native"
             )
         if request.strategy not in STRATEGY:
             raise ConfigError(
@@ -75,7 +77,7 @@ class LightningExecutor(Executor):
         request = self.request
         world = request.world
         self.fabric = Fabric(
-            accelerator=ACCELERATOR[request.device.type],
+            accelerator=self.accelerator,
             devices=max(1, world.world_size // request.config.nnodes),
             num_nodes=request.config.nnodes,
             strategy=STRATEGY[request.strategy],
@@ -83,7 +85,9 @@ class LightningExecutor(Executor):
         )
         self.fabric.launch()  # joins the process group the launcher's environment describes; starts nothing
         model = job.model.train()
-        optimizer = job.make_optimizer(model.to(request.device), request.device)
+        optimizer = job.make_optimizer(
+            model.to(request.device), request.device, request.backend.optimizer_implementation(request.device)
+        )
         self.model, self.optimizer = self.fabric.setup(model, optimizer)
         self._clip = job.grad_clip_norm
 
@@ -100,11 +104,13 @@ class LightningExecutor(Executor):
             with sync:
                 loss = self.model(x, y) * (x.shape[0] / inputs.shape[0]) if parts > 1 else self.model(x, y)
                 self.fabric.backward(loss)
+                self.request.backend.after_backward(self.request.device)
             total = loss.detach() if total is None else total + loss.detach()
         assert total is not None
         if self._clip is not None:
             self.fabric.clip_gradients(self.model, self.optimizer, max_norm=self._clip)
         self.optimizer.step()
+        self.request.backend.after_optimizer_step(self.request.device)
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
@@ -115,6 +121,7 @@ class LightningExecutor(Executor):
             "executor": type(self).__name__,
             "engine": "lightning",
             "lightning_version": lightning.__version__,
+            "lightning_accelerator": str(self.accelerator),
             "lightning_strategy": STRATEGY[self.request.strategy],
             "lightning_precision": PRECISION[self.request.precision.name],
             "strategy": self.request.strategy,

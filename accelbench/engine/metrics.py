@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelbench.config import AUTO_MAX_EPOCHS, AUTO_TOLERANCE, MIN_STEADY_EPOCHS
-from accelbench.devices import MemoryStats, PeakFigures
+from accelbench.contract import MemoryStats, PeakFigures
 from accelbench.results import EpochMetrics, HostContention, Metrics, RankMetrics, SteadyState
 
 STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median rank's by 10%

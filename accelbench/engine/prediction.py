@@ -23,10 +23,8 @@ if TYPE_CHECKING:
     import torch
 
     from accelbench.config import RunConfig
-    from accelbench.devices import DeviceInfo, PeakFigures
+    from accelbench.contract import Backend, DeviceInfo, PeakFigures, PrecisionPlan
     from accelbench.estimate.model import Bandwidth, WorkloadFacts
-    from accelbench.plugins import Backend
-    from accelbench.precision import PrecisionPlan
 
 
 def load_comm_records(config: RunConfig) -> Bandwidth | None:

@@ -24,9 +24,19 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from accelbench.config import RunConfig, Scalar
-from accelbench.devices import DeviceInfo, MemoryStats, PeakFigures
-from accelbench.engine.executor import DataShard, Executor, ExecutorRequest, World
+from accelbench.config import RunConfig
+from accelbench.contract import (
+    Backend,
+    DataShard,
+    DeviceInfo,
+    Executor,
+    ExecutorRequest,
+    MemoryStats,
+    PeakFigures,
+    Scalar,
+    World,
+)
+from accelbench.engine.distributed import executor_for
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
 from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
 from accelbench.engine.profile import PROFILE_WARMUP_STEPS, profile_steps
@@ -42,7 +52,7 @@ from accelbench.errors import BackendError, ConfigError
 from accelbench.estimate.model import WorkloadFacts
 from accelbench.hostinfo import cpu_usage, usable_cores
 from accelbench.launch import RUN_ID_ENV, LaunchEnv
-from accelbench.plugins import Backend, PluginHost
+from accelbench.plugins import PluginHost
 from accelbench.results import (
     BackendRecord,
     EpochMetrics,
@@ -115,8 +125,13 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         reason = f" (detection failed: {backend.detect_error})" if backend.detect_error else ""
         about = f"; {backend.info.description}" if backend.info.description else ""
         raise BackendError(f"backend {backend.name!r} found no device on this host{reason}{about}")
-    backend.check_strategy(config.strategy)
+    kind = torch.device(backend.info.device_type)
+    backend.check_strategy(config.strategy, kind)
     config = host.check_backend_options(config, backend)
+    if config.compile and backend.compile_backend() is None:
+        raise ConfigError(
+            f"backend {backend.name!r} cannot compile (it names no torch.compile backend); drop --compile"
+        )
     if config.strategy.startswith("deepspeed-"):
         from accelbench.engine.deepspeed import require_deepspeed
 
@@ -125,13 +140,16 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         from accelbench.engine.lightning import require_lightning
 
         require_lightning()
-    kind = torch.device(backend.info.device_type)
+        if backend.lightning_accelerator() is None:
+            raise ConfigError(
+                f"backend {backend.name!r} names no Lightning accelerator for its devices; use --engine native"
+            )
     collective = backend.collective_backend(kind)
     world = config.devices * config.nnodes
     if world > 1 and config.strategy == "single" and collective is not None:
         raise ConfigError(
             f"strategy 'single' trains on one device, but {world} were asked for; choose a multi-device strategy: "
-            f"{', '.join(s for s in backend.supported_strategies() if s != 'single')}"
+            f"{', '.join(s for s in backend.supported_strategies(kind) if s != 'single')}"
         )
     # A CPU "device" is a process sharing the host's cores, so any count runs (with a warning where they would
     # contend for cores); accelerators are counted.
@@ -168,13 +186,23 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
     launch = launch or LaunchEnv("none")
     checked = preflight(config, host)
     config, backend = checked.config, checked.backend
-    world = World(rank=launch.rank, local_rank=launch.local_rank, world_size=launch.world_size)
+    world = World(
+        rank=launch.rank,
+        local_rank=launch.local_rank,
+        world_size=launch.world_size,
+        local_world_size=launch.local_world_size,
+        nnodes=config.nnodes,
+    )
     if config.threads:
         torch.set_num_threads(config.threads)
     elif backend.info.device_type == "cpu" and launch.local_world_size > 1:
         # processes on one host share its cores; one thread pool each over all cores would oversubscribe them
         torch.set_num_threads(max(1, usable_cores() // launch.local_world_size))
-    device = backend.setup_device(world.local_rank)
+    device = backend.setup_device(world, config.backend_options)
+    if not isinstance(device, torch.device):
+        raise BackendError(
+            f"backend {backend.name!r}: setup_device returned {type(device).__name__}, not torch.device"
+        )
     plan = backend.precision_plan(config.precision, device, config.backend_options)
     collective = None
     if config.strategy != "single" and checked.collective is not None:
@@ -186,8 +214,9 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
         device=device,
         precision=plan,
         world=world,
-        synchronize=backend.synchronize,
+        backend=backend,
         units=checked.workload.units(config),
+        default_executor=executor_for,
     )
     try:
         executor = backend.executor(request)
@@ -200,7 +229,7 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
         )
     else:  # the peak of the math that really runs (an executor may refine the plan); measured where no table
         peak = peak_for(backend, device, checked.devices[0], executor.effective_precision(plan))
-    record = next(r for r in host.records if r.backend is not None and r.backend.name == backend.name)
+    record = host.distribution_of(backend)
     backend_record = BackendRecord(
         info=backend.info,
         distribution=record.distribution,
@@ -293,6 +322,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
                             inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                         )
                     )
+                    backend.end_of_step(device)
                     samples += inputs.shape[0] if shard.counts_samples else 0
                     steps_done += 1
                     progress.step()
@@ -322,7 +352,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
                     publish_progress(
                         world.rank, log
                     )  # kept by rank 0 even if this rank never reports an ending
-                walls.append(slowest_rank(wall, device) if plan.fixed is None else wall)
+                walls.append(slowest_rank(wall, device, backend) if plan.fixed is None else wall)
                 if plan.stop_after(walls):
                     break
             if config.profile:  # after the timed epochs: profiling never changes a measured epoch
@@ -369,8 +399,14 @@ def profile_window(
         job.data.batches(epoch, shard.index, shard.count) for epoch in itertools.count(len(walls))
     )
     trace = config.output_dir / f".trace-{uuid.uuid4().hex[:8]}.json.gz" if run.launch.rank == 0 else None
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = run.executor.train_step(inputs, targets)
+        run.backend.end_of_step(device)
+        return loss
+
     return profile_steps(
-        run.executor.train_step,
+        step,
         batches,
         lambda t: t.to(device, non_blocking=True),
         lambda: run.backend.synchronize(device),
@@ -383,12 +419,14 @@ def profile_window(
     )
 
 
-def slowest_rank(wall: float, device: torch.device) -> float:
+def slowest_rank(wall: float, device: torch.device, backend: Backend) -> float:
     """The epoch time of the slowest rank, on every rank (one tiny all-reduce; the epoch time itself where there is
-    no process group), so that ranks deciding when to stop from it all decide alike."""
+    no process group), so that ranks deciding when to stop from it all decide alike. In float64 where the backend's
+    collective reduces it, else float32 (HCCL has no float64)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return wall
-    value = torch.tensor([wall], dtype=torch.float64, device=device)
+    dtype = torch.float64 if "float64" in backend.collective_dtypes(device) else torch.float32
+    value = torch.tensor([wall], dtype=dtype, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
 

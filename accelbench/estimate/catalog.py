@@ -12,11 +12,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import DeviceInfo
 from accelbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from accelbench.plugins import Backend, PluginHost
+    from accelbench.contract import Backend
+    from accelbench.plugins import PluginHost
 
 
 @dataclass(frozen=True)

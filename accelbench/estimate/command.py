@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelbench.config import RunConfig
-from accelbench.devices import DeviceInfo, PeakFigures
+from accelbench.contract import PRECISIONS, DeviceInfo, PeakFigures, PrecisionPlan, standard_plan
 from accelbench.errors import ConfigError
 from accelbench.estimate.model import Bandwidth, Prediction, ScalingPrediction
 from accelbench.exitcodes import ExitCode
-from accelbench.precision import PRECISIONS, PrecisionPlan, standard_plan
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from accelbench.plugins import Backend, PluginHost
+    from accelbench.contract import Backend
+    from accelbench.plugins import PluginHost
 
 
 def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) -> int:
@@ -179,9 +179,10 @@ def _measure(
     backend: Backend, config: RunConfig, kind: Any, device: DeviceInfo, refresh: bool
 ) -> dict[str, PeakFigures]:
     """The measured dense-matmul peak for each precision the device supports (one per matmul dtype)."""
+    from accelbench.contract import World
     from accelbench.estimate.peak import matmul_dtype, measured_peak
 
-    bound = backend.setup_device(0)
+    bound = backend.setup_device(World(), config.backend_options)
     out: dict[str, PeakFigures] = {}
     by_dtype: dict[str, PeakFigures | None] = {}
     for name in PRECISIONS:

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from accelbench.devices import PeakFigures
+from accelbench.contract import PeakFigures
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import (
     MeshShape,

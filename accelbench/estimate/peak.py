@@ -26,15 +26,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelbench.devices import PeakFigures
+from accelbench.contract import PeakFigures
 from accelbench.hostinfo import cpu_usage
 from accelbench.results import _write_atomically
 
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.plugins import Backend
-    from accelbench.precision import PrecisionPlan
+    from accelbench.contract import Backend, PrecisionPlan
 
 CACHE_ENV = "ACCELBENCH_CACHE_DIR"
 CACHE_FILE = "measured-peak.json"

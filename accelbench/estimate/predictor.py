@@ -27,7 +27,7 @@ from accelbench.estimate.model import (
 )
 
 if TYPE_CHECKING:
-    from accelbench.devices import DeviceInfo, PeakFigures
+    from accelbench.contract import DeviceInfo, PeakFigures
 
 
 def layout_of(config: RunConfig) -> Layout:

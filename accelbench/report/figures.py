@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.compare import Comparison, Spread
 from accelbench.compare.keys import format_value
+from accelbench.contract import PRECISIONS
 from accelbench.display import fmt_bytes
-from accelbench.precision import PRECISIONS
 from accelbench.report.drawing import (
     ReportFigure,
     bars,

@@ -13,7 +13,8 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from accelbench.config import RunOption, cli_fields, flag_of
+from accelbench.config import cli_fields, flag_of
+from accelbench.contract import RunOption
 from accelbench.errors import AccelbenchError
 
 OWNED = {"output_dir"}  # fields the sweep sets itself (from its --output-dir), so a file must not

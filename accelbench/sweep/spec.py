@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from accelbench.config import RunConfig, RunOption, flag_of
+from accelbench.config import RunConfig, flag_of
+from accelbench.contract import RunOption
 from accelbench.errors import AccelbenchError
 from accelbench.sweep.options import check_options, option_name
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.config import RunConfig, RunOption, Scalar
+    from accelbench.config import RunConfig
+    from accelbench.contract import RunOption, Scalar
 
     Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -88,7 +89,9 @@ class TrainingJob:
 
     model: torch.nn.Module  # forward(inputs, targets) -> scalar loss
     data: BatchSource
-    make_optimizer: Callable[[torch.nn.Module, torch.device], torch.optim.Optimizer]
+    # (model, device, kernels) -> optimizer; kernels is the backend's choice, 'fused', 'foreach' or 'plain'
+    # (Backend.optimizer_implementation): pass optimizer_kernels(kernels) to the torch optimizer
+    make_optimizer: Callable[[torch.nn.Module, torch.device, str], torch.optim.Optimizer]
     flops_per_sample: float
     flops_formula: str
     tokens_per_sample: int
@@ -150,3 +153,15 @@ def register_all(register: Callable[[Workload], None]) -> None:
     for spec in MODELS.values():
         register(VisionWorkload(spec))
     register(BertWorkload())
+
+
+def optimizer_kernels(implementation: str) -> dict[str, bool]:
+    """The keyword arguments that make a torch optimizer run ``implementation``'s kernels ('fused': one kernel
+    for every parameter; 'foreach': grouped kernels; 'plain': a loop over parameters)."""
+    if implementation == "fused":
+        return {"fused": True}
+    if implementation == "foreach":
+        return {"foreach": True}
+    if implementation == "plain":
+        return {"foreach": False}
+    raise ValueError(f"unknown optimizer implementation {implementation!r}; known: fused, foreach, plain")

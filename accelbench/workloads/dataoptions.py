@@ -3,7 +3,8 @@ together. No torch: the command line and the plugin host read them."""
 
 from __future__ import annotations
 
-from accelbench.config import RunConfig, RunOption
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption
 from accelbench.errors import ConfigError
 
 

@@ -49,7 +49,7 @@ def cmd_detect(out: Path) -> dict[str, Any]:
     initialised = torch.cuda.is_initialized()
     versions = backend.runtime_versions()
     initialised_after_versions = torch.cuda.is_initialized()
-    from accelbench.precision import standard_plan
+    from accelbench.contract import standard_plan
 
     peak = backend.peak_figures(devices[0], standard_plan("bf16-mixed", "ieee-fp32")) if devices else None
     props = torch.cuda.get_device_properties(0)  # only now: an independent reading from CUDA itself

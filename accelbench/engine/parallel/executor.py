@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from accelbench.config import fewest_microbatches
-from accelbench.engine.executor import DataShard, Executor, ExecutorRequest, World
+from accelbench.contract import DataShard, Executor, ExecutorRequest, World
 from accelbench.engine.parallel.mesh import Layout, build_device_mesh, check_model_split
 from accelbench.engine.parallel.pp import (
     TORCH_SCHEDULES,
@@ -79,6 +79,7 @@ class ParallelExecutor(Executor):
 
     def __init__(self, request: ExecutorRequest) -> None:
         self.request = request
+        self.backend = request.backend
         self.device = request.device
         config = request.config
         self.layout = Layout.of(config)
@@ -135,7 +136,11 @@ class ParallelExecutor(Executor):
             if layout.size("tp") > 1:
                 parallelize_units(part_units, units.tp_plan, self.mesh["tp"], layout.sequence_parallel)
             self.modules.append(self._data_parallel(part, part_units))
-        self.optimizer = _unmixed(job.make_optimizer(nn.ModuleList(self.modules), self.device))
+        self.optimizer = _unmixed(
+            job.make_optimizer(
+                nn.ModuleList(self.modules), self.device, self.backend.optimizer_implementation(self.device)
+            )
+        )
         if self.pipelined:
             self._pp_group = self.mesh["pp"].get_group()
             self._loss_fn = getattr(job.model, str(units.loss_method))
@@ -212,11 +217,13 @@ class ParallelExecutor(Executor):
                 loss = self.modules[0](inputs, targets)
             loss.backward()
             loss = loss.detach()
+        self.backend.after_backward(self.device)
         for pair in self._tied:
             pair.sum_gradients()
         if self._clip is not None:
             self._clip_gradients(self._clip)
         self.optimizer.step()
+        self.backend.after_optimizer_step(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipelined:  # only the last stage computed the loss: every rank of the pipeline reports it
             loss = loss.float()
@@ -293,11 +300,12 @@ class ParallelExecutor(Executor):
             else:
                 plain.append(grad)
         squares = torch.zeros((), device=self.device, dtype=torch.float32)
+        self._foreach = self.backend.optimizer_implementation(self.device) != "plain"  # the backend's kernels
         for grads in by_mesh.values():
-            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            norm = torch.nn.utils.get_total_norm(grads, foreach=self._foreach)
             squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
         if plain:
-            squares += torch.nn.utils.get_total_norm(plain, foreach=True).float() ** 2
+            squares += torch.nn.utils.get_total_norm(plain, foreach=self._foreach).float() ** 2
         if self.pipelined:
             dist.all_reduce(squares, group=self._pp_group)
         coefficient = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)

@@ -23,7 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from accelbench.config import RunConfig, RunOption, Scalar
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption, Scalar
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits
 from accelbench.workloads.dataoptions import check_data_options, data_label, data_options

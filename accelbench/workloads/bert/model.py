@@ -193,19 +193,16 @@ class BertMLM(nn.Module):
         return encoder + head
 
 
-def configure_adamw(model: nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:
-    """BERT's AdamW: betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except on biases and LayerNorm; fused where
-    the device has it."""
+def configure_adamw(model: nn.Module, implementation: str, lr: float) -> torch.optim.Optimizer:
+    """BERT's AdamW: betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except on biases and LayerNorm; the kernels
+    (fused, foreach, plain) are the backend's choice."""
     params = list(model.parameters())  # the tied decoder/embedding weight once
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
-    from accelbench.workloads.gpt.model import _fused_adamw_devices
+    from accelbench.workloads import optimizer_kernels
 
-    fused = device.type in _fused_adamw_devices()
-    return torch.optim.AdamW(
-        groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused, foreach=None if fused else True
-    )
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, **optimizer_kernels(implementation))
 
 
 def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
@@ -249,7 +246,7 @@ def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     return TrainingJob(
         model=model,
         data=data,
-        make_optimizer=lambda m, device: configure_adamw(m, device, lr),
+        make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
         flops_per_sample=flops,
         flops_formula=FLOPS_FORMULA,
         tokens_per_sample=seq_len,

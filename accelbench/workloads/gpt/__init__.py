@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from accelbench.config import RunConfig, RunOption, Scalar
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption, Scalar
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits, TrainingJob
 
@@ -147,7 +148,7 @@ class GPTWorkload:
         return TrainingJob(
             model=model,
             data=data,
-            make_optimizer=lambda m, device: configure_adamw(m, device, lr),
+            make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
             flops_per_sample=model.flops_per_token() * block_size,
             flops_formula=FLOPS_FORMULA,
             tokens_per_sample=block_size,

@@ -152,21 +152,14 @@ class GPT(nn.Module):
         return megatron_flops_per_iteration(1, c.block_size, c.n_layer, c.n_embd, c.vocab_size)
 
 
-def configure_adamw(model: nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:
-    """minGPT's AdamW: decay on matmul weights only, betas (0.9, 0.95), weight decay 0.1; fused where possible."""
+def configure_adamw(model: nn.Module, implementation: str, lr: float) -> torch.optim.Optimizer:
+    """minGPT's AdamW: decay on matmul weights only, betas (0.9, 0.95), weight decay 0.1; the kernels
+    (``implementation``: fused, foreach or plain) are the backend's choice for its device."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     params = list(model.parameters())  # shared (tied) parameters appear once
     decay = [p for p in params if p.dim() >= 2 and id(p) not in embeddings]
     no_decay = [p for p in params if p.dim() < 2 or id(p) in embeddings]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device.type in _fused_adamw_devices()
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True)
+    from accelbench.workloads import optimizer_kernels
 
-
-def _fused_adamw_devices() -> set[str]:
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-        return set(_get_fused_kernels_supported_devices())
-    except ImportError:  # older torch: the devices that had fused AdamW
-        return {"cuda", "xpu", "cpu", "mps"}
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), **optimizer_kernels(implementation))

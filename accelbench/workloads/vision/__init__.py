@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from accelbench.config import RunConfig, RunOption, Scalar
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption, Scalar
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits
 from accelbench.workloads.dataoptions import check_data_options, data_label, data_options

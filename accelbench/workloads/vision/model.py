@@ -72,28 +72,16 @@ def forward_flops(spec: VisionModel, image_size: int, num_classes: int) -> int:
     return int(counter.get_total_flops())
 
 
-def make_optimizer(
-    spec: VisionModel, model: nn.Module, device: torch.device, lr: float
-) -> torch.optim.Optimizer:
-    """The recipe's optimizer over every parameter (torchvision's reference applies weight decay to all)."""
+def make_optimizer(spec: VisionModel, model: nn.Module, implementation: str, lr: float) -> torch.optim.Optimizer:
+    """The recipe's optimizer over every parameter (torchvision's reference applies weight decay to all), with the
+    backend's kernels (``implementation``: fused, foreach, plain; RMSprop has no fused kernel: foreach then)."""
+    from accelbench.workloads import optimizer_kernels
+
     params = list(model.parameters())
     if spec.optimizer.name == "sgd":
-        fused = device.type in _fused_devices()
-        return torch.optim.SGD(
-            params, lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused, foreach=None if fused else True
-        )
-    return torch.optim.RMSprop(
-        params, lr=lr, alpha=0.9, eps=0.0316, momentum=0.9, weight_decay=1e-5, foreach=True
-    )
-
-
-def _fused_devices() -> set[str]:
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-        return set(_get_fused_kernels_supported_devices())
-    except ImportError:  # older torch
-        return {"cuda"}
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4, **optimizer_kernels(implementation))
+    kernels = optimizer_kernels("foreach" if implementation == "fused" else implementation)
+    return torch.optim.RMSprop(params, lr=lr, alpha=0.9, eps=0.0316, momentum=0.9, weight_decay=1e-5, **kernels)
 
 
 def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> TrainingJob:
@@ -133,7 +121,7 @@ def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> Traini
     return TrainingJob(
         model=model,
         data=data,
-        make_optimizer=lambda m, device: make_optimizer(spec, m, device, lr),
+        make_optimizer=lambda m, device, kernels: make_optimizer(spec, m, kernels, lr),
         flops_per_sample=3.0 * forward,
         flops_formula=FLOPS_FORMULA,
         tokens_per_sample=1,  # a sample is one image

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     import torch
 
-PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true")
 
 
@@ -23,7 +22,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 class PrecisionPlan(BaseModel):
-    """How a run computes. Returned by ``accelbench_precision_plan``."""
+    """How a run computes. Returned by ``Backend.precision_plan``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,0 +1,132 @@
+"""The executor: the one object the runner trains through, and what a backend gets to build one.
+
+``Backend.executor`` returns an :class:`Executor`. It owns model wrapping, the optimizer step and any compile step,
+so devices that compile a whole graph before running (IPUs) or replicate by themselves fit the same runner as eager
+GPUs and CPUs. The core's executors (single device, DDP, FSDP, DeepSpeed ZeRO, tensor/pipeline/mesh, Lightning)
+implement it; ``ExecutorRequest.default_executor`` builds the core's one for the request, so a backend can wrap it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.config import RunConfig
+    from accelbench.contract.backend import Backend
+    from accelbench.contract.precision import PrecisionPlan
+    from accelbench.engine.metrics import RankLog
+    from accelbench.workloads import ModelUnits, TrainingJob
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process sits in a (possibly single-process) job, as the launcher set it up."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1  # processes on this node
+    nnodes: int = 1
+
+
+@dataclass(frozen=True)
+class ExecutorRequest:
+    """What a backend needs to build an executor."""
+
+    config: RunConfig  # the whole run: strategy, devices, batch size, compile, backend_options, ...
+    device: torch.device
+    precision: PrecisionPlan
+    world: World
+    backend: (
+        Backend  # the selected backend: step boundaries, clipping, compile and synchronisation go through it
+    )
+    units: ModelUnits | None = (
+        None  # the workload's model parts for this config, known before the model is built
+    )
+    default_executor: Callable[[ExecutorRequest], Executor] | None = (
+        None  # the core's executor for this request
+    )
+
+    @property
+    def strategy(self) -> str:
+        return self.config.strategy
+
+    def synchronize(self, device: torch.device) -> None:
+        """The backend's device synchronisation (before a clock is read)."""
+        self.backend.synchronize(device)
+
+
+@dataclass(frozen=True)
+class DataShard:
+    """Which share of each epoch's batches a process trains on (``index`` of ``count``), and whether its samples
+    count toward the run's throughput. Data parallelism gives every rank its own share; the ranks that together
+    hold one copy of the model (tensor- or pipeline-parallel) train on the same share, and one of them counts it."""
+
+    index: int
+    count: int
+    counts_samples: bool = True
+
+
+class Executor(ABC):
+    """Trains a :class:`~accelbench.workloads.TrainingJob` one step at a time.
+
+    The runner calls ``setup`` once, ``compile`` once on a sample batch (timed apart from training), then
+    ``train_step`` for every batch, and ``close`` at the end, also after a failure. Every executor calls the
+    backend's step boundaries (``Backend.after_backward`` after each backward pass, ``Backend.after_optimizer_step``
+    after each optimizer step); the runner calls ``Backend.end_of_step`` after each ``train_step``.
+    """
+
+    @abstractmethod
+    def setup(self, job: TrainingJob) -> None:
+        """Wrap the model, place it on the device, build the optimizer."""
+
+    def compile(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        """Compile ahead of training if this executor compiles; return seconds spent, or None if it does not.
+
+        Must leave the model's weights as they were (a compile may run a step, but not apply it).
+        """
+        return None
+
+    @abstractmethod
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on a batch already on the device. Returns the loss as a detached device tensor.
+
+        Must not synchronise the device (no ``.item()``): the runner synchronises once per epoch.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """What really ran (compiled or not, fused optimizer, ...), for the result record."""
+        return {}
+
+    @property
+    def replays_graphs(self) -> bool:
+        """True when steps replay captured device graphs (CUDA graphs). Their memory comes from a private pool that
+        replays never allocate from, so the allocator's allocated-bytes peak does not see it (on an H200 it read
+        0.5 GiB for a step that holds 19 GiB); the runner then records the reserved peak instead."""
+        return False
+
+    def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
+        """The precision that really runs, recorded in place of the request (an engine with its own mixed
+        precision, such as DeepSpeed's bf16 mode, keeps bf16 parameters with fp32 master weights)."""
+        return requested
+
+    def close(self) -> None:
+        """Release the device (detach IPUs, destroy process groups the executor created)."""
+
+    def data_shard(self, world: World) -> DataShard:
+        """This process's share of the data (see :class:`DataShard`); every rank its own by default."""
+        return DataShard(world.rank, world.world_size)
+
+    def rank_facts(self) -> dict[str, Any]:
+        """What this rank measured that the record needs from every rank (a pipeline rank's idle time), as plain
+        data. The runner sends it to rank 0 with the rank's log, after training."""
+        return {}
+
+    def add_rank_logs(self, logs: list[RankLog]) -> None:
+        """On rank 0, before :meth:`describe`: every rank's log (its measurements and ``executor_facts``, what
+        :meth:`rank_facts` returned there), or rank 0's alone when another rank failed."""

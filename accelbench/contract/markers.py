@@ -1,0 +1,15 @@
+"""pluggy's markers for the ``accelbench`` project and the contract version."""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "accelbench"
+
+# The plugin contract this accelbench implements. A plugin declares the version it was written for
+# (``accelbench_contract = "3.0"``); the same major version and a minor version not newer than this one load.
+# 3.0: a backend is a Backend subclass registered through accelbench_register_backends (2.x: per-backend hooks).
+CONTRACT_VERSION = "3.0"
+
+hookimpl = pluggy.HookimplMarker(PROJECT)
+hookspec = pluggy.HookspecMarker(PROJECT)
