@@ -29,6 +29,8 @@ from accelbench.exitcodes import ExitCode
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from accelbench.launch import LaunchEnv
+
 EXIT_CODES_HELP = (
     "exit status: 0 ok; 1 error (record written); 2 refused before running (nothing written); "
     "3 out of memory (record written); 130 interrupted (record written with the completed epochs)"
@@ -257,7 +259,7 @@ def _main(argv: Sequence[str] | None) -> int:
             backend_options, workload_options = host.run_options(), host.workload_run_options()
             listed = {
                 "strategy": ", ".join(
-                    sorted({s for b in host.backends.values() for s in b.supported_strategies(_device_kind(b))})
+                    sorted({s for b in host.backends.values() for s in b.strategies})
                 ),
                 "model": "; ".join(
                     f"{name}: {', '.join(w.model_names())}" for name, w in host.workloads.items()
@@ -287,6 +289,7 @@ def _main(argv: Sequence[str] | None) -> int:
 def _stderr() -> Console:
     from rich.console import Console
 
+
     return Console(stderr=True)
 
 
@@ -303,39 +306,45 @@ def _refused(exc: AccelbenchError) -> int:
 
 
 def cmd_run(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.display import LiveProgress, LogProgress
-    from accelbench.engine.runner import NoProgress, Progress, preflight, run
-    from accelbench.engine.signals import TERMINATION
-    from accelbench.launch import RUN_ID_ENV, check_launch, detect_launch
+    from accelbench.launcher import JobShape, Launcher, RecordKind
     from accelbench.plugins import get_host
-    from accelbench.results import RecordNotSaved
+    from accelbench.results import read_record, write_record
 
-    launch = detect_launch()
-    if launch.launcher != "none":  # a worker of torchrun, srun or mpirun: the job's shape comes from there
-        check_launch(launch, getattr(args, "devices", None), getattr(args, "nnodes", None))
-        args.devices, args.nnodes = launch.local_world_size, launch.nnodes
+    launcher = Launcher(err, args.argv)
+    if launcher.adopt_job_shape(getattr(args, "devices", None), getattr(args, "nnodes", None)):
+        args.devices, args.nnodes = launcher.env.local_world_size, launcher.env.nnodes
         if hasattr(args, "node_rank"):
             del args.node_rank
     config = config_from_args(args)
     host = get_host()
-    TERMINATION.install()
-    worker = launch.launcher == "torchrun" and os.environ.get(RUN_ID_ENV) is not None  # one we started
-    if launch.rank == 0 and not worker:  # said once, by the process the user started
+
+    def preflight_once() -> bool:
+        """Said once, by the process the user started; True where the job needs worker processes."""
+        from accelbench.engine.runner import preflight
+
         checked = preflight(config, host)
         for warning in checked.warnings:
             err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
-        if (
-            launch.launcher == "none"
-            and config.devices * config.nnodes > 1
-            and checked.collective is not None
-        ):
-            return launch_and_wait(args, config, err)  # IPUs replicate in one process
+        return config.devices * config.nnodes > 1 and checked.collective is not None  # IPUs replicate in one
+
+    shape = JobShape(config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint, config.output_dir)
+    records = RecordKind("result record", read_record, lambda r, folder, path: write_record(r, folder, path=path))
+    return launcher.launch(shape, preflight_once, lambda env: _train_here(args, config, env, err), records)
+
+
+def _train_here(args: argparse.Namespace, config: RunConfig, launch: LaunchEnv, err: Console) -> int:
+    """This process's part of the run: train (as a rank, or alone); rank 0 writes and shows the record."""
+    from accelbench.display import LiveProgress, LogProgress
+    from accelbench.engine.runner import NoProgress, Progress, run
+    from accelbench.plugins import get_host
+    from accelbench.results import RecordNotSaved
+
     progress: Progress = NoProgress()
     if not args.quiet and launch.rank == 0:
         progress = LiveProgress(err) if err.is_terminal else LogProgress(sys.stderr)
     try:
         with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
-            record, path, status = run(config, host, progress, launch)
+            record, path, status = run(config, get_host(), progress, launch)
     except RecordNotSaved as exc:  # measured, but the folder could not take it: the record goes to stdout
         print(exc.text, flush=True)
         err.print(f"[bold red]error:[/] {_escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -371,54 +380,6 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def launch_and_wait(args: argparse.Namespace, config: RunConfig, err: Console) -> int:
-    """Start this same command as one worker per device through torch.distributed's launcher, and wait."""
-    from accelbench.launch import launch_workers
-    from accelbench.results import fallback_dir, read_record, write_record
-
-    argv = sys.argv[1:] if args.argv is None else args.argv
-    launched = launch_workers(argv, config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint)
-    failures = launched.failures
-    if config.node_rank != 0:
-        return ExitCode.ERROR if failures else ExitCode.INTERRUPTED if launched.signal else ExitCode.OK
-    pattern = f"*_{launched.run_id[:8]}.json"
-    found = sorted(config.output_dir.glob(pattern))
-    if found:
-        record = read_record(found[-1])
-        if failures and record.outcome.status != "ok":  # add what only the launcher saw: exit codes
-            seen = "; ".join(f"rank {r} exited with code {code}" for r, (code, _) in sorted(failures.items()))
-            message = f"{record.outcome.message} [launcher: {seen}]"
-            record = record.model_copy(
-                update={"outcome": record.outcome.model_copy(update={"message": message})}
-            )
-            write_record(record, config.output_dir, path=found[-1])
-        if launched.signal:
-            err.print(
-                f"[bold yellow]{launched.signal}:[/] the workers were stopped; the record keeps the epochs every "
-                f"rank completed: {found[-1]}",
-                highlight=False,
-                soft_wrap=True,
-            )
-        return ExitCode.of_status(record.outcome.status)
-    kept = sorted(fallback_dir().glob(pattern))
-    for rank, (code, message) in sorted(failures.items()):
-        err.print(
-            f"[bold red]rank {rank} failed[/] (exit code {code}): {_escape(message)}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if kept:
-        err.print(
-            f"[bold red]error:[/] the record could not be written to {config.output_dir}; it was kept in {kept[-1]}"
-        )
-    elif launched.signal:
-        err.print(f"[bold yellow]{launched.signal}:[/] the run was stopped before anything was measured")
-        return ExitCode.INTERRUPTED
-    else:
-        err.print("[bold red]error:[/] no result record was written (rank 0 ended before it could write one)")
-    return ExitCode.ERROR
-
-
 # --------------------------------------------------------------------------------------------------------------
 # info, plugins, schema
 # --------------------------------------------------------------------------------------------------------------
@@ -448,6 +409,7 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
         return ExitCode.OK
     from rich.console import Console
     from rich.table import Table
+
 
     out = Console()
     table = Table(title="system", show_header=False)
@@ -526,6 +488,7 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
         return ExitCode.OK
     from rich.console import Console
     from rich.markup import escape
+
 
     out = Console()
     for row in rows:

@@ -31,7 +31,7 @@ from accelbench.cli import main
         ),
         (["--precision", "bf16"], "unknown precision 'bf16'; did you mean bf16-mixed?"),
         (["--dropout", "1.5"], "--dropout: Input should be less than 1"),
-        (["--backend", "gaudi"], "unknown backend 'gaudi'; installed backends: "),
+        (["--backend", "npu"], "unknown backend 'npu'; installed backends: "),
         (
             ["--workload", "resnet"],
             "unknown workload 'resnet'; available: bert, efficientnet-b0, gpt, mobilenet-v3-large",

@@ -12,7 +12,7 @@ import pytest
 from core_support import accelbench
 
 from accelbench.config import RunConfig
-from accelbench.contract import BackendInfo, DeviceInfo, PeakFigures
+from accelbench.contract import BackendInfo, DeviceInfo, PeakFigures, World
 from accelbench.errors import ConfigError
 from accelbench.estimate import Prediction, predict, predict_speedup
 from accelbench.estimate.catalog import find_device
@@ -187,7 +187,7 @@ def test_measured_peak_is_positive_and_cached(tmp_path: Path, monkeypatch: pytes
 
     backend = get_host().backends["cpu"]
     plan = standard_plan("fp32", "ieee-fp32")
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(), {})
     torch.set_num_threads(1)
     quiet = iter([CpuUsage(0.0, 0.0, None), CpuUsage(1.0, 0.0, None)])  # ran 1 s, never waited for a core
     monkeypatch.setattr(peak_module, "cpu_usage", lambda: next(quiet))
@@ -219,7 +219,7 @@ def test_a_peak_measured_on_a_busy_host_is_measured_again_and_the_higher_rate_ke
 
     backend = get_host().backends["cpu"]
     plan = standard_plan("fp32", "ieee-fp32")
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(), {})
     rates = iter([100e9, 80e9, 150e9])  # busy, busy and slower, then quiet and faster
     waits = iter([0.5, 0.5, 0.0])  # seconds waited for a core over 1 s of running
     readings: list[CpuUsage] = []

@@ -92,7 +92,9 @@ def test_sigterm_to_a_two_process_job_keeps_every_ranks_completed_epochs(tmp_pat
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         lines.append(line)
-        if "epoch 3/200 done" in line:  # batch-log progress lines: the output is a pipe
+        # batch-log progress lines (the output is a pipe), printed by rank 0 as its epoch ends; rank 1 may still be
+        # finishing that epoch's last step when the signal lands, so wait for a 4th to be sure of 3 on both ranks
+        if "epoch 4/200 done" in line:
             break
     else:
         proc.kill()

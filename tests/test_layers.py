@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench.plugins",),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",
+     "accelbench.launcher",
      "accelbench.engine", "accelbench.comm"),
     ("accelbench.display", "accelbench.compare", "accelbench.report", "accelbench.sweep",
      "accelbench.estimate.command"),

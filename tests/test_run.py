@@ -320,7 +320,7 @@ def test_cached_memory_is_released_after_every_run_oom_included(
     recorded the whole GPU as in use. Every run now hands cached memory back once its figures are read."""
     import weakref
 
-    from accelbench.plugins import Backend
+    from accelbench.contract import Backend
     from accelbench.workloads.gpt import GPTWorkload
 
     models: list[weakref.ref] = []
@@ -376,13 +376,13 @@ def test_graph_replaying_runs_record_the_reserved_peak(
     """On an H200, gpt2 at batch 512 with CUDA graphs recorded a 0.5 GiB allocator peak for a step that holds
     19 GiB: replays use a private pool the allocated peak never sees. Such runs record the reserved peak."""
     from accelbench.contract import EpochReadings, MemoryStats
+    from accelbench.backends.cpu import CpuBackend
     from accelbench.engine.executor import TorchExecutor
-    from accelbench.plugins import Backend
 
     reading = EpochReadings(
         memory=MemoryStats(peak_bytes=512, peak_reserved_bytes=19 * 2**30, source="allocator peak")
     )
-    monkeypatch.setattr(Backend, "epoch_end", lambda self, device: reading)
+    monkeypatch.setattr(CpuBackend, "epoch_end", lambda self, device: reading)
     monkeypatch.setattr(TorchExecutor, "replays_graphs", property(lambda self: True))
     record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=2), get_host())
     assert [e.peak_memory_bytes for e in record.metrics.epochs] == [19 * 2**30, 19 * 2**30]

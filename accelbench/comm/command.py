@@ -10,7 +10,6 @@ environment (:func:`accelbench.launch.detect_launch`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import uuid
@@ -20,14 +19,13 @@ from typing import TYPE_CHECKING
 
 from accelbench.comm.options import comm_config, describe
 from accelbench.comm.records import CommConfig, CommRecord, read_comm_record, write_comm_record
-from accelbench.errors import BackendError, ConfigError, ResultFileError
+from accelbench.errors import BackendError, ConfigError
 from accelbench.exitcodes import ExitCode
-from accelbench.results import check_writable, fallback_dir
+from accelbench.results import check_writable
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from accelbench.config import RunConfig
     from accelbench.contract import Backend, DeviceInfo
     from accelbench.launch import LaunchEnv
     from accelbench.plugins import PluginHost
@@ -54,7 +52,7 @@ def preflight(config: CommConfig, host: PluginHost) -> Checked:
             "or start it with torchrun/srun/mpirun across 2 or more processes"
         )
     backend = host.select_backend(config.backend)
-    collective = backend.collective_backend(torch.device(backend.info.device_type))
+    collective = backend.collective(torch.device(backend.info.device_type))
     if collective is None:
         raise ConfigError(
             f"backend {backend.name!r} has no torch.distributed collective backend (its devices replicate inside "
@@ -75,23 +73,22 @@ def preflight(config: CommConfig, host: PluginHost) -> Checked:
 
 def comm_command(args: argparse.Namespace, err: Console) -> int:
     """`accelbench comm`: check, launch the workers (or be one), measure, write the record."""
-    from accelbench.engine.signals import TERMINATION
-    from accelbench.launch import RUN_ID_ENV, check_launch, detect_launch
+    from accelbench.launcher import JobShape, Launcher, RecordKind
     from accelbench.plugins import get_host
 
     config, job_shape = comm_config(args)
-    launch = detect_launch()
-    if launch.launcher != "none":  # a worker of torchrun, srun or mpirun: the job's shape comes from there
-        check_launch(launch, getattr(args, "devices", None), getattr(args, "nnodes", None))
-        config = config.model_copy(update={"devices": launch.local_world_size, "nnodes": launch.nnodes})
+    launcher = Launcher(err, getattr(args, "argv", None))
+    if launcher.adopt_job_shape(getattr(args, "devices", None), getattr(args, "nnodes", None)):
+        config = config.model_copy(update={"devices": launcher.env.local_world_size, "nnodes": launcher.env.nnodes})
     host = get_host()
-    TERMINATION.install()
-    worker = launch.launcher == "torchrun" and os.environ.get(RUN_ID_ENV) is not None  # one we started
-    if launch.rank == 0 and not worker:
+
+    def preflight_once() -> bool:
         preflight(config, host)
-        if launch.launcher == "none":
-            return launch_and_wait(args, config, job_shape, err)
-    return measure_here(args, config, host, launch, err)
+        return True  # collectives need 2 or more ranks: the check refuses fewer
+
+    shape = JobShape(config.devices, config.nnodes, job_shape.node_rank, job_shape.rdzv_endpoint, config.output_dir)
+    records = RecordKind("comm record", read_comm_record, write_comm_record)
+    return launcher.launch(shape, preflight_once, lambda env: measure_here(args, config, host, env, err), records)
 
 
 def measure_here(
@@ -126,7 +123,7 @@ def measure_here(
 
     world = World(launch.rank, launch.local_rank, launch.world_size, launch.local_world_size, launch.nnodes)
     device = backend.setup_device(world, {})  # comm declares no backend options
-    collective = backend.collective_backend(device) or checked.collective
+    collective = backend.collective(device) or checked.collective
     init_process_group(launch, collective, device, config.collective_timeout)
     rank0 = launch.rank == 0
     table = sys.stderr if args.json else sys.stdout
@@ -209,52 +206,3 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def launch_and_wait(args: argparse.Namespace, config: CommConfig, job_shape: RunConfig, err: Console) -> int:
-    """Start this same command as one worker per device through torch.distributed's launcher, wait, and end as
-    the record says (rank 0's node); the launcher's own view (exit codes, a signal) is told beside it."""
-    from accelbench.launch import launch_workers
-
-    argv = sys.argv[1:] if getattr(args, "argv", None) is None else args.argv
-    launched = launch_workers(
-        argv, config.devices, config.nnodes, job_shape.node_rank, job_shape.rdzv_endpoint
-    )
-    if job_shape.node_rank != 0:
-        return (
-            ExitCode.ERROR if launched.failures else ExitCode.INTERRUPTED if launched.signal else ExitCode.OK
-        )
-    pattern = f"*_{launched.run_id[:8]}.json"
-    found = sorted(config.output_dir.glob(pattern))
-    record = None
-    if found:
-        with contextlib.suppress(ResultFileError):
-            record = read_comm_record(found[-1])
-    if launched.signal:
-        kept = (
-            f"; the record keeps the sizes measured: {found[-1]}"
-            if found
-            else ", before a record was written"
-        )
-        err.print(
-            f"[bold yellow]{launched.signal}:[/] the workers were stopped{kept}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return ExitCode.INTERRUPTED
-    if record is not None:
-        return ExitCode.of_status(record.outcome.status)
-    for rank, (code, message) in sorted(launched.failures.items()):
-        err.print(
-            f"[bold red]rank {rank} failed[/] (exit code {code}): {_escape(message)}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    kept_files = sorted(fallback_dir().glob(pattern))
-    if kept_files:
-        err.print(
-            f"[bold red]error:[/] the record could not be written to {config.output_dir}; it was kept in {kept_files[-1]}"
-        )
-    else:
-        err.print("[bold red]error:[/] no comm record was written (rank 0 ended before it could write one)")
-    return ExitCode.ERROR

@@ -73,6 +73,10 @@ class Backend:
     info: ClassVar[BackendInfo]
     """What this backend is: its ``--backend`` name, torch device type, what one device is, detection priority."""
 
+    strategies: ClassVar[tuple[str, ...]] = STRATEGIES
+    """Every strategy this backend can build on some device of its kind (what ``run --help`` lists, asked without
+    importing torch); :meth:`supported_strategies` narrows it per device."""
+
     def __init__(self) -> None:
         self._devices: list[DeviceInfo] | None = None
         self.detect_error: str | None = None
@@ -172,6 +176,18 @@ class Backend:
             return "gloo"
         return name
 
+    def collective(self, device: torch.device) -> str | None:
+        """:meth:`collective_backend` as the host uses it: the backend's name, or None where the device replicates
+        without torch.distributed. Not for overriding."""
+        answer = self.collective_backend(device)
+        if answer is NO_COLLECTIVE:
+            return None
+        if not isinstance(answer, str):
+            raise BackendError(
+                f"backend {self.name!r}: collective_backend returned {type(answer).__name__}, not a name or NO_COLLECTIVE"
+            )
+        return answer
+
     def collective_dtypes(self, device: torch.device) -> tuple[str, ...]:
         """dtype names (``float64``, ``float32``, ...) this device's collective reduces. The runner reduces its
         own figures (epoch times) in float64 where listed, else in float32."""
@@ -213,8 +229,8 @@ class Backend:
 
     def supported_strategies(self, device: torch.device) -> list[str]:
         """Strategy names this backend can build on ``device`` (an index-less device before launch). Asking for
-        another fails before launch, listing these."""
-        return list(STRATEGIES)
+        another fails before launch, listing these. Stock: :attr:`strategies`."""
+        return list(self.strategies)
 
     def check_strategy(self, strategy: str, device: torch.device) -> None:
         """ConfigError listing the supported strategies when ``strategy`` is not one. Not for overriding."""

@@ -13,6 +13,7 @@ import torch
 
 from accelbench.contract import Executor, ExecutorRequest
 from accelbench.engine.executor import TorchExecutor
+from accelbench.errors import BackendError
 from accelbench.workloads import ModelUnits
 
 
@@ -61,8 +62,9 @@ class FSDPExecutor(TorchExecutor):
         }
 
 
-def executor_for(request: ExecutorRequest) -> Executor | None:
-    """The core's torch executors by strategy name; None for names the core does not build."""
+def executor_for(request: ExecutorRequest) -> Executor:
+    """The core's torch executor for the request's strategy (``ExecutorRequest.default_executor``); a name the core
+    does not build is the backend's to build in its own ``executor``."""
     strategy = request.strategy
     if request.config.engine == "lightning":
         from accelbench.engine.lightning import LightningExecutor
@@ -82,4 +84,7 @@ def executor_for(request: ExecutorRequest) -> Executor | None:
         from accelbench.engine.deepspeed import DeepSpeedExecutor
 
         return DeepSpeedExecutor(request)
-    return None
+    raise BackendError(
+        f"backend {request.backend.name!r} declared strategy {strategy!r}, which the core does not build, but its "
+        "executor() asked the core for it (super().executor): build it in the backend's own executor()"
+    )

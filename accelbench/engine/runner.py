@@ -144,7 +144,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
             raise ConfigError(
                 f"backend {backend.name!r} names no Lightning accelerator for its devices; use --engine native"
             )
-    collective = backend.collective_backend(kind)
+    collective = backend.collective(kind)
     world = config.devices * config.nnodes
     if world > 1 and config.strategy == "single" and collective is not None:
         raise ConfigError(
@@ -206,7 +206,7 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
     plan = backend.precision_plan(config.precision, device, config.backend_options)
     collective = None
     if config.strategy != "single" and checked.collective is not None:
-        collective = backend.collective_backend(device)
+        collective = backend.collective(device)
         assert collective is not None  # the same backend answered for the device type
         init_process_group(launch, collective, device, config.collective_timeout)
     request = ExecutorRequest(

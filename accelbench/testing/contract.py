@@ -26,6 +26,7 @@ from accelbench.config import RunConfig
 from accelbench.contract import (
     CONTRACT_VERSION,
     PRECISIONS,
+    Backend,
     BackendInfo,
     DeviceInfo,
     EnergyReading,
@@ -40,7 +41,7 @@ from accelbench.contract import (
 )
 from accelbench.engine.distributed import executor_for
 from accelbench.errors import ConfigError
-from accelbench.plugins import Backend, PluginHost, PluginRecord
+from accelbench.plugins import PluginHost, PluginRecord
 from accelbench.results import read_record
 
 # The flags of tiny_config: a one-layer, 16-wide GPT on 16-character windows, batch 8, no dropout
@@ -158,7 +159,7 @@ class BackendContract:
             assert not name.startswith("accelbench_"), (
                 f"{cls.__name__}.{name} is a contract 2.x hook name: in 3.0 it is a method without the prefix"
             )
-        for name in ("detect", "check_precision", "check_strategy"):  # the host relies on these as written
+        for name in ("detect", "collective", "check_precision", "check_strategy"):  # the host relies on these as written
             assert getattr(cls, name) is getattr(Backend, name), f"{cls.__name__} must not override {name}"
         for name in stock & set(vars(cls)):
             mine, theirs = inspect.signature(getattr(cls, name)), inspect.signature(getattr(Backend, name))
@@ -272,6 +273,10 @@ class BackendContract:
     ) -> None:
         strategies = contract_backend.supported_strategies(contract_device)
         assert strategies and len(set(strategies)) == len(strategies), strategies
+        assert set(strategies) <= set(contract_backend.strategies), (
+            f"supported_strategies names {sorted(set(strategies) - set(contract_backend.strategies))}, which the "
+            "class attribute `strategies` (what `run --help` lists) lacks"
+        )
         # Each builds an executor, or is refused up front with a ConfigError saying what is missing on this
         # installation (the core refuses DeepSpeed strategies that way when DeepSpeed is not installed).
         plan = contract_backend.precision_plan(
