@@ -49,6 +49,7 @@ from accelbench.errors import BackendError, ConfigError
 if TYPE_CHECKING:
     import torch
 
+    from accelbench.config import RunConfig
     from accelbench.contract.executor import Executor, ExecutorRequest, World
 
 OptimizerImplementation = Literal["fused", "foreach", "plain"]
@@ -239,6 +240,12 @@ class Backend:
             raise ConfigError(
                 f"backend {self.name!r} does not support strategy {strategy!r}; it supports: {', '.join(supported)}"
             )
+
+    def check_run(self, config: RunConfig) -> None:
+        """Refuse, before anything starts, a run this backend cannot do as configured (a compile mode its compiler
+        lacks, an option combination its runtime rejects), raising ``ConfigError`` that says what would work. Called
+        by the preflight once the run's options are resolved (``config.backend_options`` holds the given ones).
+        Stock: nothing to refuse."""
 
     def executor(self, request: ExecutorRequest) -> Executor:
         """The executor for ``request.strategy``. Stock: the core's (``request.default_executor``): single, DDP,

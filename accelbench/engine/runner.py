@@ -170,6 +170,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
             )
     backend.check_precision(config.precision, kind)
     config = host.resolve(config)
+    backend.check_run(config)
     if config.mesh is not None:  # tensor/pipeline parallelism: can the model be split so?
         from accelbench.engine.parallel.mesh import check_model_split
 

@@ -1,0 +1,98 @@
+"""Dense peak figures per Gaudi generation, from Intel's datasheets and white papers.
+
+The matrix engines (MME) give the headline rates; FP32 matmuls run on the MME at a fraction of BF16. A figure the
+sources do not state is absent (MFU is then unknown for that math), never another generation's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
+
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class Generation:
+    label: str
+    aliases: tuple[str, ...]
+    match: tuple[str, ...]  # substrings of the name hlml reports ("HL-225", "HL-325L")
+    memory_bytes: int
+    bandwidth: float  # bytes/s
+    flops: dict[str, float]  # math -> dense FLOP/s
+    source: str
+    fp16: bool  # runs fp16 natively
+
+
+GENERATIONS = (
+    Generation(
+        label="Gaudi 3 (HL-325L OAM)",
+        aliases=("Gaudi3", "Gaudi 3", "HL-325L", "HL-325"),
+        match=("HL-325", "HL-338", "GAUDI3", "GAUDI 3"),
+        memory_bytes=128 * 10**9,
+        bandwidth=3.7 * TB,
+        flops={"bfloat16": 1835 * TB, "float16": 1835 * TB, "float8": 1835 * TB},
+        source="Intel Gaudi 3 AI Accelerator white paper (2024): MME dense BF16/FP16/FP8, HBM2e 3.7 TB/s",
+        fp16=True,
+    ),
+    Generation(
+        label="Gaudi 2 (HL-225)",
+        aliases=("Gaudi2", "Gaudi 2", "HL-225"),
+        match=("HL-225", "GAUDI2", "GAUDI 2"),
+        memory_bytes=96 * 10**9,
+        bandwidth=2.45 * TB,
+        flops={"bfloat16": 432 * TB, "float16": 432 * TB, "float8": 865 * TB},
+        source="Intel Gaudi 2 datasheet: MME dense BF16/FP16 and FP8, HBM2e 2.45 TB/s",
+        fp16=True,
+    ),
+    Generation(
+        label="Gaudi (HL-205)",
+        aliases=("Gaudi", "Gaudi 1", "HL-205"),
+        match=("HL-205", "GAUDI1", "GAUDI 1"),
+        memory_bytes=32 * 10**9,
+        bandwidth=1.0 * TB,
+        flops={},  # the first generation's sources state no dense MME rate per math: unknown
+        source="Habana Gaudi (HL-205) datasheet",
+        fp16=False,
+    ),
+)
+
+
+def generation_of(name: str) -> Generation | None:
+    """The generation a device name (as hlml or hl-smi reports it) belongs to, or None."""
+    upper = name.upper()
+    return next((g for g in GENERATIONS if any(m in upper for m in g.match)), None)
+
+
+def _math(precision: PrecisionPlan) -> str:
+    return precision.autocast_dtype or precision.param_dtype
+
+
+def peak_for(name: str, precision: PrecisionPlan) -> PeakFigures | None:
+    """Dense peak FLOP/s of the math ``precision`` runs on a device called ``name``; None where unknown."""
+    generation = generation_of(name)
+    if generation is None:
+        return None
+    flops = generation.flops.get(_math(precision))
+    if flops is None:
+        return None
+    return PeakFigures(
+        flops_per_s=flops,
+        memory_bandwidth_bytes_per_s=generation.bandwidth,
+        source=f"vendor table: {generation.label}, {_math(precision)}; {generation.source}",
+    )
+
+
+def known_devices() -> list[DeviceInfo]:
+    """Each generation as detection would report it, for ``accelbench estimate --device NAME``."""
+    return [
+        DeviceInfo(
+            index=0,
+            name=g.match[0],
+            arch=g.label.split(" (")[0],
+            memory_bytes=g.memory_bytes,
+            details={"label": g.label, "aliases": ",".join(g.aliases)},
+        )
+        for g in GENERATIONS
+    ]
