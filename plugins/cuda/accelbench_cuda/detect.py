@@ -11,7 +11,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from accelbench.devices import DeviceInfo, refuse_torch_build, torch_build
+from accelbench.contract import DeviceInfo
+from accelbench.devices import refuse_torch_build, torch_build
 from accelbench_cuda import nvml, probe
 from accelbench_cuda.visible import ENV, PhysicalGpu, visible_gpus
 

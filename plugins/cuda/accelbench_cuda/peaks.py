@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelbench.devices import DeviceInfo, PeakFigures
-from accelbench.precision import PrecisionPlan
+from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 
 T = 1e12
 

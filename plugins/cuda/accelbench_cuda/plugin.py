@@ -1,28 +1,34 @@
-"""accelbench hooks for NVIDIA GPUs. Registered as entry point ``cuda`` in the ``accelbench`` group.
+"""The accelbench backend for NVIDIA GPUs. Registered as entry point ``cuda`` in the ``accelbench`` group.
 
-Implements what differs from the core's stock-PyTorch defaults: detection (NVML, no CUDA context in the caller),
+Overrides what differs from the stock-PyTorch ``Backend`` (contract 3.0): detection (NVML, no CUDA context in the caller),
 device binding per local rank with CUDA_VISIBLE_DEVICES respected, precisions by compute capability with an explicit
 TF32 policy, allocator and NVML memory figures, per-epoch NVML energy and telemetry, peak tables and versions.
 Timing (``torch.accelerator.synchronize``, exactly ``torch.cuda.synchronize``) and the collective backend (NCCL, or
-gloo on builds without it) are the core defaults.
-torch is imported inside the hooks that drive the GPU, so loading the plugin and detecting GPUs stay cheap.
+gloo on builds without it), the step boundaries (none needed: CUDA is eager), inductor and foreach clipping are the
+stock ones. torch is imported inside the methods that drive the GPU, so loading the plugin and detecting GPUs stay
+cheap.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from accelbench import hookimpl
-from accelbench.config import RunOption
-from accelbench.devices import (
+from accelbench.contract import (
+    Backend,
     BackendInfo,
     DeviceInfo,
     EpochReadings,
     PeakFigures,
+    PrecisionPlan,
+    RunOption,
+    Scalar,
+    World,
     allocator_memory,
-    readings_with_energy,
+    hookimpl,
 )
+from accelbench.devices import readings_with_energy
 from accelbench.errors import BackendError
 from accelbench_cuda import __version__, detect, nvml, peaks
 from accelbench_cuda import precision as precision_rules
@@ -31,38 +37,37 @@ from accelbench_cuda.visible import ENV
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.precision import PrecisionPlan
+accelbench_contract = "3.0"
 
 
-class CudaBackend:
+@hookimpl
+def accelbench_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    register(CudaBackend)
+
+
+class CudaBackend(Backend):
     """The CUDA backend. The NVML counters of each device's running epoch (energy, PCIe bytes) live here."""
 
-    accelbench_contract = "2.1"
+    info = BackendInfo(
+        name="cuda",
+        device_type="cuda",
+        device_unit="GPU (or the MIG instance CUDA_VISIBLE_DEVICES names)",
+        priority=100,
+        description="NVIDIA GPUs through CUDA; NVML (extra 'nvml') for detection, device memory and telemetry.",
+    )
 
     def __init__(self) -> None:
+        super().__init__()
         self._windows: dict[int, nvml.EpochWindow] = {}  # device index -> the running epoch's counters
 
-    @hookimpl
-    def accelbench_backend(self) -> BackendInfo:
-        return BackendInfo(
-            name="cuda",
-            device_type="cuda",
-            device_unit="GPU (or the MIG instance CUDA_VISIBLE_DEVICES names)",
-            priority=100,
-            description="NVIDIA GPUs through CUDA; NVML (extra 'nvml') for detection, device memory and telemetry.",
-        )
-
-    @hookimpl
-    def accelbench_recorded_environment(self) -> list[str]:
+    def recorded_environment(self) -> list[str]:
         return [ENV, "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING", "NCCL_*", "CUBLAS_*",
                 "CUDNN_*", precision_rules.TF32_ENV]  # fmt: skip
 
-    @hookimpl
-    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+    def detect_devices(self) -> list[DeviceInfo]:
         return detect.detect_devices()
 
-    @hookimpl
-    def accelbench_runtime_versions(self) -> dict[str, str]:
+    def runtime_versions(self) -> dict[str, str]:
         import contextlib
 
         import torch
@@ -86,8 +91,8 @@ class CudaBackend:
             versions.update(nvml.driver_version(pynvml))
         return versions
 
-    @hookimpl
-    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+    def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
+        local_rank = world.local_rank
         import torch
 
         if not torch.cuda.is_available():
@@ -104,12 +109,10 @@ class CudaBackend:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
 
-    @hookimpl
-    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+    def supported_precisions(self, device: torch.device) -> list[str]:
         return precision_rules.supported_precisions(_capability(device))
 
-    @hookimpl
-    def accelbench_run_options(self) -> list[RunOption]:
+    def run_options(self) -> list[RunOption]:
         return [
             RunOption(
                 name="tf32",
@@ -121,9 +124,8 @@ class CudaBackend:
             )
         ]
 
-    @hookimpl
-    def accelbench_precision_plan(
-        self, precision: str, device: torch.device, options: dict[str, str | int | float | bool]
+    def precision_plan(
+        self, precision: str, device: torch.device, options: Mapping[str, Scalar]
     ) -> PrecisionPlan:
         # --tf32 wins over the environment variable; neither given means off
         given = {precision_rules.TF32_ENV: str(options["tf32"])} if "tf32" in options else os.environ
@@ -131,8 +133,7 @@ class CudaBackend:
         precision_rules.apply_tf32(tf32)  # what the plan records is what runs
         return precision_rules.make_plan(precision, _capability(device), tf32)
 
-    @hookimpl
-    def accelbench_epoch_start(self, device: torch.device) -> None:
+    def epoch_start(self, device: torch.device) -> None:
         import torch
 
         torch.cuda.reset_peak_memory_stats(device)
@@ -143,8 +144,7 @@ class CudaBackend:
         ):  # the epoch starts now: snapshot the counters the epoch's end will difference
             self._windows[_index(device)] = nvml.EpochWindow.open(pynvml, handle)
 
-    @hookimpl
-    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+    def epoch_end(self, device: torch.device) -> EpochReadings:
         import torch
 
         pynvml = nvml.session()
@@ -158,12 +158,10 @@ class CudaBackend:
         source = "NVML total energy consumption counter (mJ; it advances in steps of ~0.1 s on Hopper)"
         return readings_with_energy(memory, window.close(pynvml), f"nvml:{window.uuid}", source)
 
-    @hookimpl
-    def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
+    def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_for(device.name, precision)
 
-    @hookimpl
-    def accelbench_known_devices(self) -> list[DeviceInfo]:
+    def known_devices(self) -> list[DeviceInfo]:
         return peaks.known_devices()
 
 

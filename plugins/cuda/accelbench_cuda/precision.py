@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from accelbench.contract import PrecisionPlan, standard_plan
 from accelbench.errors import ConfigError
-from accelbench.precision import PrecisionPlan, standard_plan
 
 TF32_ENV = "ACCELBENCH_TF32"
 

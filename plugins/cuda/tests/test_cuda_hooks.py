@@ -10,8 +10,9 @@ import torch.distributed as dist
 from accelbench_cuda import nvml
 from cuda_standins import a100, install_gpus, remove_pynvml, v100
 
+from accelbench.contract import Backend, World
 from accelbench.errors import BackendError
-from accelbench.plugins import Backend, PluginHost
+from accelbench.plugins import PluginHost
 
 
 class Clock:
@@ -40,7 +41,7 @@ def cuda_backend() -> Backend:
 
 def test_each_local_rank_binds_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     _, cuda = install_gpus(monkeypatch, [a100(0), a100(1)])
-    assert cuda_backend().setup_device(1) == torch.device("cuda", 1)
+    assert cuda_backend().setup_device(World(local_rank=1), {}) == torch.device("cuda", 1)
     assert cuda.current == 1
 
 
@@ -50,12 +51,12 @@ def test_more_ranks_than_visible_gpus_is_refused_naming_the_variable(monkeypatch
     with pytest.raises(
         BackendError, match=r"local rank 2 needs GPU 2 but this process sees 2 \(CUDA_VISIBLE_DEVICES='0,1'\)"
     ):
-        cuda_backend().setup_device(2)
+        cuda_backend().setup_device(World(local_rank=2), {})
 
 
 def test_binding_without_cuda_says_so() -> None:
     with pytest.raises(BackendError, match="CUDA is not available in this process"):
-        cuda_backend().setup_device(0)
+        cuda_backend().setup_device(World(), {})
 
 
 def test_the_collective_backend_is_nccl_or_what_really_runs_without_it(
@@ -71,7 +72,7 @@ def test_the_collective_backend_is_nccl_or_what_really_runs_without_it(
 def test_memory_is_the_allocator_peak_plus_nvml_device_use(monkeypatch: pytest.MonkeyPatch) -> None:
     _, cuda = install_gpus(monkeypatch, [a100(0), a100(1, memory_used=5 * 2**30)])
     backend = cuda_backend()
-    device = backend.setup_device(1)
+    device = backend.setup_device(World(local_rank=1), {})
     backend.epoch_start(device)
     stats = backend.epoch_end(device).memory
     assert cuda.resets == 1
@@ -85,7 +86,7 @@ def test_without_nvml_device_level_memory_is_unknown_not_zero(monkeypatch: pytes
     install_gpus(monkeypatch, [a100(0)])
     remove_pynvml(monkeypatch)
     backend = cuda_backend()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     stats = backend.epoch_end(device).memory
     assert stats.device_used_bytes is None and stats.peak_bytes is not None
     backend.epoch_start(device)
@@ -99,7 +100,7 @@ def test_telemetry_averages_over_the_epoch_from_counters(
     nvml_fake, _ = install_gpus(monkeypatch, [a100(0)])
     gpu = nvml_fake.gpus[0]
     backend = cuda_backend()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     start_us = int(clock.time() * 1e6)
     gpu.utilization_samples.append((start_us - 500_000, 0))  # before the epoch: must not count
     backend.epoch_start(device)  # the runner: an epoch starts
@@ -131,7 +132,7 @@ def test_counters_a_gpu_lacks_are_left_out_not_reported_as_zero(
 ) -> None:
     nvml_fake, _ = install_gpus(monkeypatch, [v100(0, energy_mj=None)])  # no PCIe counters, no energy counter
     backend = cuda_backend()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.epoch_start(device)
     clock.now += 5.0
     readings = backend.epoch_end(device)
@@ -145,7 +146,7 @@ def test_counters_a_gpu_lacks_are_left_out_not_reported_as_zero(
 def test_a_wrapped_counter_gives_no_rate(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
     nvml_fake, _ = install_gpus(monkeypatch, [a100(0, pcie_tx=2**64 - 10)])
     backend = cuda_backend()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.epoch_start(device)
     clock.now += 1.0
     nvml_fake.gpus[0].pcie_tx = 5  # NVML: "value can wrap"
@@ -169,7 +170,7 @@ def test_runtime_versions_leave_cuda_uninitialised_in_the_parent(monkeypatch: py
     versions = backend.runtime_versions()
     assert cuda.initialised_by is None and not torch.cuda.is_initialized()
     assert "cudnn" not in versions
-    backend.setup_device(0)  # a run: CUDA is up, so the runtime's own answer is recorded
+    backend.setup_device(World(local_rank=0), {})  # a run: CUDA is up, so the runtime's own answer is recorded
     assert backend.runtime_versions()["cudnn"] == "91900"
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from accelbench_cuda.peaks import TABLE, lookup, peak_for
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import DeviceInfo, standard_plan
 from accelbench.plugins import PluginHost
-from accelbench.precision import standard_plan
 
 
 def plan(name: str, math: str = "ieee-fp32"):  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import torch
 from accelbench_cuda.precision import apply_tf32, make_plan, supported_precisions, tf32_policy
 from cuda_standins import a100, install_gpus, v100
 
+from accelbench.contract import World
 from accelbench.errors import ConfigError
 from accelbench.plugins import PluginHost
 
@@ -83,11 +84,11 @@ def test_the_plan_hook_applies_the_policy_it_records(monkeypatch: pytest.MonkeyP
     install_gpus(monkeypatch, [a100(0)])
     monkeypatch.setenv("ACCELBENCH_TF32", "on")
     backend = PluginHost().backends["cuda"]
-    device = backend.setup_device(0)
-    plan = backend.precision_plan("fp32", device)
+    device = backend.setup_device(World(local_rank=0), {})
+    plan = backend.precision_plan("fp32", device, {})
     assert plan.matmul_math == "tf32" and torch.backends.cuda.matmul.allow_tf32
     monkeypatch.setenv("ACCELBENCH_TF32", "off")
-    assert backend.precision_plan("fp32", device).matmul_math == "ieee-fp32"
+    assert backend.precision_plan("fp32", device, {}).matmul_math == "ieee-fp32"
     assert not torch.backends.cuda.matmul.allow_tf32
 
 
@@ -97,7 +98,7 @@ def test_the_tf32_run_option_wins_over_the_environment(monkeypatch: pytest.Monke
     host = PluginHost()
     assert any(o.name == "tf32" and o.backend == "cuda" for o in host.run_options())
     backend = host.backends["cuda"]
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     assert backend.precision_plan("fp32", device, {"tf32": "on"}).matmul_math == "tf32"
     assert torch.backends.cuda.matmul.allow_tf32
     assert backend.precision_plan("fp32", device, {"tf32": "off"}).matmul_math == "ieee-fp32"
@@ -108,11 +109,11 @@ def test_the_tf32_run_option_wins_over_the_environment(monkeypatch: pytest.Monke
 def test_a_volta_gpu_refuses_bf16_naming_what_it_supports(monkeypatch: pytest.MonkeyPatch) -> None:
     install_gpus(monkeypatch, [v100(0)])
     backend = PluginHost().backends["cuda"]
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     with pytest.raises(
         ConfigError, match="does not support precision 'bf16-mixed'.*it supports: fp32, fp16-mixed"
     ):
-        backend.precision_plan("bf16-mixed", device)
+        backend.check_precision("bf16-mixed", device)
 
 
 def test_before_cuda_starts_precisions_come_from_detection_for_the_weakest_gpu(
@@ -123,4 +124,4 @@ def test_before_cuda_starts_precisions_come_from_detection_for_the_weakest_gpu(
     # the launcher's preflight asks with an index-less device, before any process binds a GPU
     assert backend.supported_precisions(torch.device("cuda")) == ["fp32", "fp16-mixed"]
     assert cuda.current is None, "asking must not bind (and so initialise) a GPU"
-    assert backend.supported_precisions(backend.setup_device(0)) == ALL
+    assert backend.supported_precisions(backend.setup_device(World(local_rank=0), {})) == ALL

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from accelbench.devices import DeviceInfo, refuse_torch_build, torch_build
+from accelbench.contract import DeviceInfo
+from accelbench.devices import refuse_torch_build, torch_build
 from accelbench_rocm import peaks, probe, smi
 from accelbench_rocm.precision import base_arch
 from accelbench_rocm.visible import visible_gpus

@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from accelbench.devices import DeviceInfo, PeakFigures
-from accelbench.precision import PrecisionPlan
+from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 from accelbench_rocm.precision import base_arch
 
 T = 1e12

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from accelbench import hookimpl
-from accelbench.devices import (
+from accelbench.contract import (
+    Backend,
     BackendInfo,
     DeviceInfo,
     EpochReadings,
     PeakFigures,
+    PrecisionPlan,
+    Scalar,
+    World,
     allocator_memory,
-    readings_with_energy,
+    hookimpl,
 )
+from accelbench.devices import readings_with_energy
 from accelbench.errors import BackendError
 from accelbench_rocm import __version__, detect, peaks, smi
 from accelbench_rocm import precision as precision_rules
@@ -30,39 +35,38 @@ from accelbench_rocm.visible import HIP_ENV, ROCR_ENV
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.precision import PrecisionPlan
+accelbench_contract = "3.0"
 
 
-class RocmBackend:
+@hookimpl
+def accelbench_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    register(RocmBackend)
+
+
+class RocmBackend(Backend):
     """The ROCm backend. The amdsmi handles and each device's running epoch (its energy accumulator) live here."""
 
-    accelbench_contract = "2.1"
+    info = BackendInfo(
+        name="rocm",
+        device_type="cuda",  # ROCm builds of torch expose AMD GPUs as "cuda" devices
+        device_unit="GPU as HIP enumerates it: one GCD (an MI250X is two devices), or one MI300X partition",
+        priority=100,
+        description="AMD GPUs through ROCm/HIP; amdsmi (extra 'amdsmi') for detection, device memory and energy.",
+    )
 
     def __init__(self) -> None:
+        super().__init__()
         self._windows: dict[int, smi.EpochWindow] = {}  # device index -> energy window of the running epoch
         self._handles: dict[int, Any] = {}  # device index -> amdsmi handle
 
-    @hookimpl
-    def accelbench_backend(self) -> BackendInfo:
-        return BackendInfo(
-            name="rocm",
-            device_type="cuda",  # ROCm builds of torch expose AMD GPUs as "cuda" devices
-            device_unit="GPU as HIP enumerates it: one GCD (an MI250X is two devices), or one MI300X partition",
-            priority=100,
-            description="AMD GPUs through ROCm/HIP; amdsmi (extra 'amdsmi') for detection, device memory and energy.",
-        )
-
-    @hookimpl
-    def accelbench_recorded_environment(self) -> list[str]:
+    def recorded_environment(self) -> list[str]:
         return [HIP_ENV, ROCR_ENV, "CUDA_VISIBLE_DEVICES", "HSA_*", "HIP_*", "NCCL_*", "RCCL_*", "MIOPEN_*",
                 "PYTORCH_ROCM_ARCH"]  # fmt: skip
 
-    @hookimpl
-    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+    def detect_devices(self) -> list[DeviceInfo]:
         return detect.detect_devices()
 
-    @hookimpl
-    def accelbench_runtime_versions(self) -> dict[str, str]:
+    def runtime_versions(self) -> dict[str, str]:
         import torch
 
         versions = {"torch": torch.__version__, "hip": str(torch.version.hip), "accelbench_rocm": __version__}
@@ -73,8 +77,8 @@ class RocmBackend:
             versions.update(smi.versions(amdsmi))
         return versions
 
-    @hookimpl
-    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+    def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
+        local_rank = world.local_rank
         import torch
 
         if torch.version.hip is None or not torch.cuda.is_available():
@@ -97,17 +101,16 @@ class RocmBackend:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
 
-    @hookimpl
-    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+    def supported_precisions(self, device: torch.device) -> list[str]:
         return precision_rules.supported_precisions(_arch(device))
 
-    @hookimpl
-    def accelbench_precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
+    def precision_plan(
+        self, precision: str, device: torch.device, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan:
         precision_rules.check_tf32_policy()
         return precision_rules.make_plan(precision, _arch(device))
 
-    @hookimpl
-    def accelbench_epoch_start(self, device: torch.device) -> None:
+    def epoch_start(self, device: torch.device) -> None:
         import torch
 
         torch.cuda.reset_peak_memory_stats(device)
@@ -116,8 +119,7 @@ class RocmBackend:
         if amdsmi is not None and handle is not None:  # the epoch starts now: read the energy accumulator
             self._windows[_index(device)] = smi.EpochWindow.open(amdsmi, handle, self._bdf(device) or "")
 
-    @hookimpl
-    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+    def epoch_end(self, device: torch.device) -> EpochReadings:
         import torch
 
         amdsmi = smi.session()
@@ -136,12 +138,10 @@ class RocmBackend:
             memory, window.close(amdsmi), f"amdsmi:{window.bdf or _index(device)}", source
         )
 
-    @hookimpl
-    def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
+    def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_for(device, precision)
 
-    @hookimpl
-    def accelbench_known_devices(self) -> list[DeviceInfo]:
+    def known_devices(self) -> list[DeviceInfo]:
         return peaks.known_devices()
 
     def _bdf(self, device: torch.device) -> str | None:

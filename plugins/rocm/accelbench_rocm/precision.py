@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from accelbench.contract import PrecisionPlan, standard_plan
 from accelbench.errors import ConfigError
-from accelbench.precision import PrecisionPlan, standard_plan
 
 BF16_ARCH_PREFIXES = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
 TF32_ENV = "ACCELBENCH_TF32"

@@ -10,8 +10,9 @@ import torch.distributed as dist
 from accelbench_rocm import smi
 from rocm_standins import install_gpus, mi250x_gcds, mi300x, remove_amdsmi
 
+from accelbench.contract import Backend, World
 from accelbench.errors import BackendError
-from accelbench.plugins import Backend, PluginHost
+from accelbench.plugins import PluginHost
 
 
 def rocm() -> Backend:
@@ -27,17 +28,17 @@ def test_each_local_rank_binds_one_gcd_and_too_many_ranks_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, hip = install_gpus(monkeypatch, mi250x_gcds())
-    assert rocm().setup_device(1) == torch.device("cuda", 1) and hip.current == 1
+    assert rocm().setup_device(World(local_rank=1), {}) == torch.device("cuda", 1) and hip.current == 1
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0,1")
     with pytest.raises(
         BackendError, match=r"local rank 2 .* sees 2 \(HIP_VISIBLE_DEVICES='0,1'\).*an MI250X counts as two"
     ):
-        rocm().setup_device(2)
+        rocm().setup_device(World(local_rank=2), {})
 
 
 def test_binding_without_a_rocm_torch_says_so() -> None:
     with pytest.raises(BackendError, match="no ROCm GPU is available in this process"):
-        rocm().setup_device(0)
+        rocm().setup_device(World(local_rank=0), {})
 
 
 def test_the_collective_backend_is_rccl_under_nccls_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,7 +54,7 @@ def test_memory_and_energy_belong_to_the_bound_gcd(monkeypatch: pytest.MonkeyPat
     clock = types.SimpleNamespace(now=50.0)
     monkeypatch.setattr(smi, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     backend = rocm()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.epoch_start(device)
     clock.now += 4.0
     gpus[1].energy_accumulator += 131_070_000  # x 15.259 uJ = 2000 J
@@ -72,7 +73,7 @@ def test_memory_and_energy_belong_to_the_bound_gcd(monkeypatch: pytest.MonkeyPat
 def test_a_gcd_without_a_power_sensor_reports_no_energy(monkeypatch: pytest.MonkeyPatch) -> None:
     install_gpus(monkeypatch, mi250x_gcds())
     backend = rocm()
-    device = backend.setup_device(1)  # the second GCD: amdsmi reports the package's power on the first
+    device = backend.setup_device(World(local_rank=1), {})  # the second GCD: amdsmi reports the package's power on the first
     backend.epoch_start(device)
     epoch = backend.epoch_end(device)
     assert set(epoch.telemetry) == {"temperature_c"} and epoch.energy is None
@@ -82,7 +83,7 @@ def test_without_amdsmi_device_figures_are_unknown(monkeypatch: pytest.MonkeyPat
     install_gpus(monkeypatch, [mi300x()])
     remove_amdsmi(monkeypatch)
     backend = rocm()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.epoch_start(device)
     epoch = backend.epoch_end(device)
     assert epoch.memory.device_used_bytes is None

@@ -8,10 +8,9 @@ from accelbench_rocm.peaks import lookup, peak_for
 from accelbench_rocm.precision import base_arch, make_plan, supported_precisions
 from rocm_standins import FakeAmdGpu, install_gpus, mi250x_gcds, mi300x
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import DeviceInfo, World, standard_plan
 from accelbench.errors import ConfigError
 from accelbench.plugins import PluginHost
-from accelbench.precision import standard_plan
 
 ALL = ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
 
@@ -46,7 +45,7 @@ def test_asking_for_tf32_is_refused_not_ignored(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("ACCELBENCH_TF32", "on")
     backend = PluginHost().backends["rocm"]
     with pytest.raises(ConfigError, match="IEEE fp32 only"):
-        backend.precision_plan("fp32", backend.setup_device(0))
+        backend.precision_plan("fp32", backend.setup_device(World(local_rank=0), {}), {})
 
 
 def test_an_mi50_refuses_bf16_and_the_launcher_asks_without_starting_hip(
@@ -62,8 +61,8 @@ def test_an_mi50_refuses_bf16_and_the_launcher_asks_without_starting_hip(
     ]  # the weaker GPU decides
     assert hip.current is None
     with pytest.raises(ConfigError, match="does not support precision 'bf16-mixed'"):
-        backend.precision_plan("bf16-mixed", backend.setup_device(0))
-    assert backend.supported_precisions(backend.setup_device(1)) == ALL
+        backend.check_precision("bf16-mixed", backend.setup_device(World(local_rank=0), {}))
+    assert backend.supported_precisions(backend.setup_device(World(local_rank=1), {})) == ALL
 
 
 def device(name: str, arch: str, units: int) -> DeviceInfo:

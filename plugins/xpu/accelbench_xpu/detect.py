@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import DeviceInfo
 from accelbench_xpu import level_zero, paths, probe
 
 DRI = Path("/dev/dri")

@@ -6,8 +6,7 @@ Measured figures on real systems are lower (one site measured bf16 273 TFLOP/s):
 
 from __future__ import annotations
 
-from accelbench.devices import DeviceInfo, PeakFigures
-from accelbench.precision import PrecisionPlan
+from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 
 T = 1e12
 MAX_1550_CARD = {"bf16": 839 * T, "fp16": 839 * T, "fp32": 52 * T, "bandwidth": 3.28e12}

@@ -18,19 +18,24 @@ import contextlib
 import importlib
 import importlib.metadata
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelbench import hookimpl
-from accelbench.devices import (
+from accelbench.contract import (
+    Backend,
     BackendInfo,
-    CounterFile,
     DeviceInfo,
     EnergyReading,
     EpochReadings,
     PeakFigures,
+    PrecisionPlan,
+    Scalar,
+    World,
     allocator_memory,
+    hookimpl,
 )
+from accelbench.devices import CounterFile
 from accelbench.errors import BackendError, ConfigError
 from accelbench_xpu import __version__, detect, hwmon, level_zero, paths, peaks
 from accelbench_xpu.sampler import EpochSampler
@@ -38,43 +43,42 @@ from accelbench_xpu.sampler import EpochSampler
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.precision import PrecisionPlan
-
 TF32_ENV = "ACCELBENCH_TF32"
 
+accelbench_contract = "3.0"
 
-class XpuBackend:
+
+@hookimpl
+def accelbench_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    register(XpuBackend)
+
+
+class XpuBackend(Backend):
     """The XPU backend. What device binding did about ZE_AFFINITY_MASK, and each device's running epoch (its
     power/utilisation sampler and energy counter reading) live here."""
 
-    accelbench_contract = "2.1"
+    info = BackendInfo(
+        name="xpu",
+        device_type="xpu",
+        device_unit="tile (stack) in FLAT mode, card in COMPOSITE mode (ZE_FLAT_DEVICE_HIERARCHY): see each device",
+        priority=100,
+        description="Intel GPUs: stock torch.xpu + xccl, or Intel Extension for PyTorch + oneCCL (ccl).",
+    )
 
     def __init__(self, drm: Path = hwmon.DRM) -> None:
+        super().__init__()
         self._pinning: str | None = None  # what setup_device did about ZE_AFFINITY_MASK, for the record
         self._samplers: dict[int, EpochSampler] = {}  # device index -> the running epoch's sampler
         self._energy_start: dict[int, tuple[CounterFile, int]] = {}
         self._drm = drm
 
-    @hookimpl
-    def accelbench_backend(self) -> BackendInfo:
-        return BackendInfo(
-            name="xpu",
-            device_type="xpu",
-            device_unit="tile (stack) in FLAT mode, card in COMPOSITE mode (ZE_FLAT_DEVICE_HIERARCHY): see each device",
-            priority=100,
-            description="Intel GPUs: stock torch.xpu + xccl, or Intel Extension for PyTorch + oneCCL (ccl).",
-        )
-
-    @hookimpl
-    def accelbench_recorded_environment(self) -> list[str]:
+    def recorded_environment(self) -> list[str]:
         return ["ZE_*", "ONEAPI_DEVICE_SELECTOR", "SYCL_*", "CCL_*", "FI_*", "IPEX_*", paths.PATH_ENV]
 
-    @hookimpl
-    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+    def detect_devices(self) -> list[DeviceInfo]:
         return detect.detect_devices()
 
-    @hookimpl
-    def accelbench_runtime_versions(self) -> dict[str, str]:
+    def runtime_versions(self) -> dict[str, str]:
         import torch
 
         path = paths.resolve()
@@ -92,8 +96,8 @@ class XpuBackend:
             versions["gpu_driver"] = str(getattr(torch.xpu.get_device_properties(), "driver_version", ""))
         return versions
 
-    @hookimpl
-    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+    def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
+        local_rank = world.local_rank
         import torch
 
         path = paths.resolve()
@@ -118,25 +122,26 @@ class XpuBackend:
         torch.xpu.set_device(index)
         return torch.device("xpu", index)
 
-    @hookimpl
-    def accelbench_collective_backend(self, device: torch.device) -> str | None:
+    def collective_backend(self, device: torch.device) -> str:
         path = paths.resolve()
         if path.collective == "ccl":
             importlib.import_module(paths.ONECCL)  # registers the "ccl" backend with torch.distributed
-        # None (neither xccl nor the oneCCL bindings): the core's default answers, and a multi-device run then fails
-        # with torch's own message when it creates the process group.
+        if path.collective is None:
+            # neither xccl nor the oneCCL bindings: torch's default answers, and a multi-device run then fails with
+            # torch's own message when it creates the process group
+            return super().collective_backend(device)
         return path.collective
 
-    @hookimpl
-    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+    def supported_precisions(self, device: torch.device) -> list[str]:
         fp16, bf16 = _half_support(device)
         return ["fp32"] + (["fp16-mixed"] if fp16 else []) + (["bf16-mixed", "bf16-true"] if bf16 else [])
 
-    @hookimpl
-    def accelbench_precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
+    def precision_plan(
+        self, precision: str, device: torch.device, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan:
         import torch
 
-        from accelbench.precision import standard_plan
+        from accelbench.contract import standard_plan
 
         if os.environ.get(TF32_ENV, "off").strip().lower() != "off":
             raise ConfigError(
@@ -150,14 +155,12 @@ class XpuBackend:
         notes.append(f"oneDNN fp32 matmuls in IEEE fp32; {paths.resolve().describe()}")
         return plan.model_copy(update={"notes": "; ".join(notes)})
 
-    @hookimpl
-    def accelbench_synchronize(self, device: torch.device) -> None:
+    def synchronize(self, device: torch.device) -> None:
         import torch
 
         torch.xpu.synchronize(device)
 
-    @hookimpl
-    def accelbench_epoch_start(self, device: torch.device) -> None:
+    def epoch_start(self, device: torch.device) -> None:
         import torch
 
         torch.xpu.reset_peak_memory_stats(device)
@@ -175,8 +178,7 @@ class XpuBackend:
         if counter is not None and start is not None:
             self._energy_start[index] = (counter, start)
 
-    @hookimpl
-    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+    def epoch_end(self, device: torch.device) -> EpochReadings:
         import torch
 
         used: int | None = None
@@ -206,12 +208,10 @@ class XpuBackend:
             "power domain: both tiles of a two-tile card)",
         )
 
-    @hookimpl
-    def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
+    def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_for(device, precision)
 
-    @hookimpl
-    def accelbench_known_devices(self) -> list[DeviceInfo]:
+    def known_devices(self) -> list[DeviceInfo]:
         return peaks.known_devices()
 
 

@@ -13,10 +13,9 @@ from accelbench_xpu import detect, probe
 from accelbench_xpu.peaks import peak_for
 from xpu_standins import GIB, FakeXpuDevice, install_legacy_packages, install_xpus
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import Backend, DeviceInfo, World, standard_plan
 from accelbench.errors import BackendError, ConfigError
-from accelbench.plugins import Backend, PluginHost
-from accelbench.precision import standard_plan
+from accelbench.plugins import PluginHost
 
 
 def xpu() -> Backend:
@@ -82,7 +81,7 @@ def test_setup_pins_the_local_rank_with_the_affinity_mask_and_records_it(
 ) -> None:
     fake = install_xpus(monkeypatch, [FakeXpuDevice()])  # after pinning this process sees one device
     backend = xpu()
-    assert backend.setup_device(1) == torch.device("xpu", 0)
+    assert backend.setup_device(World(local_rank=1), {}) == torch.device("xpu", 0)
     assert os.environ["ZE_AFFINITY_MASK"] == "1" and fake.current == 0
     versions = backend.runtime_versions()
     assert versions["device_pinning"] == "ZE_AFFINITY_MASK=1 set by accelbench-xpu for local rank 1"
@@ -94,12 +93,12 @@ def test_a_launcher_mask_wider_than_the_visible_devices_is_refused(monkeypatch: 
     install_xpus(monkeypatch, [FakeXpuDevice(), FakeXpuDevice()])
     monkeypatch.setenv("ZE_AFFINITY_MASK", "0,1,2,3")
     with pytest.raises(BackendError, match="needs XPU device 3 but this process sees 2"):
-        xpu().setup_device(3)
+        xpu().setup_device(World(local_rank=3), {})
 
 
 def test_binding_without_an_xpu_torch_says_what_to_install() -> None:
     with pytest.raises(BackendError, match="cannot drive Intel GPUs: install an XPU build of torch"):
-        xpu().setup_device(0)
+        xpu().setup_device(World(local_rank=0), {})
 
 
 def test_the_legacy_path_imports_ipex_and_the_oneccl_bindings(
@@ -109,7 +108,7 @@ def test_the_legacy_path_imports_ipex_and_the_oneccl_bindings(
     install_legacy_packages(monkeypatch, tmp_path)
     monkeypatch.setenv("ACCELBENCH_XPU_PATH", "legacy")
     backend = xpu()
-    backend.setup_device(0)
+    backend.setup_device(World(local_rank=0), {})
     assert sys.modules["intel_extension_for_pytorch"].IMPORTED
     assert backend.collective_backend(torch.device("xpu")) == "ccl"
     assert sys.modules["oneccl_bindings_for_pytorch"].IMPORTED
@@ -141,28 +140,28 @@ def test_precisions_follow_native_bf16_support(monkeypatch: pytest.MonkeyPatch) 
         "fp16-mixed",
     ]  # preflight: every device
     assert not torch.xpu.is_initialized()
-    assert backend.supported_precisions(backend.setup_device(0)) == [
+    assert backend.supported_precisions(backend.setup_device(World(local_rank=0), {})) == [
         "fp32",
         "fp16-mixed",
         "bf16-mixed",
         "bf16-true",
     ]
     with pytest.raises(ConfigError, match="does not support precision 'bf16-true'"):
-        backend.precision_plan("bf16-true", backend.setup_device(1))
+        backend.check_precision("bf16-true", backend.setup_device(World(local_rank=1), {}))
 
 
 def test_fp32_is_ieee_explicitly_and_tf32_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     install_xpus(monkeypatch, [FakeXpuDevice()])
     backend = xpu()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     previous = torch.backends.mkldnn.matmul.fp32_precision
     try:
         torch.backends.mkldnn.matmul.fp32_precision = "bf16"
-        plan = backend.precision_plan("fp32", device)
+        plan = backend.precision_plan("fp32", device, {})
         assert plan.matmul_math == "ieee-fp32" and torch.backends.mkldnn.matmul.fp32_precision == "ieee"
         monkeypatch.setenv("ACCELBENCH_TF32", "on")
         with pytest.raises(ConfigError, match="IEEE fp32 only"):
-            backend.precision_plan("fp32", device)
+            backend.precision_plan("fp32", device, {})
     finally:
         torch.backends.mkldnn.matmul.fp32_precision = previous
 
@@ -170,7 +169,7 @@ def test_fp32_is_ieee_explicitly_and_tf32_is_refused(monkeypatch: pytest.MonkeyP
 def test_memory_telemetry_and_synchronisation_go_through_torch_xpu(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = install_xpus(monkeypatch, [FakeXpuDevice()])
     backend = xpu()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.synchronize(device)
     assert fake.synchronized == 1
     epoch = backend.epoch_end(device)
@@ -194,7 +193,7 @@ def test_with_intel_gpus_xpu_is_chosen_and_an_explicit_backend_still_wins(
 def test_power_and_utilisation_are_sampled_through_the_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = install_xpus(monkeypatch, [FakeXpuDevice(power_w=420.0, utilization_pct=96.0)])
     backend = xpu()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.epoch_start(device)  # the runner: an epoch starts, the sampler with it
     time.sleep(0.1)  # the epoch
     fake.devices[0].power_w = 380.0  # the draw changes during the epoch: the mean follows
@@ -209,7 +208,7 @@ def test_power_and_utilisation_are_sampled_through_the_epoch(monkeypatch: pytest
 def test_readings_the_gpu_refuses_are_left_out_not_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     install_xpus(monkeypatch, [FakeXpuDevice(power_permitted=False)])
     backend = xpu()
-    device = backend.setup_device(0)
+    device = backend.setup_device(World(local_rank=0), {})
     backend.epoch_start(device)
     time.sleep(0.05)
     readings = backend.epoch_end(device).telemetry
@@ -238,12 +237,12 @@ def test_energy_from_the_cards_hwmon_counter_when_the_card_is_known(
     (tmp_path / "card1-DP-1").mkdir()  # a connector, not a card
     plugin = XpuBackend(drm=tmp_path)
     device = torch.device("xpu", 0)
-    plugin.accelbench_epoch_start(device)
+    plugin.epoch_start(device)
     counter.write_text("65000000\n")  # 60 J later
-    energy = plugin.accelbench_epoch_end(device).energy
+    energy = plugin.epoch_end(device).energy
     assert energy is not None and energy.joules == 60.0 and energy.domain == "hwmon:card1"
-    assert plugin.accelbench_epoch_end(device).energy is None, "a reading belongs to one epoch"
+    assert plugin.epoch_end(device).energy is None, "a reading belongs to one epoch"
     # two Intel cards: which one this rank runs on is not known here, so the energy is unknown, not guessed
     intel_card(tmp_path, "card2", 1)
-    plugin.accelbench_epoch_start(device)
-    assert plugin.accelbench_epoch_end(device).energy is None
+    plugin.epoch_start(device)
+    assert plugin.epoch_end(device).energy is None
