@@ -1,4 +1,4 @@
-"""accelbench-example: an accelbench backend plugin. The hooks are in :mod:`accelbench_example.plugin`."""
+"""accelbench-example: an accelbench backend plugin. Its backend is :class:`accelbench_example.plugin.ExampleBackend`."""
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -1,17 +1,16 @@
-"""accelbench-example's own rules. TODO(vendor): test your tables, mappings and errors here, against faithful
-stand-ins of your vendor library where the hardware is absent (see plugins/cuda/tests for an example)."""
+"""accelbench-example's own rules: test your tables, mappings and errors here, against faithful stand-ins of your
+vendor library where the hardware is absent (accelbench's plugins/gaudi/tests and plugins/cuda/tests are examples)."""
 
 from __future__ import annotations
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import DeviceInfo, standard_plan
 from accelbench.plugins import PluginHost
-from accelbench.precision import standard_plan
 
 
 def test_the_plugin_is_found_through_its_entry_point() -> None:
-    host = PluginHost(strict=True)
+    host = PluginHost()
     record = next(r for r in host.records if r.name == "example")
-    assert (record.status, record.distribution) == ("active", "accelbench-example")
+    assert (record.status, record.distribution, record.contract) == ("active", "accelbench-example", "3.0")
     assert host.backends["example"].info.device_type == "cpu"
 
 

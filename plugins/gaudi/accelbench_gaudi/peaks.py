@@ -1,7 +1,8 @@
 """Dense peak figures per Gaudi generation, from Intel's datasheets and white papers.
 
-The matrix engines (MME) give the headline rates; FP32 matmuls run on the MME at a fraction of BF16. A figure the
-sources do not state is absent (MFU is then unknown for that math), never another generation's.
+The matrix engines (MME) give the headline rates. A figure the sources do not state (FP32 and FP16 on every
+generation, FP8 on Gaudi 2, anything for the first generation) is absent: MFU is then unknown for that math, never
+another generation's or another math's.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ GENERATIONS = (
         aliases=("Gaudi3", "Gaudi 3", "HL-325L", "HL-325"),
         match=("HL-325", "HL-338", "GAUDI3", "GAUDI 3"),
         memory_bytes=128 * 10**9,
-        bandwidth=3.7 * TB,
-        flops={"bfloat16": 1835 * TB, "float16": 1835 * TB, "float8": 1835 * TB},
-        source="Intel Gaudi 3 AI Accelerator white paper (2024): MME dense BF16/FP16/FP8, HBM2e 3.7 TB/s",
+        bandwidth=3.67 * TB,
+        flops={"bfloat16": 1835 * TB, "float8": 1835 * TB},
+        source="Intel, Gaudi 3 (Hot Chips 2024): MME dense BF16 and FP8 1835 TFLOP/s, HBM2e 3.67 TB/s",
         fp16=True,
     ),
     Generation(
@@ -41,9 +42,9 @@ GENERATIONS = (
         aliases=("Gaudi2", "Gaudi 2", "HL-225"),
         match=("HL-225", "GAUDI2", "GAUDI 2"),
         memory_bytes=96 * 10**9,
-        bandwidth=2.45 * TB,
-        flops={"bfloat16": 432 * TB, "float16": 432 * TB, "float8": 865 * TB},
-        source="Intel Gaudi 2 datasheet: MME dense BF16/FP16 and FP8, HBM2e 2.45 TB/s",
+        bandwidth=2.46 * TB,
+        flops={"bfloat16": 432 * TB},
+        source="Intel, Gaudi 2 (Hot Chips 2024 comparison): MME dense BF16 432 TFLOP/s, HBM2e 2.46 TB/s",
         fp16=True,
     ),
     Generation(

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 accelbench_contract = "3.0"
 
-HCCL_DTYPES = ("float32", "bfloat16", "float16", "int32", "int8", "uint8")  # no float64 in HCCL
+# what HCCL reduces (sum, min, max); Habana's torch layer converts other dtypes to fp32, and float64 not at all
+HCCL_DTYPES = ("float32", "bfloat16", "float16", "int32")
 
 
 @hookimpl
@@ -84,7 +85,16 @@ class GaudiBackend(Backend):
         ]
 
     def recorded_environment(self) -> list[str]:
-        return ["PT_HPU_*", "HABANA_*", "HCCL_*", "PT_ENABLE_*", "ENABLE_CONSOLE", "LOG_LEVEL_*"]
+        return [
+            "PT_HPU_*",
+            "PT_ENABLE_*",
+            "HABANA_*",
+            "HLS_*",
+            "HCCL_*",
+            "ENABLE_CONSOLE",
+            "LOG_LEVEL_*",
+            "GRAPH_VISUALIZATION",
+        ]
 
     def detect_devices(self) -> list[DeviceInfo]:
         return hlml.detect_devices()

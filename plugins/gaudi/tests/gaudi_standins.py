@@ -3,10 +3,12 @@
 They enforce what Habana documents, so a backend that breaks a rule fails here as it would on a Gaudi:
 
 - the bridge reads ``PT_HPU_LAZY_MODE`` once, when ``habana_frameworks.torch`` is first imported;
-- in lazy mode, the graph accumulated since the last ``htcore.mark_step()`` must be cut after ``loss.backward()``
-  (before ``optimizer.step()``) and after ``optimizer.step()`` (before the next forward): a step that skips either
-  raises, naming the missing call. The tensors stay on the CPU (there is no HPU here); the rule is enforced on the
-  training loop's structure, through torch's global optimizer and module hooks;
+- in lazy mode, the graph accumulated since the last ``htcore.mark_step()`` is cut after ``loss.backward()`` (before
+  ``optimizer.step()``) and after ``optimizer.step()`` (before the next forward), as Habana's training examples do.
+  The real bridge does not raise when a call is missing: its graph grows until a value is read on the host, so the
+  step runs slow and holds memory. The stand-in raises instead, naming the missing call, so that an omission is
+  caught by a test rather than by a slow benchmark. The tensors stay on the CPU (there is no HPU here); the rule is
+  enforced on the training loop's structure, through torch's global optimizer and module hooks;
 - ``FusedClipNorm`` clips by the global norm and counts its calls; HCCL registers by import;
 - HLML must be initialised before any query; its energy counter (mJ) only grows; handles come from valid indices.
 """

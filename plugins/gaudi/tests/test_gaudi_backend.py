@@ -103,7 +103,10 @@ def test_mode_is_set_before_the_bridge_loads_and_cannot_change_after() -> None:
 
 def test_a_local_rank_beyond_the_devices_is_refused() -> None:
     world = World(rank=3, local_rank=3, world_size=4, local_world_size=4)
-    with bridge_installed(devices=2), pytest.raises(BackendError, match="local rank 3 needs HPU 3 but this process sees 2"):
+    with (
+        bridge_installed(devices=2),
+        pytest.raises(BackendError, match="local rank 3 needs HPU 3 but this process sees 2"),
+    ):
         GaudiBackend().setup_device(world, {})
 
 
