@@ -28,6 +28,7 @@ from accelbench.contract import (
     DeviceInfo,
     EnergyReading,
     EpochReadings,
+    NoCollective,
     PeakFigures,
     PrecisionPlan,
     Scalar,
@@ -122,7 +123,7 @@ class XpuBackend(Backend):
         torch.xpu.set_device(index)
         return torch.device("xpu", index)
 
-    def collective_backend(self, device: torch.device) -> str:
+    def collective_backend(self, device: torch.device) -> str | NoCollective:
         path = paths.resolve()
         if path.collective == "ccl":
             importlib.import_module(paths.ONECCL)  # registers the "ccl" backend with torch.distributed
