@@ -168,7 +168,7 @@ class Backend:
         if hasattr(dist, "get_default_backend_for_device"):  # torch >= 2.6
             try:
                 name = str(dist.get_default_backend_for_device(device))
-            except RuntimeError:  # a device type torch registered no collective for
+            except (RuntimeError, ValueError):  # a device type torch registered no collective for
                 name = "gloo"
         else:
             name = {"cpu": "gloo", "cuda": "nccl"}.get(device.type, "gloo")
