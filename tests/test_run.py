@@ -375,8 +375,8 @@ def test_graph_replaying_runs_record_the_reserved_peak(
 ) -> None:
     """On an H200, gpt2 at batch 512 with CUDA graphs recorded a 0.5 GiB allocator peak for a step that holds
     19 GiB: replays use a private pool the allocated peak never sees. Such runs record the reserved peak."""
-    from accelbench.contract import EpochReadings, MemoryStats
     from accelbench.backends.cpu import CpuBackend
+    from accelbench.contract import EpochReadings, MemoryStats
     from accelbench.engine.executor import TorchExecutor
 
     reading = EpochReadings(

@@ -278,7 +278,7 @@ IMPOSSIBLE = (
     threads = [1, 2]
     [[grid]]                       # refused before it runs: no such backend here
     batch_size = 8
-    backend = "gaudi"
+    backend = "npu"
     """
 )
 
@@ -327,7 +327,7 @@ def test_a_sweep_survives_oom_and_refusal_and_resumes_after_an_interrupt(tmp_pat
     assert "[1/6] batch_size=8: already recorded: 1 ok" in err
     assert "[2/6] batch_size=2000000: out of memory" in err
     assert "[3/6] batch_size=4000000: not run: a smaller size already did not fit" in err
-    assert "backend=gaudi: refused: unknown backend 'gaudi'" in err
+    assert "backend=npu: refused: unknown backend 'npu'" in err
     assert (
         "sweep sweep: 4 of 6 points done (1 already recorded), 1 beyond the largest size that fits, 1 not done"
         in err
@@ -343,7 +343,7 @@ def test_a_sweep_survives_oom_and_refusal_and_resumes_after_an_interrupt(tmp_pat
     assert not any(r.config.batch_size == 4000000 for r in records)
     log = read_log(out)
     refused = next(e for e in log if e["status"] == "refused")
-    assert refused["exit_code"] == 2 and refused["record"] is None and "gaudi" in refused["message"]
+    assert refused["exit_code"] == 2 and refused["record"] is None and "npu" in refused["message"]
     oom = next(e for e in log if e["status"] == "oom")
     assert (
         oom["exit_code"] == 3

@@ -1,10 +1,14 @@
 """Make a new accelbench backend plugin from this template: ``python plugins/_template/make_plugin.py NAME``.
 
-Copies ``template/`` to ``plugins/NAME`` (or ``--dest``), filling in the placeholders ``{{name}}``, ``{{Name}}``, ``{{NAME}}``,
-``{{device_type}}``, ``{{device_unit}}`` and ``{{priority}}`` in file names and contents, and dropping the ``-tpl``
-suffix that keeps template files out of linters. Standard library only, so it runs before anything is installed.
-As generated, the plugin runs on CPU tensors and passes the conformance kit; see the generated README for what to
-replace with your vendor's calls.
+Copies ``template/`` to ``plugins/NAME`` (or ``--dest DIR``, for a plugin in its own repository), filling in the
+placeholders ``{{name}}``, ``{{Name}}``, ``{{NAME}}``, ``{{device_type}}``, ``{{device_unit}}`` and ``{{priority}}``
+in file names and contents, and dropping the ``-tpl`` suffix that keeps template files out of linters. Standard
+library only, so it runs before anything is installed.
+
+The plugin it writes implements plugin contract 3.0 (:data:`CONTRACT`): a ``Backend`` subclass registered by its
+plugin module. As generated it installs and loads, but the methods every backend must write raise
+``NotImplementedError("TODO: ...")``, so it fails the conformance kit until they are written; see the generated
+README.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 TEMPLATE = Path(__file__).resolve().parent / "template"
 SUFFIX = "-tpl"
 TAKEN = {"cpu", "template", "accelbench"}
+CONTRACT = "3.0"  # the plugin contract the template implements (accelbench.contract.CONTRACT_VERSION)
 
 
 def render(text: str, values: dict[str, str]) -> str:
@@ -71,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {len(files)} files to {dest}; next: pip install -e {dest} && pytest {dest}/tests")
+    print(
+        f"wrote {len(files)} files to {dest}: plugin accelbench-{args.name} on plugin contract {CONTRACT}, backend "
+        f"{args.name!r} on torch device type {args.device_type!r}; next: pip install -e {dest} && pytest {dest}/tests "
+        f"(it fails until every NotImplementedError('TODO: ...') in {dest}/accelbench_{args.name}/plugin.py is written)"
+    )
     return 0
 
 

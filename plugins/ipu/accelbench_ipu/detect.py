@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from accelbench.devices import DeviceInfo
+from accelbench.contract import DeviceInfo
 from accelbench_ipu.peaks import IN_PROCESSOR_MEMORY_MK2, PARTS
 
 SDK_NOTE = (

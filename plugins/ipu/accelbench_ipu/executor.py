@@ -2,8 +2,12 @@
 apart, cold and cached), and trains through ``poptorch.trainingModel``.
 
 PopTorch executors take host tensors and stream them to the IPUs themselves, so the runner's batches stay on
-the host (the plugin's ``setup_device`` returns the CPU device on purpose); the host-to-IPU copy is part of
+the host (the backend's ``setup_device`` returns the CPU device on purpose); the host-to-IPU copy is part of
 each timed step, as the host-to-GPU copy is on GPUs.
+
+Every backward pass and optimizer step of a ``train_step`` runs on the IPUs inside one PopTorch call; the backend's
+step boundaries (``after_backward``, ``after_optimizer_step``) are called when it returns, in the order those passes
+ran, so the executor keeps the contract every executor keeps.
 """
 
 from __future__ import annotations
@@ -18,9 +22,8 @@ from typing import Any
 
 import torch
 
-from accelbench.engine.executor import Executor, ExecutorRequest
+from accelbench.contract import Executor, ExecutorRequest, PrecisionPlan
 from accelbench.errors import BackendError, ConfigError
-from accelbench.precision import PrecisionPlan
 from accelbench.workloads import TrainingJob
 from accelbench_ipu import memory
 from accelbench_ipu.detect import SDK_NOTE
@@ -107,7 +110,7 @@ class PopTorchExecutor(Executor):
         self, request: ExecutorRequest, on_memory: Callable[[memory.GraphMemory], None] | None = None
     ) -> None:
         self.request = request
-        self._on_memory = on_memory  # the plugin's memory reading (its epoch_end reports it)
+        self._on_memory = on_memory  # the backend's memory reading (its epoch_end reports it)
         if request.units is None:
             raise ConfigError("the IPU mapping needs the workload's model parts (ExecutorRequest.units)")
         self.settings = settings_from_config(
@@ -132,8 +135,8 @@ class PopTorchExecutor(Executor):
 
     # --------------------------------------------------------------------------------------------------
     def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
-        """The plan with this run's partials, stochastic rounding and loss scaling (the precision hook only
-        knows PopTorch's defaults)."""
+        """The plan with this run's partials, stochastic rounding and loss scaling (the backend's
+        ``precision_plan`` makes the same one from the run's options)."""
         return self.plan
 
     @property
@@ -182,9 +185,9 @@ class PopTorchExecutor(Executor):
         same class names) with its hyper-parameters and weight-decay groups (taken from the torch optimizer the job
         would build), plus PopTorch's loss scaling, fp32 optimizer state and gradient clipping."""
         assert self._poptorch is not None and self._model is not None and self._job is not None
-        # only its parameter groups and hyper-parameters are used; built for device type "ipu", which torch
-        # has no fused kernels for, so the reference needs none (the SDK's torch 2.0 fuses on CUDA only)
-        reference = self._job.make_optimizer(self._model, torch.device("ipu"))
+        # only its parameter groups and hyper-parameters are used, never its kernels: built with plain kernels for
+        # device type "ipu", which torch has no fused or foreach kernels for (the SDK's torch 2.0 fuses on CUDA only)
+        reference = self._job.make_optimizer(self._model, torch.device("ipu"), "plain")
         kind = type(reference).__name__
         if kind not in _HYPER_PARAMETERS or not hasattr(self._poptorch.optim, kind):
             raise BackendError(
@@ -271,7 +274,18 @@ class PopTorchExecutor(Executor):
                 f"a batch of {inputs.shape[0]} samples reached an executable compiled for {self.settings.batch_size}"
             )
         losses = self._trainer(inputs, targets)  # synchronous: returns when the IPUs are done
+        self._step_boundaries()
         return losses.detach().float().mean()
+
+    def _step_boundaries(self) -> None:
+        """The backend's step boundaries for the passes the call just ran on the IPUs: per optimizer step
+        (one per device iteration), one ``after_backward`` per accumulated micro-batch, then
+        ``after_optimizer_step``."""
+        backend, device = self.request.backend, self.request.device
+        for _ in range(self.settings.device_iterations):
+            for _ in range(self.settings.gradient_accumulation):
+                backend.after_backward(device)
+            backend.after_optimizer_step(device)
 
     # --------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from accelbench.devices import MemoryStats
+from accelbench.contract import MemoryStats
 
 ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelbench.devices import DeviceInfo, PeakFigures
-from accelbench.precision import PrecisionPlan
+from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 from accelbench_ipu.precision import amp_mode
 
 TILES_MK2 = 1472

@@ -1,9 +1,15 @@
-"""The IPU backend's hook implementations (entry point ``ipu`` in the ``accelbench`` group).
+"""The IPU backend (entry point ``ipu`` in the ``accelbench`` group): :class:`IpuBackend`, on plugin contract 3.0.
 
-Only what differs from ``accelbench.backends.defaults``: those use ``torch.accelerator``, which knows
-nothing of IPUs. poptorch is never imported when this module loads, so the plugin loads (and reports no
-device, with the reason) on any machine. IPU memory comes from the compile-time graph profile of the executor
-this plugin object built last; it is the reading every epoch reports (nothing accumulates per epoch).
+It overrides only what differs from the stock :class:`~accelbench.contract.Backend`, whose methods use
+``torch.accelerator`` (which knows nothing of IPUs, and which the SDK's torch 2.0 lacks): detection through poptorch
+in a subprocess, host tensors (PopTorch streams them to the IPUs itself), no torch.distributed collective (replication
+is a PopTorch option), the AMP modes as precision plans, its own strategies and executor (PopTorch compiles the whole
+graph ahead of training, so ``--compile`` and ``--engine lightning`` are refused up front), and memory from the
+compile-time graph profile. poptorch is never imported when this module loads, so the plugin loads (and reports no
+device, with the reason) on any machine.
+
+IPU memory comes from the graph profile of the executor this backend built last; it is the reading every epoch
+reports (nothing accumulates per epoch).
 """
 
 from __future__ import annotations
@@ -11,17 +17,22 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from accelbench import hookimpl
-from accelbench.config import RunOption
-from accelbench.devices import (
+from accelbench.contract import (
     NO_COLLECTIVE,
+    Backend,
     BackendInfo,
     DeviceInfo,
     EpochReadings,
     NoCollective,
     PeakFigures,
+    PrecisionPlan,
+    RunOption,
+    Scalar,
+    World,
+    hookimpl,
 )
 from accelbench_ipu import detect, memory, peaks, settings
 from accelbench_ipu.layout import STRATEGIES
@@ -30,8 +41,9 @@ from accelbench_ipu.precision import SUPPORTED, ipu_precision_plan
 if TYPE_CHECKING:
     import torch
 
-    from accelbench.engine.executor import Executor, ExecutorRequest
-    from accelbench.precision import PrecisionPlan
+    from accelbench.contract import Executor, ExecutorRequest
+
+accelbench_contract = "3.0"
 
 DESCRIPTION = (
     "Graphcore IPUs through PopTorch: pipelined, sharded, serial-phased and parallel-phased execution, "
@@ -39,39 +51,43 @@ DESCRIPTION = (
 )
 
 
-class IpuBackend:
-    """The IPU backend. The graph profile's memory reading of the executor it built lives here."""
+@hookimpl
+def accelbench_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    register(IpuBackend)
 
-    accelbench_contract = "2.1"
+
+def _description() -> str:
+    """The description, saying why the backend cannot run here when poptorch is not importable."""
+    if importlib.util.find_spec("poptorch") is not None:
+        return DESCRIPTION
+    return f"{DESCRIPTION} Not usable here: {detect.SDK_NOTE}."
+
+
+class IpuBackend(Backend):
+    """Graphcore IPUs through PopTorch: its own executor (pipelined, sharded, phased, replicated), host tensors,
+    no torch.distributed collective, AMP precision plans, memory from the compile-time graph profile. The graph
+    profile's memory reading of the executor it built last lives here."""
+
+    info = BackendInfo(
+        name="ipu", device_type="ipu", device_unit="IPU", priority=80, description=_description()
+    )
+    strategies = STRATEGIES
 
     def __init__(self) -> None:
+        super().__init__()
         self.graph_memory: memory.GraphMemory = memory.NOT_COMPILED
 
-    @hookimpl
-    def accelbench_backend(self) -> BackendInfo:
-        note = (
-            ""
-            if importlib.util.find_spec("poptorch") is not None
-            else f" Not usable here: {detect.SDK_NOTE}."
-        )
-        return BackendInfo(
-            name="ipu", device_type="ipu", device_unit="IPU", priority=80, description=DESCRIPTION + note
-        )
-
-    @hookimpl
-    def accelbench_recorded_environment(self) -> list[str]:
-        return ["POPLAR_*", "POPTORCH_*", "IPUOF_*", "POPART_*", "GCDA_*"]
-
-    @hookimpl
-    def accelbench_run_options(self) -> list[RunOption]:
+    # before any run -----------------------------------------------------------------------------------------
+    def run_options(self) -> list[RunOption]:
         return settings.run_options()
 
-    @hookimpl
-    def accelbench_detect_devices(self) -> list[DeviceInfo]:
+    def recorded_environment(self) -> list[str]:
+        return ["POPLAR_*", "POPTORCH_*", "IPUOF_*", "POPART_*", "GCDA_*"]
+
+    def detect_devices(self) -> list[DeviceInfo]:
         return detect.devices()
 
-    @hookimpl
-    def accelbench_runtime_versions(self) -> dict[str, str]:
+    def runtime_versions(self) -> dict[str, str]:
         import torch
 
         found = detect.probe()
@@ -88,33 +104,35 @@ class IpuBackend:
         versions["pva"] = "available" if memory.pva_available() else "not importable (IPU memory unknown)"
         return versions
 
-    @hookimpl
-    def accelbench_setup_device(self, device_type: str, local_rank: int) -> torch.device:
+    def known_devices(self) -> list[DeviceInfo]:
+        return peaks.known_devices()
+
+    # device setup -------------------------------------------------------------------------------------------
+    def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
+        """The host: PopTorch takes host tensors and streams them to the IPUs itself, so the runner's batches
+        stay on the host (torch cannot hold tensors on "ipu"). One process drives every IPU of the run."""
         import torch
 
-        # PopTorch takes host tensors and streams them to the IPUs itself: the runner's batches stay on the host.
         return torch.device("cpu")
 
-    @hookimpl
-    def accelbench_collective_backend(self, device: torch.device) -> NoCollective:
+    def collective_backend(self, device: torch.device) -> NoCollective:
         return NO_COLLECTIVE  # replication is a PopTorch option: one process drives every IPU
 
-    @hookimpl
-    def accelbench_supported_precisions(self, device: torch.device) -> list[str]:
+    def supported_precisions(self, device: torch.device) -> list[str]:
         return list(SUPPORTED)
 
-    @hookimpl
-    def accelbench_precision_plan(self, precision: str, device: torch.device) -> PrecisionPlan:
-        # PopTorch's defaults (float partials, no stochastic rounding); the executor's effective_precision
-        # carries the run's --partials / --stochastic-rounding / --ipu-loss-scaling into the record.
-        return ipu_precision_plan(precision)
+    def precision_plan(
+        self, precision: str, device: torch.device, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan:
+        """The AMP mode the run's ``--partials``, ``--stochastic-rounding`` and ``--ipu-loss-scaling`` select
+        (PopTorch's defaults where not given); the executor applies the same options."""
+        partials, stochastic_rounding, loss_scaling = settings.precision_options(options, precision)
+        return ipu_precision_plan(precision, partials, stochastic_rounding, loss_scaling)
 
-    @hookimpl
-    def accelbench_supported_strategies(self) -> list[str]:
-        return list(STRATEGIES)
-
-    @hookimpl
-    def accelbench_executor(self, request: ExecutorRequest) -> Executor:
+    # the executor -------------------------------------------------------------------------------------------
+    def executor(self, request: ExecutorRequest) -> Executor:
+        """PopTorch's executor for every IPU strategy: the core's executors (torch.distributed, torch.compile)
+        cannot drive IPUs, so none is wrapped."""
         from accelbench_ipu.executor import PopTorchExecutor
 
         self.graph_memory = memory.NOT_COMPILED
@@ -123,23 +141,26 @@ class IpuBackend:
     def _compiled(self, reading: memory.GraphMemory) -> None:
         self.graph_memory = reading
 
-    @hookimpl
-    def accelbench_synchronize(self, device: torch.device) -> None:
+    def lightning_accelerator(self) -> Any:
+        """None: Lightning dropped IPU support (and the PopTorch executor is the only one that drives IPUs), so
+        ``--engine lightning`` is refused up front."""
+        return None
+
+    def compile_backend(self) -> str | None:
+        """None: PopTorch compiles every run's whole graph itself (timed apart, cold and cached) and torch.compile
+        cannot target IPUs, so ``--compile`` is refused up front."""
+        return None
+
+    # timing, epochs and memory ------------------------------------------------------------------------------
+    def synchronize(self, device: torch.device) -> None:
         """Nothing to wait for: PopTorch calls return only when the IPUs are done."""
 
-    @hookimpl
-    def accelbench_epoch_start(self, device: torch.device) -> None:
+    def epoch_start(self, device: torch.device) -> None:
         """Nothing to reset: the memory figure comes from the compile-time profile, and IPUs have no energy
         counter PopTorch exposes."""
 
-    @hookimpl
-    def accelbench_epoch_end(self, device: torch.device) -> EpochReadings:
+    def epoch_end(self, device: torch.device) -> EpochReadings:
         return EpochReadings(memory=self.graph_memory.stats())
 
-    @hookimpl
-    def accelbench_peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
+    def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
         return peaks.peak_figures(device, precision)
-
-    @hookimpl
-    def accelbench_known_devices(self) -> list[DeviceInfo]:
-        return peaks.known_devices()

@@ -10,7 +10,7 @@ moments accumulated in fp32. The plan names all of this, so a record says what r
 
 from __future__ import annotations
 
-from accelbench.precision import PrecisionPlan
+from accelbench.contract import PrecisionPlan
 
 SUPPORTED = ["fp32", "fp16-mixed"]
 

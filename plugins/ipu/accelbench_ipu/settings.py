@@ -11,11 +11,13 @@ be a multiple of device iterations x replicas x gradient accumulation, and the m
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from accelbench.config import RunConfig, RunOption
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits
 from accelbench_ipu.layout import MAX_IPUS, Layout, is_power_of_two, parse_layers_per_ipu, plan_layout
@@ -121,9 +123,7 @@ def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
             )
         requested_ga, ga_flag = config.grad_accum, "--grad-accum"
     ipus = _optional_int(opts, "ipus")
-    loss_scaling = _float(opts, "ipu_loss_scaling", 1.0)
-    if loss_scaling <= 0:
-        raise ConfigError(f"--ipu-loss-scaling {loss_scaling}: the loss scaling factor must be positive")
+    partials, stochastic_rounding, loss_scaling = precision_options(opts, config.precision)
     emulated = _bool(opts, "ipu_model", False) or os.environ.get("POPTORCH_IPU_MODEL", "") == "1"
     auto_round = _bool(opts, "auto_round_ipus", False)
 
@@ -153,15 +153,6 @@ def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
             "--executable-cache with the IPU Model: the emulator has no executable cache; drop one"
         )
 
-    partials = str(opts.get("partials", "float"))
-    if partials not in ("float", "half"):
-        raise ConfigError(f"--partials {partials!r}: choose float (FP16.32) or half (FP16.16)")
-    if partials == "half" and config.precision == "fp32":
-        raise ConfigError(
-            "--partials half applies to fp16 matmuls, but --precision is fp32; use --precision fp16-mixed, or "
-            "--partials float"
-        )
-
     layout = plan_layout(
         config.strategy,
         parts,
@@ -182,7 +173,7 @@ def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
         batch_size=config.batch_size,
         micro_batch=config.batch_size // (device_iterations * replicas * ga),
         partials=partials,
-        stochastic_rounding=_bool(opts, "stochastic_rounding", False),
+        stochastic_rounding=stochastic_rounding,
         loss_scaling=loss_scaling,
         executable_cache=Path(str(cache)).expanduser() if cache else None,
         emulated=emulated,
@@ -190,6 +181,23 @@ def settings_from_config(config: RunConfig, parts: ModelUnits) -> IpuSettings:
         graph_profile=_bool(opts, "ipu_graph_profile", True),
         seed=config.seed,
     )
+
+
+def precision_options(opts: Mapping[str, Any], precision: str) -> tuple[str, bool, float]:
+    """The run's PopTorch precision options (partials type, stochastic rounding, loss scaling), PopTorch's
+    defaults where not given; ConfigError for values that cannot work with ``precision``."""
+    loss_scaling = _float(opts, "ipu_loss_scaling", 1.0)
+    if loss_scaling <= 0:
+        raise ConfigError(f"--ipu-loss-scaling {loss_scaling}: the loss scaling factor must be positive")
+    partials = str(opts.get("partials", "float"))
+    if partials not in ("float", "half"):
+        raise ConfigError(f"--partials {partials!r}: choose float (FP16.32) or half (FP16.16)")
+    if partials == "half" and precision == "fp32":
+        raise ConfigError(
+            "--partials half applies to fp16 matmuls, but --precision is fp32; use --precision fp16-mixed, or "
+            "--partials float"
+        )
+    return partials, _bool(opts, "stochastic_rounding", False), loss_scaling
 
 
 def _ipus_per_replica(devices: int, replicas: int, ipus: int | None) -> int:
@@ -259,17 +267,17 @@ def _batches(batch: int, multiple: int, suffix: str = "") -> str:
     return f"batch sizes that work{suffix}: multiples of {multiple}, e.g. {' or '.join(map(str, choices))}"
 
 
-def _optional_str(opts: dict[str, Any], key: str) -> str | None:
+def _optional_str(opts: Mapping[str, Any], key: str) -> str | None:
     value = opts.get(key)
     return None if value is None else str(value)
 
 
-def _int(opts: dict[str, Any], key: str, default: int) -> int:
+def _int(opts: Mapping[str, Any], key: str, default: int) -> int:
     value = _optional_int(opts, key)
     return default if value is None else value
 
 
-def _optional_int(opts: dict[str, Any], key: str) -> int | None:
+def _optional_int(opts: Mapping[str, Any], key: str) -> int | None:
     value = opts.get(key)
     if value is None:
         return None
@@ -283,7 +291,7 @@ def _optional_int(opts: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _float(opts: dict[str, Any], key: str, default: float) -> float:
+def _float(opts: Mapping[str, Any], key: str, default: float) -> float:
     value = opts.get(key, default)
     try:
         return float(value)
@@ -291,7 +299,7 @@ def _float(opts: dict[str, Any], key: str, default: float) -> float:
         raise ConfigError(f"--{key.replace('_', '-')} {value!r}: a number is needed") from None
 
 
-def _bool(opts: dict[str, Any], key: str, default: bool) -> bool:
+def _bool(opts: Mapping[str, Any], key: str, default: bool) -> bool:
     value = opts.get(key, default)
     if isinstance(value, bool):
         return value

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from accelbench.config import RunConfig
-from accelbench.engine.executor import ExecutorRequest, World
+from accelbench.contract import Backend, ExecutorRequest, World
 from accelbench.workloads import TrainingJob
 from accelbench.workloads.chardata import CharCorpus, RandomWindows
 from accelbench.workloads.gpt import GPTWorkload, gpt_units, resolve_size
@@ -49,7 +49,9 @@ def ipu_config(**fields: object) -> RunConfig:
     return get_host().resolve(config)  # the GPT's options completed, as a run has them
 
 
-def request_for(config: RunConfig) -> ExecutorRequest:
+def request_for(config: RunConfig, backend: Backend | None = None) -> ExecutorRequest:
+    """The request the runner makes for ``config``, from ``backend`` (a fresh IpuBackend by default)."""
+    from accelbench_ipu.plugin import IpuBackend
     from accelbench_ipu.precision import ipu_precision_plan
 
     return ExecutorRequest(
@@ -57,7 +59,7 @@ def request_for(config: RunConfig) -> ExecutorRequest:
         device=torch.device("cpu"),
         precision=ipu_precision_plan(config.precision),
         world=World(),
-        synchronize=lambda device: None,
+        backend=backend or IpuBackend(),
         units=GPTWorkload().units(config),
     )
 
@@ -78,7 +80,7 @@ def job_for(config: RunConfig, corpus: CharCorpus, model: GPT | None = None) -> 
     return TrainingJob(
         model=model,
         data=data,
-        make_optimizer=lambda m, device: configure_adamw(m, device, lr),
+        make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
         flops_per_sample=model.flops_per_token() * block_size,
         flops_formula="test",
         tokens_per_sample=block_size,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from ipu_helpers import FAKE_POPTORCH, REAL_POPTORCH
 
-from accelbench.plugins import Backend
+from accelbench.contract import Backend
 from accelbench.testing import BackendContract
 
 

@@ -17,12 +17,12 @@ from ipu_helpers import REAL_POPTORCH, ipu_config, job_for, request_for, stand_i
 from accelbench.errors import BackendError, ConfigError
 from accelbench.workloads.chardata import CharCorpus
 
-BACKEND = IpuBackend()  # the plugin object; the executors it builds report their memory to it
+BACKEND = IpuBackend()  # the backend; the executors it builds report their memory to it
 
 
 def start(corpus: CharCorpus, **fields: object) -> PopTorchExecutor:
     config = ipu_config(**fields)
-    executor = BACKEND.accelbench_executor(request_for(config))
+    executor = BACKEND.executor(request_for(config, BACKEND))
     executor.setup(job_for(config, corpus))
     return executor
 
@@ -172,7 +172,7 @@ def test_memory_from_the_graph_profile_per_ipu(corpus: CharCorpus, with_pva: Non
     try:
         train(executor, 1)
         per_ipu = executor.describe()["memory"]["per_ipu_bytes"]
-        stats = BACKEND.accelbench_epoch_end(torch.device("cpu")).memory
+        stats = BACKEND.epoch_end(torch.device("cpu")).memory
     finally:
         executor.close()
     assert len(per_ipu) == 4 and all(b > 0 for b in per_ipu)
@@ -184,7 +184,7 @@ def test_memory_is_unknown_without_pva(corpus: CharCorpus, without_pva: None) ->
     executor = start(corpus, strategy="sharded", devices=2)
     try:
         train(executor, 1)
-        stats = BACKEND.accelbench_epoch_end(torch.device("cpu")).memory
+        stats = BACKEND.epoch_end(torch.device("cpu")).memory
     finally:
         executor.close()
     assert stats.peak_bytes is None and "pva" in stats.source and "not importable" in stats.source
@@ -277,3 +277,31 @@ def test_the_graph_profile_keeps_the_users_engine_options(
     finally:
         again.close()
     assert "POPLAR_ENGINE_OPTIONS" not in os.environ
+
+
+def test_the_step_boundaries_follow_the_passes_each_call_ran(corpus: CharCorpus) -> None:
+    """One PopTorch call runs device-iterations optimizer steps of gradient-accumulation micro-batches each; the
+    backend hears of them when the call returns, in that order (the compile runs no step)."""
+    calls: list[str] = []
+
+    class Recording(IpuBackend):
+        def after_backward(self, device: torch.device) -> None:
+            calls.append("after_backward")
+
+        def after_optimizer_step(self, device: torch.device) -> None:
+            calls.append("after_optimizer_step")
+
+    recording = Recording()
+    config = ipu_config(
+        strategy="single", batch_size=8, backend_options={"device_iterations": 2, "gradient_accumulation": 2}
+    )
+    executor = recording.executor(request_for(config, recording))
+    try:
+        executor.setup(job_for(config, corpus))
+        inputs, targets = first_batch(executor)
+        executor.compile(inputs, targets)
+        assert calls == []
+        executor.train_step(inputs, targets)
+    finally:
+        executor.close()
+    assert calls == (["after_backward"] * 2 + ["after_optimizer_step"]) * 2

@@ -1,5 +1,5 @@
-"""The plugin in accelbench: loading, detection (with and without poptorch), hooks, peak tables, and whole
-runs through the core's runner and command line against the stand-in."""
+"""The plugin in accelbench: loading, detection (with and without poptorch), the backend's methods, peak tables,
+and whole runs through the core's runner and command line against the stand-in."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from accelbench_ipu.precision import ipu_precision_plan
 from ipu_helpers import FAKE_POPTORCH, REAL_POPTORCH, ipu_config, stand_in_only
 
 from accelbench.cli import build_parser, config_from_args
-from accelbench.devices import DeviceInfo
+from accelbench.contract import NO_COLLECTIVE, DeviceInfo, World
+from accelbench.errors import ConfigError
 from accelbench.plugins import PluginHost
 
 M2000_INFO = """Device Info:
@@ -33,7 +34,7 @@ M2000_INFO = """Device Info:
   ipu architecture: ipu2
 """
 
-plugin = IpuBackend()  # the plugin object, as the host instantiates it
+backend = IpuBackend()  # as the host makes it (one instance per process)
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -59,20 +60,35 @@ def host(monkeypatch: pytest.MonkeyPatch) -> PluginHost:
 
 
 def test_the_plugin_registers_the_ipu_backend(host: PluginHost) -> None:
+    record = next(r for r in host.records if r.name == "ipu")
+    assert (record.status, record.contract, record.distribution) == ("active", "3.0", "accelbench-ipu")
     backend = host.backends["ipu"]
+    assert isinstance(backend, IpuBackend)
     assert backend.info.device_type == "ipu" and backend.info.device_unit == "IPU"
-    assert backend.supported_strategies() == [
-        "single",
-        "pipelined",
-        "sharded",
-        "serial-phased",
-        "parallel-phased",
-    ]
-    assert backend.supported_precisions(torch.device("ipu")) == ["fp32", "fp16-mixed"]
-    assert (
-        backend.collective_backend(torch.device("ipu")) is None
-    )  # no torch.distributed: replication is PopTorch's
-    assert backend.setup_device(0) == torch.device("cpu")  # PopTorch takes host tensors
+    ipu = torch.device("ipu")
+    strategies = ["single", "pipelined", "sharded", "serial-phased", "parallel-phased"]
+    assert backend.supported_strategies(ipu) == strategies and list(backend.strategies) == strategies
+    assert backend.supported_precisions(ipu) == ["fp32", "fp16-mixed"]
+    # no torch.distributed: replication is PopTorch's
+    assert backend.collective_backend(ipu) is NO_COLLECTIVE and backend.collective(ipu) is None
+    assert backend.setup_device(World(local_rank=0), {}) == torch.device("cpu")  # PopTorch takes host tensors
+    assert backend.compile_backend() is None and backend.lightning_accelerator() is None
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        # PopTorch compiles the graph itself, and torch.compile cannot target IPUs
+        (["--compile"], "cannot compile"),
+        (["--engine", "lightning"], "names no Lightning accelerator"),  # Lightning dropped IPU support
+    ],
+)
+def test_what_ipus_cannot_do_is_refused_up_front(host: PluginHost, args: list[str], refusal: str) -> None:
+    from accelbench.engine.runner import preflight
+
+    parsed = build_parser(host.run_options()).parse_args(["run", "--backend", "ipu", *args])
+    with pytest.raises(ConfigError, match=refusal):
+        preflight(config_from_args(parsed), host)
 
 
 def test_run_options_reach_the_config(host: PluginHost) -> None:
@@ -106,12 +122,12 @@ def test_without_poptorch_it_loads_detects_nothing_and_says_why() -> None:
 @stand_in_only
 def test_detection_counts_ipus_through_poptorch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_POPTORCH_IPUS", "4")
-    devices = plugin.accelbench_detect_devices()
+    devices = backend.detect_devices()
     assert len(devices) == 4 and devices[0].arch == "ipu2"
     assert devices[0].memory_bytes == IN_PROCESSOR_MEMORY_MK2
     assert devices[0].name.startswith("Graphcore Mk2 IPU")  # no gc-info: GC200 or Bow cannot be told apart
     assert devices[0].details["part"] == "" and "stand-in" in devices[0].details["stand_in"]
-    assert plugin.accelbench_runtime_versions()["poptorch"].endswith("(test stand-in, not Graphcore's)")
+    assert backend.runtime_versions()["poptorch"].endswith("(test stand-in, not Graphcore's)")
 
 
 @stand_in_only
@@ -120,25 +136,25 @@ def test_detection_reads_the_board_from_gc_info(monkeypatch: pytest.MonkeyPatch,
     tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{M2000_INFO}EOF\n")
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    devices = plugin.accelbench_detect_devices()
+    devices = backend.detect_devices()
     assert len(devices) == 16 and devices[0].name == "Graphcore GC200 IPU (Mk2)"
     assert devices[0].details["board_type"] == "M2000" and devices[0].details["part"] == "gc200"
-    peak = plugin.accelbench_peak_figures(devices[0], ipu_precision_plan("fp16-mixed", partials="half"))
+    peak = backend.peak_figures(devices[0], ipu_precision_plan("fp16-mixed", partials="half"))
     assert peak is not None and peak.flops_per_s == 250e12
-    assert plugin.accelbench_runtime_versions()["ipu_driver_version"] == "1.0.57"
+    assert backend.runtime_versions()["ipu_driver_version"] == "1.0.57"
 
 
 @stand_in_only
 def test_no_ipus_no_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_POPTORCH_IPUS", "0")
-    assert plugin.accelbench_detect_devices() == []
+    assert backend.detect_devices() == []
 
 
 def test_the_ipu_model_is_detected_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POPTORCH_IPU_MODEL", "1")
-    devices = plugin.accelbench_detect_devices()
+    devices = backend.detect_devices()
     assert devices and devices[0].name == "IPU Model (emulator)" and devices[0].details["emulated"] == "true"
-    assert plugin.accelbench_peak_figures(devices[0], ipu_precision_plan("fp32")) is None
+    assert backend.peak_figures(devices[0], ipu_precision_plan("fp32")) is None
 
 
 def test_without_poptorch_detection_is_empty_and_cheap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,8 +162,8 @@ def test_without_poptorch_detection_is_empty_and_cheap(monkeypatch: pytest.Monke
     monkeypatch.setattr(
         detect.subprocess, "run", lambda *a, **k: pytest.fail("no subprocess without poptorch")
     )
-    assert plugin.accelbench_detect_devices() == []
-    assert "Poplar SDK" in plugin.accelbench_runtime_versions()["poptorch"]
+    assert backend.detect_devices() == []
+    assert "Poplar SDK" in backend.runtime_versions()["poptorch"]
 
 
 @pytest.mark.parametrize(
@@ -174,13 +190,22 @@ def test_gc_info_parsing() -> None:
 
 
 def test_precision_plans_say_what_the_amps_compute() -> None:
-    fp32 = plugin.accelbench_precision_plan("fp32", torch.device("cpu"))
+    fp32 = backend.precision_plan("fp32", torch.device("cpu"), {})
     assert fp32.param_dtype == "float32" and fp32.matmul_math.startswith("FP32.32")
-    fp16 = plugin.accelbench_precision_plan("fp16-mixed", torch.device("cpu"))
+    fp16 = backend.precision_plan("fp16-mixed", torch.device("cpu"), {})
     assert fp16.param_dtype == "float16" and fp16.matmul_math.startswith(
         "FP16.32"
     )  # PopTorch's float partials
     assert "model.half()" in fp16.notes and "stochastic rounding off" in fp16.notes
+
+
+def test_precision_plans_follow_the_runs_precision_options() -> None:
+    options = {"partials": "half", "stochastic_rounding": True, "ipu_loss_scaling": 128.0}
+    plan = backend.precision_plan("fp16-mixed", torch.device("cpu"), options)
+    assert plan == ipu_precision_plan("fp16-mixed", "half", True, 128.0)
+    assert plan.matmul_math.startswith("FP16.16") and "stochastic rounding on" in plan.notes
+    with pytest.raises(ConfigError, match="--partials half applies to fp16 matmuls"):
+        backend.precision_plan("fp32", torch.device("cpu"), {"partials": "half"})
 
 
 @pytest.mark.parametrize(
@@ -196,16 +221,16 @@ def test_precision_plans_say_what_the_amps_compute() -> None:
 )
 def test_peak_tables(part: str, precision: str, partials: str, flops: float | None) -> None:
     device = DeviceInfo(index=0, name="x", details={"part": part})
-    peak = plugin.accelbench_peak_figures(device, ipu_precision_plan(precision, partials))
+    peak = backend.peak_figures(device, ipu_precision_plan(precision, partials))
     assert (peak.flops_per_s if peak else None) == flops
     if peak:
         assert peak.memory_bandwidth_bytes_per_s and "vendor table" in peak.source
 
 
-def test_timing_and_memory_hooks() -> None:
+def test_timing_and_memory_without_torch_accelerator() -> None:
     cpu = torch.device("cpu")
-    assert plugin.accelbench_synchronize(cpu) is None and plugin.accelbench_epoch_start(cpu) is None
-    stats = plugin.accelbench_epoch_end(cpu).memory
+    assert backend.synchronize(cpu) is None and backend.epoch_start(cpu) is None
+    stats = backend.epoch_end(cpu).memory
     assert stats.peak_bytes is None and "not compiled yet" in stats.source
 
 

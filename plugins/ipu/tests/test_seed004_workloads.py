@@ -13,7 +13,7 @@ from accelbench_ipu.plugin import IpuBackend
 from accelbench_ipu.precision import ipu_precision_plan
 
 from accelbench.config import RunConfig
-from accelbench.engine.executor import ExecutorRequest, World
+from accelbench.contract import ExecutorRequest, World
 from accelbench.errors import ConfigError
 from accelbench.plugins import get_host
 
@@ -33,10 +33,10 @@ def start(workload: str, **fields: object) -> tuple[PopTorchExecutor, RunConfig]
         device=torch.device("cpu"),
         precision=ipu_precision_plan(config.precision),
         world=World(),
-        synchronize=lambda device: None,
+        backend=BACKEND,
         units=host_workload.units(config),
     )
-    executor = BACKEND.accelbench_executor(request)
+    executor = BACKEND.executor(request)
     executor.setup(host_workload.build(config))
     return executor, config
 
