@@ -207,14 +207,34 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         for e in exc.errors():
             loc = str(e["loc"][0]) if e["loc"] else ""
             name = f"--{flag_of(loc) if loc in RunConfig.model_fields else loc}: " if loc else ""
-            problems.append(name + str(e["msg"]).removeprefix("Value error, "))
+            given = e.get("input")
+            got = (  # a bound or type pydantic checked: the value given, as the workload options' messages say
+                f" (got {given!r})"
+                if e["type"] != "value_error"
+                and isinstance(given, (int, float, str))
+                and len(repr(given)) < 80
+                else ""
+            )
+            problems.append(name + str(e["msg"]).removeprefix("Value error, ") + got)
         raise ConfigError("; ".join(problems)) from None
 
 
 def _config_file(path: Path) -> dict[str, Any]:
     """The configuration in ``path``: a RunConfig as JSON, or a result record (its ``config``)."""
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    from accelbench.results import MAX_RECORD_BYTES
+
+    try:  # at most a record's worth: /dev/zero or a huge file is not a configuration (a pipe, <(...), is read)
+        if Path(path).is_dir():
+            raise ConfigError(
+                f"--config {path}: is a folder; give a run configuration or a result record file"
+            )
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            raise ConfigError(
+                f"--config {path}: more than {MAX_RECORD_BYTES} bytes, far too large to be a run configuration"
+            )
+        raw = json.loads(data.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"--config {path}: cannot read it: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -223,6 +243,13 @@ def _config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"--config {path}: not a run configuration: its JSON is nested too deeply"
         ) from None
+    except ValueError as exc:  # a number of more digits than Python converts
+        raise ConfigError(f"--config {path}: not a run configuration: {str(exc).split(';')[0]}") from None
+    if isinstance(raw, dict) and "schema" in raw and raw.get("schema") != "accelbench.result":
+        raise ConfigError(
+            f"--config {path}: a record of another kind (schema {str(raw.get('schema'))[:60]!r}), not a run "
+            "configuration or a result record (schema 'accelbench.result')"
+        )
     if isinstance(raw, dict) and raw.get("schema") == "accelbench.result":
         from accelbench.results import migrate
 
@@ -320,9 +347,10 @@ def cmd_run(args: argparse.Namespace, err: Console) -> int:
 
     def preflight_once() -> bool:
         """Said once, by the process the user started; True where the job needs worker processes."""
-        from accelbench.engine.runner import preflight
+        from accelbench.engine.runner import check_run_on_host, preflight
 
         checked = preflight(config, host)
+        check_run_on_host(checked.config, spawning=launcher.env.launcher == "none")
         for warning in checked.warnings:
             err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
         return config.devices * config.nnodes > 1 and checked.collective is not None  # IPUs replicate in one

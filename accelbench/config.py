@@ -25,6 +25,10 @@ MIN_STEADY_EPOCHS = 4
 AUTO_TOLERANCE = 0.05
 AUTO_MAX_EPOCHS = 12
 
+# A rank's wait for its peers is handed to torch as a timedelta (and to the collective libraries in milliseconds):
+# beyond about 10^13 s Python's timedelta overflows. 10^9 s (31 years) is "never" for any job, and far below that.
+MAX_COLLECTIVE_TIMEOUT_S = 1e9
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -154,6 +158,8 @@ class RunConfig(BaseModel):
     collective_timeout: float = Field(
         default=600.0,
         gt=0,
+        le=MAX_COLLECTIVE_TIMEOUT_S,
+        allow_inf_nan=False,
         description="seconds a rank waits for its peers before the run ends with an error",
     )
     mesh: str | None = Field(
@@ -191,12 +197,21 @@ class RunConfig(BaseModel):
         default=False,
         description="with tensor parallelism, norms and dropouts on sequence shards (Megatron's sequence parallelism)",
     )
-    seed: int = Field(default=0, description="seed of the model initialisation and the data order")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=2**64 - 1,  # torch.manual_seed's range; numpy's generators take no negative seed
+        description="seed of the model initialisation and the data order",
+    )
     data: Path | None = Field(
         default=None, description="dataset path for the workload (GPT: a text file; default: generated data)"
     )
     learning_rate: float = Field(
-        default=3e-4, gt=0.0, description="optimizer learning rate", json_schema_extra=_flag("lr")
+        default=3e-4,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="optimizer learning rate",
+        json_schema_extra=_flag("lr"),
     )
     compile: bool = Field(default=False, description="torch.compile the model (compile timed apart)")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
@@ -210,7 +225,10 @@ class RunConfig(BaseModel):
     )
     threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (CPU)")
     peak_tflops: float | None = Field(
-        default=None, gt=0.0, description="peak TFLOP/s per device for MFU (overrides the backend's table)"
+        default=None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="peak TFLOP/s per device for MFU (overrides the backend's table)",
     )
     profile: bool = Field(
         default=False,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -337,6 +338,18 @@ def write_record(record: ResultRecord, directory: Path, path: Path | None = None
     return save_record_text(record.to_json(), path or directory / record_name(record))
 
 
+def write_draft(record: ResultRecord, directory: Path) -> Path | None:
+    """Write ``record`` atomically where :func:`write_record` will write its final form (the same name), before an
+    optional step that could end the process; that write replaces it. Nothing is kept elsewhere when the folder
+    cannot take it (None): the final write finds that again and keeps its copy in the fallback folder."""
+    try:
+        path = directory / record_name(record)
+        _write_atomically(record.to_json(), path)
+    except OSError:
+        return None
+    return path
+
+
 def save_record_text(text: str, target: Path) -> Path:
     """Write a record's JSON ``text`` to ``target`` atomically, or to the fallback folder raising
     :class:`RecordNotSaved` (how :func:`write_record` writes; ``accelbench comm`` records are written so too)."""
@@ -372,6 +385,31 @@ def _write_atomically(text: str, path: Path) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_output(data: bytes, path: Path) -> None:
+    """Write a file the user named (a report, a comparison): atomically where it is a regular file or new (a reader
+    never sees half of it, and a failed write leaves the old one), straight into it where it is a device or pipe
+    (/dev/null, /dev/stdout), which a rename would replace with a file. Raises OSError."""
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        special = False
+    if special:
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -418,21 +456,45 @@ def read_record(path: Path) -> ResultRecord:
         raise ResultFileError(f"{path}: invalid result record: {problems}{more}") from exc
 
 
-def load_record_json(path: Path, what: str = "result record") -> Any:
-    """The parsed JSON of a record file, read the careful way (files come from other machines): a file far larger
-    than a record is not read; unreadable, non-JSON or too deeply nested text is a :class:`ResultFileError`."""
+def read_record_bytes(path: Path | str, what: str = "result record") -> bytes:
+    """The bytes of a record file, read the careful way (files come from other machines): only a regular file is
+    opened (a pipe, a device such as /dev/zero, a folder or a loop of links is not a record, and reading some could
+    block or never end), and at most :data:`MAX_RECORD_BYTES` of it; anything else is a :class:`ResultFileError`."""
     try:
-        if Path(path).stat().st_size > MAX_RECORD_BYTES:
-            raise ResultFileError(f"{path}: {Path(path).stat().st_size} bytes, far too large to be a {what}")
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultFileError(f"{path}: cannot read: {exc}") from exc
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            kind = (
+                "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, pipe or socket)"
+            )
+            raise ResultFileError(f"{path}: {kind}, not a {what}; give a record file")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise ResultFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(data) > MAX_RECORD_BYTES:
+        size = max(len(data), info.st_size)
+        raise ResultFileError(f"{path}: {size} bytes or more, far too large to be a {what}")
+    return data
+
+
+def load_record_json(path: Path, what: str = "result record") -> Any:
+    """The parsed JSON of a record file (:func:`read_record_bytes`): unreadable, non-JSON or too deeply nested text,
+    or a number too long for Python to convert, is a :class:`ResultFileError`."""
+    data = read_record_bytes(path, what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(
+            f"{path}: not JSON (not UTF-8 text: {exc.reason} at byte {exc.start})"
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ResultFileError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
     except RecursionError:
         raise ResultFileError(f"{path}: not a {what}: its JSON is nested too deeply to read") from None
+    except ValueError as exc:  # a number of more digits than Python converts (int_max_str_digits)
+        raise ResultFileError(f"{path}: not a {what}: {str(exc).split(';')[0]}") from None
 
 
 # v1 kept the GPT's options as core config fields
@@ -450,8 +512,13 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("schema_version") != 1:
         return raw
     raw = dict(raw)
-    config = dict(raw.get("config") or {})
-    options = dict(config.get("workload_options") or {})
+    if not isinstance(
+        raw.get("config"), dict
+    ):  # not a v1 record's shape: left for validation to say what is wrong
+        return raw
+    config = dict(raw["config"])
+    given = config.get("workload_options")
+    options = dict(given) if isinstance(given, dict) else {}
     for name in _V1_GPT_FIELDS:
         if name in config:
             value = config.pop(name)
@@ -462,7 +529,8 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     options.setdefault("vocab_multiple", 1)
     config["workload_options"] = options
     raw["config"] = config
-    workload = raw.get("workload") or {}
+    given_workload = raw.get("workload")
+    workload: dict[str, Any] = given_workload if isinstance(given_workload, dict) else {}
     dims = [workload.get(k, options.get(k)) for k in ("n_layer", "n_head", "n_embd")]
     model = config.get("model", "gpt-nano")
     raw["workload_identity"] = {

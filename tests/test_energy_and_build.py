@@ -31,10 +31,10 @@ def test_cpu_energy_is_the_packages_rapl_counters_over_the_epoch(tmp_path: Path)
     assert [p.name for p in rapl_packages(tmp_path)] == ["intel-rapl:0", "intel-rapl:1"]
     backend = CpuBackend(powercap=tmp_path)
     cpu = torch.device("cpu")
-    backend.accelbench_epoch_start(cpu)
+    backend.epoch_start(cpu)
     first.write_text("31000000\n")  # +30 J
     second.write_text("171150\n")  # wrapped: +(262_143_328_850 - 262_143_000_000 + 171_150) uJ = +0.5 J
-    energy = backend.accelbench_epoch_end(cpu).energy
+    energy = backend.epoch_end(cpu).energy
     assert energy is not None and abs(energy.joules - 30.5) < 1e-9
     assert energy.domain.startswith("rapl:") and energy.domain.endswith("intel-rapl:0+intel-rapl:1")
     assert "RAPL" in energy.source
@@ -43,9 +43,9 @@ def test_cpu_energy_is_the_packages_rapl_counters_over_the_epoch(tmp_path: Path)
 def test_cpu_energy_is_unknown_where_rapl_is_not_readable(tmp_path: Path) -> None:
     backend = CpuBackend(powercap=tmp_path / "absent")
     cpu = torch.device("cpu")
-    backend.accelbench_epoch_start(cpu)
-    assert backend.accelbench_epoch_end(cpu).energy is None  # never a made-up figure
-    assert backend.accelbench_detect_devices()[0].details["energy_counter"] == "none readable"
+    backend.epoch_start(cpu)
+    assert backend.epoch_end(cpu).energy is None  # never a made-up figure
+    assert backend.detect_devices()[0].details["energy_counter"] == "none readable"
 
 
 FAKE_TORCH_VERSION = """

@@ -71,6 +71,36 @@ def preflight(config: CommConfig, host: PluginHost) -> Checked:
     return Checked(backend, devices, collective)
 
 
+def check_on_host(config: CommConfig, checked: Checked, spawning: bool, flag: str = "--max-bytes") -> None:
+    """What the job asks of this host, checked once before any rank starts: its ranks' processes and threads (where
+    accelbench starts them: ``spawning``) and every message size's buffers against the memory each rank has: the
+    host's available memory shared by its ranks on a CPU, else the device's (``flag``: the option that gave the
+    sizes)."""
+    import psutil
+
+    from accelbench.comm.collectives import size_label
+    from accelbench.comm.options import HOST_MEMORY_SHARE, check_sizes_fit
+    from accelbench.engine.runner import PROCESS_BASELINE_BYTES, check_host_capacity
+
+    local = config.devices
+    if spawning:
+        check_host_capacity(local, config.threads)
+    ranks = config.devices * config.nnodes
+    if checked.backend.info.device_type == "cpu":
+        available = psutil.virtual_memory().available
+        room = int(available * HOST_MEMORY_SHARE) - (local * PROCESS_BASELINE_BYTES if spawning else 0)
+        where = (
+            f"this host's available memory ({size_label(available)}; {HOST_MEMORY_SHARE:.0%} of it for the "
+            f"buffers{', less each rank process' if spawning else ''}), shared by its {local} rank(s),"
+        )
+        check_sizes_fit(config, ranks, max(0, room // local), where, flag)
+        return
+    known = [d.memory_bytes for d in checked.devices[:local] if d.memory_bytes]
+    if known:
+        name = checked.devices[0].name
+        check_sizes_fit(config, ranks, min(known), f"each {name} ({size_label(min(known))})", flag)
+
+
 def comm_command(args: argparse.Namespace, err: Console) -> int:
     """`accelbench comm`: check, launch the workers (or be one), measure, write the record."""
     from accelbench.launcher import JobShape, Launcher, RecordKind
@@ -82,8 +112,11 @@ def comm_command(args: argparse.Namespace, err: Console) -> int:
         config = config.model_copy(update={"devices": launcher.env.local_world_size, "nnodes": launcher.env.nnodes})
     host = get_host()
 
+    size_flag = "--sizes" if args.sizes is not None else "--max-bytes"
+
     def preflight_once() -> bool:
-        preflight(config, host)
+        checked = preflight(config, host)
+        check_on_host(config, checked, launcher.env.launcher == "none", size_flag)
         return True  # collectives need 2 or more ranks: the check refuses fewer
 
     shape = JobShape(config.devices, config.nnodes, job_shape.node_rank, job_shape.rdzv_endpoint, config.output_dir)

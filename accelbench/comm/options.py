@@ -6,20 +6,31 @@ No torch here: ``accelbench comm --help`` and a refused request cost no torch im
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from accelbench.comm.collectives import COLLECTIVES, DTYPE_ALIASES, DTYPES, OPS, size_label
-from accelbench.comm.records import CommConfig
+from accelbench.comm.collectives import COLLECTIVES, DTYPE_ALIASES, DTYPE_BYTES, DTYPES, OPS, size_label
+from accelbench.comm.records import CommConfig, CommRecord
 from accelbench.config import RunConfig, flag_of
 from accelbench.errors import ConfigError
 
 DEFAULT_MIN_BYTES = 8
 DEFAULT_MAX_BYTES = 128 * 2**20
 MAX_SIZES = 200  # a longer list is a mistake (a factor of 1.001), not a benchmark
+# No message is larger than 1 PiB: no device or host holds one (the memory check refuses far smaller ones on any
+# machine); the bound only keeps the arithmetic of absurd sizes (99999999999999T) finite.
+MAX_MESSAGE_BYTES = 2**50
+# Iterations per size: nccl-tests times 20 by default. 10^5 timed iterations of even the smallest message (tens of
+# microseconds each) take seconds per size, and every timed iteration's time is kept (a float per iteration, on the
+# device and in Python): more is a typo, and 10^12 would never finish and fill memory.
+MAX_ITERS = 100_000
+HOST_MEMORY_SHARE = 0.8  # of the host's available memory the ranks on it may take for buffers (CPU devices)
+# Elements filled or checked at a time (accelbench.comm.run): the index arithmetic's scratch stays bounded.
+CHUNK = 1 << 24
 EXIT_CODES_HELP = (
     "exit status: 0 ok (sizes that did not fit in memory are recorded as such); 1 a wrong result or a failed rank "
     "(record written); 2 refused before measuring (nothing written); 130 interrupted (record written with the "
@@ -45,6 +56,11 @@ def parse_size(text: str, flag: str = "--sizes") -> int:
             f"{flag} {text!r}: not a size; write bytes as 8, 1KiB, 64MiB or 1GiB (K, M, G are powers of 1024)"
         )
     value = float(match.group(1)) * unit
+    if not value <= MAX_MESSAGE_BYTES:  # also a number too long to be a float (inf)
+        raise ConfigError(
+            f"{flag} {text!r}: larger than any message a device or host can hold (at most {size_label(MAX_MESSAGE_BYTES)}"
+            " here, and memory refuses far less); give a size such as 64MiB or 1GiB"
+        )
     if value != int(value) or value < 1:
         raise ConfigError(f"{flag} {text!r}: a message is a whole number of bytes, at least 1")
     return int(value)
@@ -58,20 +74,91 @@ def size_series(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
             f"--min-bytes {size_label(min_bytes)} is larger than --max-bytes {size_label(max_bytes)}; "
             "swap them, or give one size with --sizes"
         )
-    if not factor > 1:
-        raise ConfigError(f"--factor {factor:g}: sizes grow by it, so it must be above 1 (2 doubles them)")
+    if not 1 < factor < math.inf:
+        raise ConfigError(
+            f"--factor {factor:g}: sizes grow by it, so it must be a number above 1 (2 doubles them)"
+        )
     sizes: list[int] = []
-    size = float(min_bytes)
-    while size <= max_bytes:
-        if not sizes or int(size) > sizes[-1]:
-            sizes.append(int(size))
+    step = 0
+    while (size := min_bytes * factor**step) <= max_bytes:
+        sizes.append(int(size))
         if len(sizes) > MAX_SIZES:
             raise ConfigError(
-                f"--factor {factor:g} from {size_label(min_bytes)} to {size_label(max_bytes)} makes more than "
+                f"--factor {factor:.12g} from {size_label(min_bytes)} to {size_label(max_bytes)} makes more than "
                 f"{MAX_SIZES} sizes; use a larger factor (2 doubles), or list the sizes with --sizes"
             )
-        size *= factor
+        # the next step whose size is a whole byte larger (a factor near 1 repeats a size many times: skip those at
+        # once, rather than step through millions of them)
+        step = max(step + 1, math.ceil(math.log((sizes[-1] + 1) / min_bytes) / math.log(factor) - 1e-9))
     return sizes
+
+
+def buffer_bytes(op: str, variant: str, dtype: str, count: int, ranks: int) -> int:
+    """One rank's bytes for a case of ``count`` elements: the collective's send and receive buffers (as
+    :class:`accelbench.comm.run.Case` allocates them: in place, one buffer; out of place, the input and the output,
+    a sharded one's part 1/ranks of the array), and the scratch of filling and checking them (int64 positions,
+    float32 values and differences: 24 bytes an element, at most :data:`CHUNK` elements at a time)."""
+    collective = COLLECTIVES[op]
+    part = count // ranks if collective.sharded else count
+    elements = {
+        "all_reduce": count, "broadcast": count, "reduce": count, "all_to_all": 2 * count, "sendrecv": 2 * count,
+        "all_gather": count + (0 if variant == "in-place" else part),
+        "reduce_scatter": count + (0 if variant == "in-place" else part),
+    }[op]  # fmt: skip
+    return elements * DTYPE_BYTES[dtype] + 24 * min(CHUNK, count)
+
+
+def largest_case(config: CommConfig, size: int, ranks: int) -> tuple[int, str]:
+    """The most bytes one rank needs for a message of ``size`` bytes over the request's collectives, types and
+    variants, and which case needs them (e.g. ``all_to_all fp32 out-of-place``)."""
+    most, which = 0, ""
+    for op in config.ops:
+        collective = COLLECTIVES[op]
+        for dtype in config.dtypes:
+            count = collective.count(size, dtype, ranks)
+            for variant in collective.variants:
+                needed = buffer_bytes(op, variant, dtype, count, ranks)
+                if needed > most:
+                    most, which = needed, f"{op} {dtype} {variant}"
+    return most, which
+
+
+def largest_size_that_fits(config: CommConfig, ranks: int, room: int, below: int) -> int:
+    """The largest message size under ``below`` bytes whose every case of the request fits in ``room`` bytes per
+    rank (0 if not even one byte does): a binary search, the bytes needed growing with the size."""
+    low, high = 0, below  # low fits (or is 0), high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if largest_case(config, middle, ranks)[0] <= room:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def check_sizes_fit(config: CommConfig, ranks: int, room: int, where: str, flag: str) -> None:
+    """Refuse, before anything starts, a message size whose buffers cannot fit in ``room`` bytes per rank (``where``
+    says whose memory that is), naming the largest size that fits. Sizes that fit here may still run out of memory
+    while measuring (others' use, fragmentation): those are recorded as such."""
+    largest = config.sizes[-1]
+    needed, which = largest_case(config, largest, ranks)
+    if needed <= room:
+        return
+    low = largest_size_that_fits(config, ranks, room, largest)
+    if low < config.sizes[0]:
+        fits = f"not even the smallest size asked for ({size_label(config.sizes[0])}) fits"
+        if low >= 1:
+            fits += f"; at most {size_label(low)} does"
+    else:
+        power = 1 << (low.bit_length() - 1)  # a round size to give
+        fits = (
+            f"the largest message that fits is {size_label(low)}: give {flag} "
+            f"{size_label(power).replace(' ', '')} (or less)"
+        )
+    raise ConfigError(
+        f"{flag}: a {size_label(largest)} message needs {size_label(needed)} per rank ({which}: its buffers and the "
+        f"scratch of filling and checking them), and {where} has {size_label(room)} for each; {fits}"
+    )
 
 
 def _names(text: str, known: tuple[str, ...], flag: str, aliases: dict[str, str] | None = None) -> list[str]:
@@ -194,10 +281,15 @@ def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
         sizes = size_series(
             parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes"), args.factor
         )
-    if args.iters < 1:
-        raise ConfigError(f"--iters {args.iters}: at least 1 timed iteration per size")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup {args.warmup}: 0 or more untimed iterations")
+    if not 1 <= args.iters <= MAX_ITERS:
+        raise ConfigError(
+            f"--iters {args.iters}: at least 1 timed iteration per size, and at most {MAX_ITERS} (nccl-tests "
+            "times 20)"
+        )
+    if not 0 <= args.warmup <= MAX_ITERS:
+        raise ConfigError(
+            f"--warmup {args.warmup}: 0 or more untimed iterations per size, and at most {MAX_ITERS}"
+        )
     launch = launch_config(args, args.backend)
     config = CommConfig(
         backend=args.backend,
@@ -214,6 +306,21 @@ def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
         output_dir=args.output_dir,
     )
     return config, launch
+
+
+def implausible(record: CommRecord) -> str | None:
+    """Why a comm record's figures cannot have been measured (made or edited by hand): a size beyond any memory or
+    below a byte, a time or bandwidth that is negative, infinite or NaN, fewer than 2 ranks; None when they can."""
+    if record.world_size < 2:
+        return f"world_size {record.world_size}: a collective is measured over 2 or more ranks"
+    for i, m in enumerate(record.measurements):
+        if not 1 <= m.size_bytes <= MAX_MESSAGE_BYTES or m.count < 0:
+            return f"measurements.{i}: size_bytes {m.size_bytes} is not a message size (1 B to 1 PiB)"
+        for name in ("time_us", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "bus_factor"):
+            value = getattr(m, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                return f"measurements.{i}.{name}: {value} is not a measured figure (finite, 0 or more)"
+    return None
 
 
 def describe(config: CommConfig) -> str:

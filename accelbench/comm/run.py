@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from accelbench.comm.collectives import COLLECTIVES, DTYPE_BYTES, Collective, Variant, size_label
+from accelbench.comm.options import CHUNK, HOST_MEMORY_SHARE, buffer_bytes
 from accelbench.comm.records import CommConfig, CommMeasurement, MeasurementStatus, summarise
 from accelbench.engine.runner import is_out_of_memory
 from accelbench.engine.signals import TERMINATION, RunInterrupted
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from accelbench.launch import LaunchEnv
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CHUNK = 1 << 24  # elements filled or checked at a time: the index arithmetic's scratch stays bounded
-HOST_MEMORY_SHARE = 0.8  # of the host's available memory the ranks on it may take for buffers (CPU devices)
 
 # agreed codes, most serious last: the all_reduce MAX of the ranks' codes is what all of them act on
 _OK, _OOM, _UNSUPPORTED, _ERROR = 0, 1, 2, 3
@@ -154,14 +153,9 @@ class Case:
 
     @staticmethod
     def bytes_needed(collective: Collective, variant: Variant, dtype: str, count: int, ranks: int) -> int:
-        """This rank's buffer bytes for a case, and the scratch of filling and checking, before allocating."""
-        part = count // ranks if collective.sharded else count
-        elements = {
-            "all_reduce": count, "broadcast": count, "reduce": count, "all_to_all": 2 * count, "sendrecv": 2 * count,
-            "all_gather": count + (0 if variant == "in-place" else part),
-            "reduce_scatter": count + (0 if variant == "in-place" else part),
-        }[collective.name]  # fmt: skip
-        return elements * DTYPE_BYTES[dtype] + 24 * min(CHUNK, count)
+        """This rank's buffer bytes for a case, and the scratch of filling and checking, before allocating (the
+        same count as the up-front check's, :func:`accelbench.comm.options.buffer_bytes`)."""
+        return buffer_bytes(collective.name, variant, dtype, count, ranks)
 
     def run(self) -> None:
         """One call of the collective (its work queued on the device; the caller synchronises)."""

@@ -17,7 +17,7 @@ from accelbench.compare.records import load_records
 from accelbench.compare.render import FORMATS, render_table
 from accelbench.compare.stats import DEFAULT_ALPHA
 from accelbench.errors import AccelbenchError
-from accelbench.results import check_writable
+from accelbench.results import check_writable, write_output
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,13 +132,13 @@ def compare_command(args: argparse.Namespace, err: Console) -> int:
     """`accelbench compare`: print (or write) the comparison in the chosen format."""
     if args.output is not None and args.output.is_dir():
         raise AccelbenchError(f"--output {args.output}: is a folder; give a file name")
-    if args.output is not None:
-        check_writable(args.output.parent, "--output's folder")
+    if args.output is not None and not (args.output.exists() and not args.output.is_file()):
+        check_writable(args.output.parent, "--output's folder")  # (a device or pipe is written into as it is)
     comparison, comm = comparisons_from_args(args, err)
     if args.output:
         text = render_with_runs(comparison, comm, args.format, wide=args.wide)
         try:
-            args.output.write_text(text, encoding="utf-8")
+            write_output(text.encode("utf-8"), args.output)  # atomically: never half a comparison
         except OSError as exc:
             raise AccelbenchError(
                 f"--output {args.output}: cannot write it ({exc.strerror or exc})"

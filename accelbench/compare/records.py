@@ -18,10 +18,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from accelbench.comm.options import implausible
 from accelbench.comm.records import CommRecord, comm_record_in
 from accelbench.compare.summary import Interner, RecordView, RunSummary, summarize
 from accelbench.errors import AccelbenchError, ResultFileError
-from accelbench.results import MAX_RECORD_BYTES, migrate, read_record
+from accelbench.results import migrate, read_record, read_record_bytes
 
 
 @dataclass
@@ -39,16 +40,30 @@ class RecordSet:
 def _walk(folder: str) -> Iterator[str]:
     """``*.json`` files under ``folder`` in path order (names compared part by part, as sorting Paths does).
 
-    Temporary files of an atomic write in progress (``.tmp-*``) are not records yet and are left alone; links to
-    folders are not followed (a loop would never end).
+    Temporary files of an atomic write in progress (``.tmp-*``) and a profiled run's trace being written
+    (``.trace-*``) are not records yet and are left alone; links to folders are not followed (a loop would never
+    end); a link that cannot be resolved (a loop of links) is listed, so that reading it names the problem; pipes
+    and devices are left alone (reading one could block or never end). A folder that cannot be listed is an
+    :class:`AccelbenchError` naming it.
     """
-    with os.scandir(folder) as it:
-        entries = sorted(it, key=lambda e: e.name)
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        raise AccelbenchError(f"{folder}: cannot list this folder ({exc.strerror or exc})") from None
     for entry in entries:
         if entry.is_dir(follow_symlinks=False):
             yield from _walk(entry.path)
-        elif entry.name.endswith(".json") and not entry.name.startswith(".tmp-") and entry.is_file():
-            yield entry.path
+        elif entry.name.endswith(".json") and not entry.name.startswith(_IN_PROGRESS):
+            try:
+                regular = entry.is_file()
+            except OSError:  # a loop of links: read_view says so, and the file is skipped with that reason
+                regular = True
+            if regular:
+                yield entry.path
+
+
+_IN_PROGRESS = (".tmp-", ".trace-")  # an atomic write's temporary file; a trace being exported
 
 
 def result_files(paths: Sequence[Path | str]) -> list[str]:
@@ -58,7 +73,9 @@ def result_files(paths: Sequence[Path | str]) -> list[str]:
         text = os.fspath(path)
         if os.path.isdir(text):
             files.extend(_walk(text))
-        elif os.path.isfile(text):
+        elif os.path.lexists(
+            text
+        ):  # a file, or something named that is none (a pipe, a loop of links): said why
             files.append(text)
         else:
             raise AccelbenchError(
@@ -74,15 +91,7 @@ def find_result_files(paths: Sequence[Path]) -> list[Path]:
 
 def read_view(file: str) -> RecordView:
     """The fields compare uses of one result file, validated; :class:`ResultFileError` saying what is wrong."""
-    try:
-        with open(file, "rb") as fh:
-            data = fh.read(MAX_RECORD_BYTES + 1)
-    except OSError as exc:
-        raise ResultFileError(f"{Path(file)}: cannot read: {exc}") from exc
-    if len(data) > MAX_RECORD_BYTES:
-        raise ResultFileError(
-            f"{Path(file)}: far too large to be a result record (over {MAX_RECORD_BYTES} bytes)"
-        )
+    data = read_record_bytes(Path(file))
     try:
         return RecordView.model_validate_json(data)
     except (ValidationError, RecursionError):
@@ -120,6 +129,9 @@ def load_records(paths: Sequence[Path | str], strict: bool = False) -> RecordSet
                     None,
                     comm_exc,
                 )  # it claims to be a comm record: why it is not one is the reason
+            why = implausible(comm) if comm is not None else None
+            if why is not None:  # a comm record whose figures no measurement gives
+                comm, reason = None, ResultFileError(f"{file}: invalid comm record: {why}")
             if comm is not None:
                 if comm.run_id in seen:
                     result.duplicates.append(Path(file))

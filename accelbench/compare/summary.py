@@ -11,6 +11,7 @@ benchmarks/compare_scale.py).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,8 +29,9 @@ Scalar = str | int | float | bool
 
 
 class _View(BaseModel):
-    # the fields compare reads are checked; anything else in the record is not its business
-    model_config = ConfigDict(extra="ignore")
+    # the fields compare reads are checked; anything else in the record is not its business. No figure accelbench
+    # writes is infinite or NaN (they are written as null), so a file holding one was made or edited by hand.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class _Outcome(_View):
@@ -93,7 +95,7 @@ class _Backend(_View):
     distribution: str | None
     version: str | None
     devices: list[_Device]
-    devices_used: int
+    devices_used: int = Field(gt=0)
     collective_backend: str | None
     runtime_versions: dict[str, str]
 
@@ -107,11 +109,11 @@ class _Precision(_View):
 
 
 class _Epoch(_View):
-    wall_s: float
-    steps: int = 0
-    samples_per_s: float
-    tokens_per_s: float
-    joules_per_sample: float | None = None
+    wall_s: float = Field(gt=0)  # a measured epoch takes time
+    steps: int = Field(default=0, ge=0)
+    samples_per_s: float = Field(ge=0)
+    tokens_per_s: float = Field(ge=0)
+    joules_per_sample: float | None = Field(default=None, ge=0)
 
 
 class _Steady(_View):
@@ -133,7 +135,7 @@ class _Metrics(_View):
     warmup: _Epoch | None
     steady: _Steady | None
     memory: _Source | None
-    peak_memory_max_bytes: int | None
+    peak_memory_max_bytes: int | None = Field(ge=0)
     peak: _Source | None
     host: _Host | None = None
 
@@ -166,8 +168,8 @@ class RecordView(_View):
     workload_identity: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     executor: dict[str, Any]
     plugins: dict[str, str]
-    world_size: int = 1
-    nodes: int = 1
+    world_size: int = Field(default=1, gt=0)
+    nodes: int = Field(default=1, gt=0)
     launcher: str = "none"
     metrics: _Metrics | None
     profile: _Profile | None = None
@@ -257,12 +259,21 @@ class Interner:
 
 def _bubble(executor: dict[str, Any]) -> dict[str, float | None]:
     """A pipeline's measured and analytical bubble from the record's executor facts (none for other runs)."""
-    bubble = (executor.get("pipeline") or {}).get("bubble") or {}
+    pipeline = executor.get("pipeline")
+    bubble = pipeline.get("bubble") if isinstance(pipeline, dict) else None
+    bubble = bubble if isinstance(bubble, dict) else {}
     measured, analytical = bubble.get("measured"), bubble.get("analytical")
     return {
-        "bubble": float(measured) if isinstance(measured, (int, float)) else None,
-        "bubble_analytical": float(analytical) if isinstance(analytical, (int, float)) else None,
+        "bubble": _fraction(measured),
+        "bubble_analytical": _fraction(analytical),
     }
+
+
+def _fraction(value: Any) -> float | None:
+    """A share read from free-form facts: a finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
@@ -315,6 +326,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
         accelbench=s.accelbench_version,
     )
     parameters = view.workload.get("parameters")
+    parameters = parameters if _fraction(parameters) is not None else None
     return RunSummary(
         file=file,
         run_id=view.run_id,

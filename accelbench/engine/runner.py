@@ -9,17 +9,21 @@ The aggregation of what was measured is in :mod:`accelbench.engine.metrics`, the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import os
+import signal
 import statistics
+import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -39,12 +43,20 @@ from accelbench.contract import (
 from accelbench.engine.distributed import executor_for
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
 from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
-from accelbench.engine.profile import PROFILE_WARMUP_STEPS, profile_steps
+from accelbench.engine.profile import (
+    MAX_PROFILE_STEPS,
+    MIN_EVENTS_PER_STEP,
+    PROFILE_BYTES_PER_EVENT,
+    PROFILE_WARMUP_STEPS,
+    profile_steps,
+    profile_steps_that_fit,
+)
 from accelbench.engine.ranks import (
     destroy_process_group,
     exchange,
     init_process_group,
     publish_progress,
+    published_progress,
     release_peers,
 )
 from accelbench.engine.signals import TERMINATION, RunInterrupted
@@ -58,13 +70,15 @@ from accelbench.results import (
     EpochMetrics,
     Outcome,
     ResultRecord,
+    RunPrediction,
     Status,
     StepProfile,
     check_writable,
     record_name,
+    write_draft,
     write_record,
 )
-from accelbench.system import collect_system_info
+from accelbench.system import SystemInfo, collect_system_info
 from accelbench.workloads import BatchSource, TrainingJob, Workload
 
 
@@ -177,9 +191,94 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         check_model_split(config, host.workload(config.workload).units(config), config.workload)
     if config.data is not None and not config.data.exists():
         raise ConfigError(f"--data {config.data}: no such file or directory; omit --data for generated data")
+    check_profile_window(config)
     load_comm_records(config)  # unreadable --comm-records are refused now, not found wanting after the run
     check_writable(config.output_dir)  # before anything is measured, not after
     return Preflight(config, backend, devices, host.workload(config.workload), collective, tuple(warnings))
+
+
+# What one host can be asked to run, checked in the process the user started before any worker starts (a worker's own
+# check would see the memory its peers already hold). A worker process that has imported torch holds ~220 MiB
+# resident before it builds anything (measured: torch 2.13, CPU build, Linux); 256 MiB each is reckoned, and the
+# workers may take at most 80% of the memory available. Runnable threads (worker processes x intra-op threads,
+# DataLoader workers) beyond the cores are allowed with a warning (the record says the host was contended); beyond
+# 64 a core each gets a 64th of one, which no measurement survives, and 10^5 of them exhaust the kernel's thread
+# and process limits: refused.
+PROCESS_BASELINE_BYTES = 256 * 2**20
+HOST_PROCESS_MEMORY_SHARE = 0.8
+MAX_THREADS_PER_CORE = 64
+
+
+def check_host_capacity(
+    processes: int, threads: int | None, data_workers: int | None = None, flag: str = "--devices"
+) -> None:
+    """Refuse, before anything starts, more worker processes or threads than this host can run: ``processes``
+    training processes on this node (``flag`` names the option that asked for them), each with ``threads`` intra-op
+    threads (None: the cores shared out, at least 1) and ``data_workers`` DataLoader worker processes."""
+    import psutil
+
+    cores = usable_cores()
+    limit = MAX_THREADS_PER_CORE * cores
+    per_process = 1 + (data_workers or 0)
+    spawned = processes * per_process
+    if threads is not None and processes * threads > limit:
+        raise ConfigError(
+            f"{flag} {processes} x --threads {threads} = {processes * threads} threads on {cores} usable core(s): "
+            f"more than {MAX_THREADS_PER_CORE} a core, which measures nothing; give --threads "
+            f"{max(1, cores // processes)} (the cores shared out) or leave it out"
+        )
+    if spawned > limit:
+        given = f"{flag} {processes}" + (f" x (1 + --data-workers {data_workers})" if data_workers else "")
+        fewest = f"--data-workers {max(0, cores // processes - 1)}" if data_workers else f"{flag} {cores}"
+        raise ConfigError(
+            f"{given} = {spawned} processes on {cores} usable core(s): more than {MAX_THREADS_PER_CORE} a core, "
+            f"which measures nothing and can exhaust the host; give {fewest} or fewer"
+        )
+    available = int(psutil.virtual_memory().available * HOST_PROCESS_MEMORY_SHARE)
+    if processes > 1 and processes * PROCESS_BASELINE_BYTES > available:
+        fits = max(1, available // PROCESS_BASELINE_BYTES)
+        raise ConfigError(
+            f"{flag} {processes}: each worker process holds ~{PROCESS_BASELINE_BYTES // 2**20} MiB before its model, "
+            f"{processes * PROCESS_BASELINE_BYTES / 2**30:.1f} GiB in all, and this host has "
+            f"{available / 2**30:.1f} GiB of its available memory to give; give {flag} {fits} or fewer"
+        )
+
+
+def check_profile_window(config: RunConfig, available_bytes: int | None = None) -> None:
+    """Refuse a --profile window no trace can hold: more than :data:`MAX_PROFILE_STEPS` steps, or (given the memory
+    available) more steps than it holds even at the fewest events a training step makes; the window is cut again,
+    with the reason recorded, once a step's events are counted (:func:`accelbench.engine.profile.profile_steps`)."""
+    steps = config.profile_steps
+    if steps > MAX_PROFILE_STEPS:
+        raise ConfigError(
+            f"--profile-steps {steps}: at most {MAX_PROFILE_STEPS} steps are profiled (a trace of more holds millions "
+            "of events, more than memory and a trace viewer take, and the breakdown, a mean over steady steps, "
+            "no longer changes); give --profile-steps 8 to 100"
+        )
+    if not config.profile or available_bytes is None:
+        return
+    fit = profile_steps_that_fit(MIN_EVENTS_PER_STEP, available_bytes)
+    if steps > fit:
+        raise ConfigError(
+            f"--profile-steps {steps}: a profiled step makes {MIN_EVENTS_PER_STEP} profiler events or more (~"
+            f"{MIN_EVENTS_PER_STEP * PROFILE_BYTES_PER_EVENT / 2**20:.1f} MiB to hold), and this host has "
+            f"{available_bytes / 2**30:.1f} GiB available; give --profile-steps {max(1, fit)} or fewer"
+        )
+
+
+def check_run_on_host(config: RunConfig, spawning: bool = True) -> None:
+    """What `accelbench run` asks of this host, checked once by the process the user started, before any worker
+    starts: worker processes and threads against its cores and memory (``spawning``: accelbench starts them; under
+    torchrun, srun or mpirun they run already), the --profile window against its memory."""
+    import psutil
+
+    if spawning:
+        workers = config.workload_options.get(
+            "data_workers"
+        )  # the core workloads' DataLoader workers, if given
+        given = workers if isinstance(workers, int) and not isinstance(workers, bool) else None
+        check_host_capacity(config.devices, config.threads, given)
+    check_profile_window(config, int(psutil.virtual_memory().available))
 
 
 def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None) -> PreparedRun:
@@ -271,12 +370,23 @@ class Measurement:
     walls: list[float] = field(
         default_factory=list
     )  # epoch times the plan decides on (slowest rank's in auto)
+    notes: list[str] = field(default_factory=list)  # what the steps after the epochs say (a failed profile)
+    epochs_complete: bool = False  # every epoch the plan asked for was timed (what follows is optional)
 
 
-def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement:
+def measure(
+    run: PreparedRun,
+    progress: Progress,
+    host_name: str,
+    checkpoint: Callable[[Measurement], None] | None = None,
+) -> Measurement:
     """Build the job, train and time it. Any failure after the build starts becomes the outcome, not an
     exception, so an out-of-memory while building a model too large is recorded like one while training.
     A ``ConfigError`` from the workload (bad data file, bad size) is still raised: nothing was measured.
+
+    With ``--profile``, ``checkpoint`` (rank 0's) is called once the timed epochs are done and before the profiled
+    window, to write their record: a window that fails leaves a note (the epochs stand), and one that ends the process
+    (the kernel's out-of-memory killer) leaves that record.
     """
     config, backend, device, executor = run.config, run.backend, run.device, run.executor
     world = run.request.world
@@ -288,6 +398,7 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     )
     log = result.log
     epoch, steps_done = 0, 0
+    profiling = False  # in the --profile window, after the timed epochs
     try:
         with TERMINATION.measuring():
             result.runtime_bytes = memory_before_model(backend, device)
@@ -356,19 +467,26 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
                 walls.append(slowest_rank(wall, device, backend) if plan.fixed is None else wall)
                 if plan.stop_after(walls):
                     break
+            log.executor_facts = executor.rank_facts()
+            result.epochs_complete = True
             if config.profile:  # after the timed epochs: profiling never changes a measured epoch
                 progress.close()
-                result.profile = profile_window(run, job, shard, steps, log.epoch_wall_s)
-            log.executor_facts = executor.rank_facts()
+                profiling = True
+                if checkpoint is not None:
+                    checkpoint(result)
+                result.profile = profile_or_note(run, job, shard, steps, log.epoch_wall_s, result.notes)
+                profiling = False
     except ConfigError:
         raise
     except (KeyboardInterrupt, RunInterrupted) as exc:
         what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
-        result.outcome = Outcome(
-            status="interrupted",
-            message=f"{what} during epoch {epoch + 1} after {steps_done} steps; "
-            f"{len(log.epoch_wall_s)} completed epoch(s) kept",
+        where = (
+            f"during the --profile window, after the {len(log.epoch_wall_s)} timed epoch(s), which are all kept "
+            "(no profile)"
+            if profiling
+            else f"during epoch {epoch + 1} after {steps_done} steps; {len(log.epoch_wall_s)} completed epoch(s) kept"
         )
+        result.outcome = Outcome(status="interrupted", message=f"{what} {where}")
     except Exception as exc:
         if TERMINATION.signalled and world.world_size > 1:  # a peer stopped on the same SIGTERM and left the
             result.outcome = Outcome(  # collective this rank was in: the job was interrupted, not broken
@@ -388,12 +506,43 @@ def measure(run: PreparedRun, progress: Progress, host_name: str) -> Measurement
     return result
 
 
+def profile_or_note(
+    run: PreparedRun,
+    job: TrainingJob,
+    shard: DataShard,
+    steps_per_epoch: int,
+    walls: list[float],
+    notes: list[str],
+) -> StepProfile | None:
+    """The ``--profile`` window, or None with a note in ``notes`` saying why it failed: the profiler is an optional
+    step after the timed epochs, and its failure (an error, memory it could not have) never costs them. A peer
+    still in the window's collectives is let go (it fails there too, and says so)."""
+    try:
+        return profile_window(run, job, shard, steps_per_epoch, walls, notes)
+    except Exception as exc:  # noqa: BLE001 - recorded as a note; the measured epochs stand
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        kind = "ran out of memory" if is_out_of_memory(exc) else "failed"
+        notes.append(
+            f"the --profile window {kind} ({text}); the {len(walls)} timed epoch(s) before it are complete and "
+            "unaffected, and the record has no profile"
+        )
+        if run.launch.world_size > 1:
+            release_peers()
+        return None
+
+
 def profile_window(
-    run: PreparedRun, job: TrainingJob, shard: DataShard, steps_per_epoch: int, walls: list[float]
+    run: PreparedRun,
+    job: TrainingJob,
+    shard: DataShard,
+    steps_per_epoch: int,
+    walls: list[float],
+    notes: list[str] | None = None,
 ) -> StepProfile:
     """``--profile``: steady-state steps after the timed epochs under torch.profiler, on every rank (their
     collectives must meet); rank 0 keeps the breakdown and writes the trace (a temporary name until the record
-    is written, then beside it)."""
+    is written, then beside it). The window is cut to the steps the memory available can hold (every rank cuts
+    it alike: rank 0's count, agreed where there is a process group), saying so in ``notes``."""
     config, device = run.config, run.device
     timed = statistics.median(walls[1:] or walls) / steps_per_epoch if walls and steps_per_epoch else None
     batches = itertools.chain.from_iterable(
@@ -417,7 +566,28 @@ def profile_window(
         timed,
         f"{config.profile_steps} steady-state steps after the {len(walls)} timed epoch(s), once "
         f"{PROFILE_WARMUP_STEPS} steps had run under the profiler",
+        available_bytes=_available_memory(),
+        agree=lambda steps: fewest_over_ranks(steps, device, run.backend),
+        bounded=notes.append if notes is not None and run.launch.rank == 0 else None,
     )
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def fewest_over_ranks(count: int, device: torch.device, backend: Backend) -> int:
+    """The least of every rank's ``count`` (one tiny all-reduce where there is a process group; ``count`` itself
+    where there is none), so that ranks deciding from it decide alike: a profiled window cut to the same steps
+    everywhere, whose collectives still meet."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return count
+    dtype = torch.float64 if "float64" in backend.collective_dtypes(device) else torch.float32
+    value = torch.tensor([float(count)], dtype=dtype, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
 
 
 def slowest_rank(wall: float, device: torch.device, backend: Backend) -> float:
@@ -487,12 +657,22 @@ def run(
 def _run_prepared(
     run_: PreparedRun, host: PluginHost, progress: Progress | None
 ) -> tuple[ResultRecord | None, Path | None, Status]:
+    """Measure, then (rank 0) write the record: the timed epochs are in a file before each optional step after them
+    (the --profile window, the prediction) and the file is completed after it, each write atomic, so a step that
+    fails leaves a note and one that ends the process (killed by the kernel's out-of-memory killer) leaves the
+    epochs, with an outcome saying which step it ended in."""
     config, launch = run_.config, run_.launch
     system = collect_system_info(host.recorded_environment())
     created = datetime.now(timezone.utc)
     rank0 = launch.rank == 0
+    records = _Records(run_, system, created, os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex)
     try:
-        m = measure(run_, (progress or NoProgress()) if rank0 else NoProgress(), system.host)
+        m = measure(
+            run_,
+            (progress or NoProgress()) if rank0 else NoProgress(),
+            system.host,
+            records.before_profile if rank0 else None,
+        )
         logs, outcome = [m.log], m.outcome
         if run_.backend_record.collective_backend is not None and launch.world_size > 1:
             if m.outcome.status != "ok":
@@ -504,62 +684,167 @@ def _run_prepared(
         destroy_process_group()
     if not rank0:
         return None, None, m.outcome.status
-    job = m.job
-    if job:
-        run_.executor.add_rank_logs(logs)
-    record = ResultRecord(
-        run_id=os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex,
-        created_at=created,
-        engine=config.engine,
-        outcome=outcome,
-        config=config,
-        system=system,
-        backend=run_.backend_record,
-        precision=run_.executor.effective_precision(run_.request.precision),
-        workload=job.summary if job else {},
-        workload_identity=identity_of(run_.workload, config),
-        data=job.data.describe() if job else {},
-        executor=run_.executor.describe() if job else {},
-        plugins=run_.plugins,
-        world_size=launch.world_size,
-        nodes=launch.nnodes,
-        launcher=launch.launcher,
-        metrics=build_metrics(
-            logs,
-            WorkCounts(
-                job.flops_per_sample, job.flops_formula, job.tokens_per_sample, job.megatron_flops_per_sample
-            ),
-            run_.peak,
-            run_.backend_record.devices_used,
-            m.setup_s,
-            m.compile_s,
-            m.memory if m.log.epoch_wall_s else None,
-            cores=usable_cores(),
-            epochs_decision=m.plan.decision(m.walls, ended_early=outcome.status != "ok"),
+    with _record_owed():
+        return _write_records(run_, records, m, logs, outcome)
+
+
+@contextlib.contextmanager
+def _record_owed() -> Iterator[None]:
+    """While the record is written (and the prediction made), Ctrl-C waits: a record is owed, and a
+    KeyboardInterrupt half-way would lose it (SIGTERM is held off likewise, by :data:`TERMINATION`'s phase)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _write_records(
+    run_: PreparedRun, records: _Records, m: Measurement, logs: list[RankLog], outcome: Outcome
+) -> tuple[ResultRecord | None, Path | None, Status]:
+    config = run_.config
+    if m.notes:
+        notes = "; ".join(m.notes)
+        outcome = outcome.model_copy(
+            update={"message": f"{outcome.message}; {notes}" if outcome.message else notes}
         )
-        if job
-        else None,
-    )
+    record = records.build(m, logs, outcome)
     trace = None
     if m.profile is not None:
         trace = config.output_dir / m.profile.trace if m.profile.trace else None
         final = record_name(record).removesuffix(".json") + ".trace.json.gz"
         profile = m.profile.model_copy(update={"trace": final if trace and trace.exists() else None})
         record = record.model_copy(update={"profile": profile})
-    if job:
-        prediction = predict_run(
-            config,
+    if trace is not None and trace.exists() and record.profile and record.profile.trace:
+        os.replace(trace, config.output_dir / record.profile.trace)  # beside the record, named after it
+    if m.job:  # the prediction follows: the epochs (and the profile) are in the file first
+        records.draft(record, "while the prediction of this configuration was being made")
+        record = record.model_copy(update={"prediction": _prediction_or_note(run_, m)})
+    path = write_record(record, config.output_dir)
+    return record, path, record.outcome.status
+
+
+class _Records:
+    """Rank 0's record of a run, built from what was measured, and its drafts: written before each optional step
+    after the timed epochs, completed (replaced, atomically) after it."""
+
+    def __init__(self, run_: PreparedRun, system: SystemInfo, created: datetime, run_id: str) -> None:
+        self.run_, self.system, self.created, self.run_id = run_, system, created, run_id
+
+    def build(self, m: Measurement, logs: list[RankLog], outcome: Outcome) -> ResultRecord:
+        run_, config, launch = self.run_, self.run_.config, self.run_.launch
+        job = m.job
+        if job:
+            run_.executor.add_rank_logs(logs)
+        return ResultRecord(
+            run_id=self.run_id,
+            created_at=self.created,
+            engine=config.engine,
+            outcome=outcome,
+            config=config,
+            system=self.system,
+            backend=run_.backend_record,
+            precision=run_.executor.effective_precision(run_.request.precision),
+            workload=job.summary if job else {},
+            workload_identity=identity_of(run_.workload, config),
+            data=job.data.describe() if job else {},
+            executor=run_.executor.describe() if job else {},
+            plugins=run_.plugins,
+            world_size=launch.world_size,
+            nodes=launch.nnodes,
+            launcher=launch.launcher,
+            metrics=build_metrics(
+                logs,
+                WorkCounts(
+                    job.flops_per_sample,
+                    job.flops_formula,
+                    job.tokens_per_sample,
+                    job.megatron_flops_per_sample,
+                ),
+                run_.peak,
+                run_.backend_record.devices_used,
+                m.setup_s,
+                m.compile_s,
+                m.memory if m.log.epoch_wall_s else None,
+                cores=usable_cores(),
+                epochs_decision=m.plan.decision(
+                    m.walls, ended_early=outcome.status != "ok" and not m.epochs_complete
+                ),
+            )
+            if job
+            else None,
+        )
+
+    def draft(self, record: ResultRecord, during: str) -> None:
+        """Write ``record`` as it stands before an optional step, its outcome saying the process ended ``during``
+        it: what the file says if nothing completes it. Best effort: a folder that cannot take it now is found
+        again, and a copy kept elsewhere, by the final write."""
+        ended = (
+            f"the process ended {during}, after the timed epochs (killed, e.g. by the kernel's out-of-memory "
+            "killer, or crashed): the epochs here are complete; this record was written before that step, to be "
+            "completed after it"
+        )
+        given = record.outcome
+        outcome = Outcome(
+            status="error" if given.status == "ok" else given.status,
+            message=f"{ended}; {given.message}" if given.message else ended,
+            traceback=given.traceback,
+        )
+        write_draft(record.model_copy(update={"outcome": outcome}), self.run_.config.output_dir)
+
+    def before_profile(self, m: Measurement) -> None:
+        """``measure``'s checkpoint: the record of the timed epochs (every rank's as each published it after its
+        last epoch), before the --profile window runs."""
+        world = self.run_.launch.world_size
+        logs = [m.log]
+        outcome = Outcome(status="ok")
+        if world > 1:
+            theirs = _published_logs(
+                world, len(m.log.epoch_wall_s), min(self.run_.config.collective_timeout, 10.0)
+            )
+            if theirs is not None:
+                logs += theirs
+            else:
+                outcome = Outcome(status="ok", message="metrics below are rank 0's only (a rank's epochs were not "
+                                  "published in time)")  # fmt: skip
+        self.draft(self.build(m, logs, outcome), "during the --profile window")
+
+
+def _published_logs(world_size: int, epochs: int, wait_s: float) -> list[RankLog] | None:
+    """The other ranks' logs as each published it after its epochs (:func:`publish_progress`), once each has as
+    many epochs as rank 0; None if some rank's have not arrived within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        logs = [published_progress(r) for r in range(1, world_size)]
+        if all(log is not None and len(log.epoch_wall_s) >= epochs for log in logs):
+            return [log for log in logs if log is not None]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _prediction_or_note(run_: PreparedRun, m: Measurement) -> RunPrediction:
+    """The prediction stored in the record, or a note saying why there is none: it never costs the record, whatever
+    it meets (an error in the model, Ctrl-C while it is made)."""
+    try:
+        return predict_run(
+            run_.config,
             m.facts,
             device_type=run_.backend.info.device_type,
             device=run_.backend_record.devices[0] if run_.backend_record.devices else None,
             peak=run_.peak,
             runtime_bytes=m.runtime_bytes,
         )
-        record = record.model_copy(update={"prediction": prediction})
-    path = write_record(record, config.output_dir)
-    if trace is not None and trace.exists() and record.profile and record.profile.trace:
-        os.replace(trace, path.parent / record.profile.trace)  # beside the record, named after it
-    return record, path, record.outcome.status
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the prediction is optional; the record is owed
+        unknown: dict[str, Any] = dict.fromkeys(
+            ("step_time_s", "compute_s", "comm_s", "comm_exposed_s", "samples_per_s", "peak_memory_bytes",
+             "comm_bytes_per_step")
+        )  # fmt: skip
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+        return RunPrediction(**unknown, note=f"no prediction: it failed ({why[:300]})")
 
 
 def memory_before_model(backend: Backend, device: torch.device) -> int | None:

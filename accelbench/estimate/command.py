@@ -9,6 +9,7 @@ assumed efficiency, and ``--measure-peak`` (dense matmuls timed on this device, 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     from accelbench.estimate.predictor import predict, predict_scaling
     from accelbench.plugins import get_host
 
+    check_estimate_flags(args)
     host = get_host()
     config = host.resolve(config)
     workload = host.workload(config.workload)
@@ -39,21 +41,23 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         from accelbench.engine.parallel.mesh import check_model_split
 
         check_model_split(config, workload.units(config), config.workload)
-    if args.efficiency is not None and not 0.0 < args.efficiency <= 1.0:
-        raise ConfigError(f"--efficiency {args.efficiency}: give a fraction above 0 and at most 1, e.g. 0.4")
-    if args.comm and args.bus_bandwidth is not None:
-        raise ConfigError("give either --comm (measured records) or --bus-bandwidth (one figure), not both")
-    if args.bus_bandwidth is not None and args.bus_bandwidth <= 0:
-        raise ConfigError(f"--bus-bandwidth {args.bus_bandwidth}: give GB/s above 0, e.g. 450")
     bandwidth: Bandwidth | None = None
     if args.comm:
+        _check_comm_records(args.comm)
         bandwidth = load_bus_bandwidth(args.comm)
+        _check_samples(bandwidth)
     elif args.bus_bandwidth is not None:
         bandwidth = BusBandwidth.constant(
             args.bus_bandwidth * 1e9, f"given: --bus-bandwidth {args.bus_bandwidth:g} GB/s"
         )
     target = _target(host, config, args)
-    facts = meta_facts(workload, config)
+    try:
+        facts = meta_facts(workload, config)
+    except (RuntimeError, ValueError, OverflowError, MemoryError) as exc:  # sizes no tensor can have
+        raise ConfigError(
+            f"the {config.workload} model {config.model!r} as configured cannot be built, even without memory "
+            f"({type(exc).__name__}: {_first_line(exc)}); give smaller sizes"
+        ) from None
     common: dict[str, Any] = {
         "device_type": target.device_type,
         "device": target.device,
@@ -62,12 +66,15 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         "efficiency": args.efficiency,
         "overlap": args.overlap,
     }
-    prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common)
     measured_step = _measured_step(args.measured, config) if args.measured else None
-    scaling: list[ScalingPrediction] = [
-        predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
-        for n in args.scale_to or ()
-    ]
+    try:
+        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common)
+        scaling: list[ScalingPrediction] = [
+            predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
+            for n in args.scale_to or ()
+        ]
+    except (ValueError, OverflowError, ZeroDivisionError) as exc:  # the flags are checked: a model's limit
+        raise ConfigError(f"cannot predict this configuration: {_first_line(exc)}") from None
     prediction = prediction.model_copy(
         update={
             "measured_peaks": target.measured,
@@ -82,6 +89,100 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
 
     show(prediction, Console())
     return ExitCode.OK
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The estimate flags, checked before anything is built
+# --------------------------------------------------------------------------------------------------------------
+
+# The largest job --scale-to predicts for: 2^20 devices, ten times the largest training jobs reported (about 10^5
+# accelerators); a larger count is a typo, and the model's figures for it would mean nothing.
+MAX_SCALE_TO = 2**20
+# Bus bandwidth a --bus-bandwidth figure may claim, in GB/s: from 1 MB/s (below any network a job would run on) to
+# 100 TB/s (some 50x today's fastest links, NVLink 5's 1.8 TB/s per GPU).
+MIN_BUS_GBPS, MAX_BUS_GBPS = 1e-3, 1e5
+# --runtime-mib: memory a process holds before the model, up to 16 TiB (more than any device or host has).
+MAX_RUNTIME_MIB = 16 * 2**20
+
+
+def check_estimate_flags(args: argparse.Namespace) -> None:
+    """Refuse, before anything is loaded or built, an estimate flag no prediction can use; each ConfigError names the
+    flag, the value given and what would work."""
+    if args.efficiency is not None and not 0.0 < args.efficiency <= 1.0:  # NaN fails the comparison too
+        raise ConfigError(f"--efficiency {args.efficiency}: give a fraction above 0 and at most 1, e.g. 0.4")
+    if args.comm and args.bus_bandwidth is not None:
+        raise ConfigError("give either --comm (measured records) or --bus-bandwidth (one figure), not both")
+    if args.bus_bandwidth is not None and not MIN_BUS_GBPS <= args.bus_bandwidth <= MAX_BUS_GBPS:
+        raise ConfigError(
+            f"--bus-bandwidth {args.bus_bandwidth}: give GB/s from {MIN_BUS_GBPS:g} to {MAX_BUS_GBPS:g}, e.g. 450 "
+            "(an H100's NVLink) or 12 (100 Gb/s Ethernet)"
+        )
+    if not 0.0 <= args.runtime_mib <= MAX_RUNTIME_MIB:
+        raise ConfigError(
+            f"--runtime-mib {args.runtime_mib}: give the MiB a process holds before the model, from 0 to "
+            f"{MAX_RUNTIME_MIB} (16 TiB), e.g. 300 for a CPU process with torch loaded"
+        )
+    for n in args.scale_to or ():
+        if not 1 <= n <= MAX_SCALE_TO:
+            raise ConfigError(
+                f"--scale-to {n}: give device counts from 1 to {MAX_SCALE_TO}, e.g. --scale-to 8 16 64"
+            )
+    if any(n > 1 for n in args.scale_to or ()) and not args.comm and args.bus_bandwidth is None:
+        raise ConfigError(
+            "--scale-to needs the collectives' bus bandwidth at both device counts: give --comm RECORDS (from "
+            "`accelbench comm`) or --bus-bandwidth GB/s"
+        )
+    if args.measured is not None and not args.scale_to:
+        raise ConfigError(
+            f"--measured {args.measured}: starts --scale-to's prediction from a measured step time; give --scale-to "
+            "N as well"
+        )
+    if args.refresh_peak and not args.measure_peak:
+        raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
+
+
+def _check_comm_records(paths: list[Path]) -> None:
+    """Refuse, naming the file, a comm record among ``paths`` (files, or folders of them) whose figures no
+    measurement gives (:func:`accelbench.comm.options.implausible`)."""
+    from accelbench.comm.options import implausible
+    from accelbench.comm.records import comm_record_in
+    from accelbench.errors import ResultFileError
+
+    for path in paths:
+        files = sorted(Path(path).glob("*.json")) if Path(path).is_dir() else [Path(path)]
+        for file in files:
+            try:
+                record = comm_record_in(file)
+            except ResultFileError as exc:
+                raise ConfigError(f"--comm: {exc}") from None
+            why = implausible(record) if record is not None else None
+            if why is not None:
+                raise ConfigError(
+                    f"--comm: {file}: invalid comm record: {why}; give records written by `accelbench comm`"
+                )
+
+
+def _check_samples(bandwidth: Any) -> None:
+    """Refuse comm records whose figures no measurement gives (made or edited by hand): a bandwidth that is not a
+    positive finite number, a message size beyond any memory."""
+    from accelbench.comm.options import MAX_MESSAGE_BYTES
+
+    for s in bandwidth.samples:
+        if not (math.isfinite(s.busbw_bytes_per_s) and s.busbw_bytes_per_s > 0):
+            raise ConfigError(
+                f"--comm: {s.source}: {s.op} at {s.size_bytes} B has bus bandwidth {s.busbw_bytes_per_s / 1e9} GB/s, "
+                "which no measurement gives; give records written by `accelbench comm`"
+            )
+        if not 1 <= s.size_bytes <= MAX_MESSAGE_BYTES:
+            raise ConfigError(
+                f"--comm: {s.source}: a {s.op} message of {s.size_bytes} B is not a message size (1 B to 1 PiB); "
+                "give records written by `accelbench comm`"
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 # --------------------------------------------------------------------------------------------------------------

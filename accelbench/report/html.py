@@ -11,7 +11,6 @@ import base64
 import html
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,7 +42,7 @@ from accelbench.report.figures import (
 from accelbench.report.overview import overview_figures
 from accelbench.report.palette import Palette, using
 from accelbench.report.predicted import has_predictions, predicted_figures
-from accelbench.results import check_writable
+from accelbench.results import check_writable, write_output
 
 _MIME = {"svg": "image/svg+xml", "png": "image/png"}
 
@@ -471,37 +470,33 @@ def write_report(report: Report, output: Path, figures_dir: Path | None, figure_
     returns the figure files written. A place that cannot take them is a :class:`ConfigError` saying so."""
     check_report_places(output, figures_dir)
     try:
-        _write_atomically(report.html.encode("utf-8"), output)
+        write_output(
+            report.html.encode("utf-8"), output
+        )  # a device (/dev/null) is written into, never replaced
         written = []
         if figures_dir is not None:
             for i, fig in enumerate(report.figures, 1):
                 path = figures_dir / f"{i:02d}-{_slug(fig.title)}.{figure_format}"
-                _write_atomically(fig.encode(figure_format), path)
+                write_output(fig.encode(figure_format), path)
                 written.append(path)
     except OSError as exc:
         raise ConfigError(
-            f"the report could not be written: {exc.strerror or exc} ({exc.filename})"
+            f"the report could not be written: {exc.strerror or exc} ({exc.filename or output})"
         ) from None
     return written
 
 
 def check_report_places(output: Path, figures_dir: Path | None) -> None:
-    """Refuse, before the figures are drawn, an output that is a folder or a folder that cannot take files."""
+    """Refuse, before the figures are drawn, an output that is a folder or a folder that cannot take files (a
+    device or pipe, e.g. /dev/null, is written into as it is)."""
     if output.is_dir():
         raise ConfigError(
             f"--output {output}: is a folder; give the HTML file's name, e.g. {output}/report.html"
         )
-    check_writable(output.parent, "--output's folder")
+    if output.exists() and not output.is_file():
+        if not os.access(output, os.W_OK):
+            raise ConfigError(f"--output {output}: cannot be written; give a file name")
+    else:
+        check_writable(output.parent, "--output's folder")
     if figures_dir is not None:
         check_writable(figures_dir, "--figures")
-
-
-def _write_atomically(data: bytes, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

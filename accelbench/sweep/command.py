@@ -16,6 +16,10 @@ from accelbench.sweep import spec
 from accelbench.sweep.display import print_start, print_summary, verdict_note
 from accelbench.sweep.runner import dry_run, run_sweep
 
+MAX_POINT_TIMEOUT_S = (
+    365 * 86400.0
+)  # a year: beyond it, leave the timeout out (the timer's arithmetic stays finite)
+
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """The `sweep` subcommand's options."""
@@ -71,13 +75,18 @@ def sweep_command(args: argparse.Namespace, err: Console) -> int:
     path = spec.resolve_sweep_source(args.sweep)
     sweep = spec.load_sweep(path, args.scale, spec.parse_set(args.set), output_dir=args.output_dir)
     if args.repeats is not None:
-        if args.repeats < 1:
-            raise AccelbenchError(f"--repeats {args.repeats}: give at least 1")
+        if not 1 <= args.repeats <= spec.MAX_REPEATS:
+            raise AccelbenchError(
+                f"--repeats {args.repeats}: give at least 1 run per point, and at most {spec.MAX_REPEATS}"
+            )
         sweep.repeats = args.repeats
     if args.memory_cap:
         sweep.memory_cap = spec.parse_memory(args.memory_cap)
-    if args.point_timeout is not None and args.point_timeout <= 0:
-        raise AccelbenchError(f"--point-timeout {args.point_timeout}: give a positive number of seconds")
+    if args.point_timeout is not None and not 0 < args.point_timeout <= MAX_POINT_TIMEOUT_S:  # NaN fails too
+        raise AccelbenchError(
+            f"--point-timeout {args.point_timeout}: give a number of seconds above 0 and at most "
+            f"{MAX_POINT_TIMEOUT_S:.0f} (a year), or leave it out for no limit"
+        )
 
     if args.dry_run:
         if args.output_dir.exists() and not args.output_dir.is_dir():
@@ -88,9 +97,23 @@ def sweep_command(args: argparse.Namespace, err: Console) -> int:
         dry_run(sweep, args.output_dir, Console())
         return ExitCode.OK
     check_writable(args.output_dir)  # before any point runs
+    check_points_on_host(sweep, args.output_dir)
     print_start(err, sweep, args.scale, args.output_dir)
     live = not args.quiet and err.is_terminal
     console = err if not args.quiet else Console(stderr=True, quiet=True)
     summary = run_sweep(sweep, args.output_dir, console, live, args.point_timeout)
     print_summary(err, sweep, summary, args.output_dir)
     return summary.exit_code
+
+
+def check_points_on_host(sweep: spec.Sweep, output_dir: Path) -> None:
+    """What each point asks of this host (its processes and threads against the cores and memory, its profiled
+    window), checked as `accelbench run` checks it before starting, so that a sweep does not run for hours to find
+    a point refused."""
+    from accelbench.engine.runner import check_run_on_host
+
+    for point in sweep.points:
+        try:
+            check_run_on_host(sweep.config(point, output_dir))
+        except AccelbenchError as exc:
+            raise AccelbenchError(f"point {point.label()}: {exc}") from None

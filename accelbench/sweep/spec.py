@@ -29,6 +29,17 @@ BASE_SCALE = "seed"  # the sizes as written in the file; always available
 POINTS_FOLDER = ".accelbench-points"  # each point's RunConfig, which its `accelbench run --config` reads
 
 _TOP_LEVEL = {"description", "repeats", "memory_cap", "run", "grid", "scales"}
+# A sweep's size, checked before any point is expanded: every point is at least one process that loads torch and
+# trains (seconds to hours), so 10,000 points is weeks of a machine, and a larger grid is a typo in an axis (10 axes of
+# 10 values are 10^10 points, whose mere listing never ends). Runs per point likewise: compare's noise test needs 4
+# steady epochs a point; 1000 repeats is far beyond any use.
+MAX_POINTS = 10_000
+MAX_REPEATS = 1000
+# A sweep file is a page of text: the built-in suites are a few KiB. More than 1 MiB is not one (and /dev/zero never
+# ends).
+MAX_SWEEP_FILE_BYTES = 2**20
+# The largest memory cap: 1 PiB, beyond any host (a cap is an address-space limit; the bound keeps absurd text finite)
+MAX_MEMORY_CAP = 2**50
 _SCALE_KEYS = {"description", "run", "axes", "memory_cap", "grid"}
 
 Grid = tuple[dict[str, Any], str | None]  # a grid's options (lists are axes) and its largest-fit axis
@@ -132,7 +143,15 @@ def resolve_sweep_source(name_or_path: str) -> Path:
 def read_sweep_file(path: Path) -> dict[str, Any]:
     """Parse a TOML (``.toml``) or YAML (``.yaml``/``.yml``) sweep file into plain data."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if not path.is_file():
+            raise AccelbenchError(f"{path}: not a regular file (a folder, device or pipe); give a sweep file")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SWEEP_FILE_BYTES + 1)
+        if len(data) > MAX_SWEEP_FILE_BYTES:
+            raise AccelbenchError(
+                f"{path}: more than {MAX_SWEEP_FILE_BYTES // 2**20} MiB, far too large to be a sweep file"
+            )
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise AccelbenchError(f"{path}: cannot read sweep file: {exc}") from exc
     if path.suffix.lower() in (".yaml", ".yml"):
@@ -148,6 +167,8 @@ def read_sweep_file(path: Path) -> dict[str, Any]:
             raise AccelbenchError(f"{path}: not valid YAML: {exc}") from exc
         except RecursionError:
             raise AccelbenchError(f"{path}: not a sweep file: nested too deeply to read") from None
+        except ValueError as exc:  # a number of more digits than Python converts
+            raise AccelbenchError(f"{path}: not a sweep file: {str(exc).split(';')[0]}") from None
     else:
         tomllib = _toml()
         try:
@@ -156,6 +177,8 @@ def read_sweep_file(path: Path) -> dict[str, Any]:
             raise AccelbenchError(f"{path}: not valid TOML: {exc}") from exc
         except RecursionError:
             raise AccelbenchError(f"{path}: not a sweep file: nested too deeply to read") from None
+        except ValueError as exc:  # a number of more digits than Python converts
+            raise AccelbenchError(f"{path}: not a sweep file: {str(exc).split(';')[0]}") from None
     if not isinstance(data, dict):
         raise AccelbenchError(f"{path}: a sweep file is a table of keys (description, run, grid, ...)")
     return data
@@ -221,8 +244,11 @@ def load_sweep(
             for name in fixed:
                 g.pop(name, None)
         grids = [(g, None if fit in fixed else fit) for g, fit in grids]  # a fixed search axis: no search
-    if not isinstance(repeats, int) or repeats < 1:
-        raise AccelbenchError(f"{where}: repeats = {repeats!r}; give a whole number of runs per point, >= 1")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= MAX_REPEATS:
+        raise AccelbenchError(
+            f"{where}: repeats = {repeats!r}; give a whole number of runs per point, >= 1 (and at most "
+            f"{MAX_REPEATS})"
+        )
     try:
         cap = parse_memory(memory_cap) if memory_cap is not None else None
     except AccelbenchError as exc:
@@ -242,6 +268,7 @@ def load_sweep(
         plugin_options=plugins,
         resolve=resolve,
     )
+    _check_size(run, grids, where)
     seen: set[tuple[tuple[str, Any], ...]] = set()
     for options, fit in grids:
         for point in _expand(run, options, fit):
@@ -331,6 +358,25 @@ def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, what: s
             raise AccelbenchError(f"{where}: unknown {what} {key!r}{hint}")
 
 
+def _check_size(run: Mapping[str, Any], grids: Sequence[Grid], where: str) -> None:
+    """Refuse, before a point is expanded, grids whose axes multiply to more than :data:`MAX_POINTS` points."""
+    total = 0
+    for i, (grid, _) in enumerate(grids, 1):
+        points = 1
+        for values in grid.values():
+            if isinstance(values, list):
+                points *= max(1, len(values))
+        total += points
+        if total > MAX_POINTS:
+            axes = " x ".join(
+                f"{name} ({len(values)})" for name, values in grid.items() if isinstance(values, list)
+            )
+            raise AccelbenchError(
+                f"{where}: grid {i}'s axes, {axes}, make {points} points, and a sweep may have at most {MAX_POINTS} "
+                "in all (each is a run of its own); split it into smaller sweeps or shorten its axes"
+            )
+
+
 def _expand(run: Mapping[str, Any], grid: Mapping[str, Any], fit: str | None) -> Iterator[Point]:
     """The cartesian product of a grid's axes, the largest-fit axis innermost so a search runs in order."""
     axes = [k for k, v in grid.items() if isinstance(v, list) and k != fit]
@@ -356,12 +402,22 @@ def parse_memory(value: Any) -> int:
     """``"3GiB"``, ``"512 MiB"``, ``"4G"`` or a number of bytes -> bytes."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_MEMORY_CAP:
+        raise AccelbenchError(
+            f"memory cap {value!r}: more than any host has; give a size such as 3GiB or 512MiB"
+        )
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value)[:200])
     if match and match.group(2).lower() in _UNITS:
-        amount = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-        if amount > 0:
-            return amount
-    raise AccelbenchError(f"memory cap {value!r}: give a size such as 3GiB, 512MiB or a number of bytes")
+        amount = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        if not amount <= MAX_MEMORY_CAP:  # a number too long to be a float is inf
+            raise AccelbenchError(
+                f"memory cap {str(value)[:40]!r}: more than any host has; give a size such as 3GiB or 512MiB"
+            )
+        if int(amount) > 0:
+            return int(amount)
+    raise AccelbenchError(
+        f"memory cap {str(value)[:40]!r}: give a size such as 3GiB, 512MiB or a number of bytes"
+    )
 
 
 def parse_set(items: Sequence[str]) -> dict[str, Any]:
@@ -376,7 +432,9 @@ def parse_set(items: Sequence[str]) -> dict[str, Any]:
             )
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (
+            ValueError
+        ):  # not a TOML value (TOMLDecodeError), or a number of more digits than Python converts
             value = raw
         if isinstance(value, (list, dict)):
             raise AccelbenchError(
