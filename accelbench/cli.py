@@ -285,9 +285,7 @@ def _main(argv: Sequence[str] | None) -> int:
             host = get_host()
             backend_options, workload_options = host.run_options(), host.workload_run_options()
             listed = {
-                "strategy": ", ".join(
-                    sorted({s for b in host.backends.values() for s in b.strategies})
-                ),
+                "strategy": ", ".join(sorted({s for b in host.backends.values() for s in b.strategies})),
                 "model": "; ".join(
                     f"{name}: {', '.join(w.model_names())}" for name, w in host.workloads.items()
                 ),
@@ -315,7 +313,6 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _stderr() -> Console:
     from rich.console import Console
-
 
     return Console(stderr=True)
 
@@ -356,7 +353,9 @@ def cmd_run(args: argparse.Namespace, err: Console) -> int:
         return config.devices * config.nnodes > 1 and checked.collective is not None  # IPUs replicate in one
 
     shape = JobShape(config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint, config.output_dir)
-    records = RecordKind("result record", read_record, lambda r, folder, path: write_record(r, folder, path=path))
+    records = RecordKind(
+        "result record", read_record, lambda r, folder, path: write_record(r, folder, path=path)
+    )
     return launcher.launch(shape, preflight_once, lambda env: _train_here(args, config, env, err), records)
 
 
@@ -438,7 +437,6 @@ def cmd_info(args: argparse.Namespace, err: Console) -> int:
     from rich.console import Console
     from rich.table import Table
 
-
     out = Console()
     table = Table(title="system", show_header=False)
     for key, value in system.model_dump().items():
@@ -516,7 +514,6 @@ def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
         return ExitCode.OK
     from rich.console import Console
     from rich.markup import escape
-
 
     out = Console()
     for row in rows:

@@ -10,13 +10,21 @@ backend plugin (the CUDA plugin's TF32 policy) are declared by them as :class:`R
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from accelbench.contract import PRECISIONS, Scalar
+from accelbench.parallel_dims import (
+    DATA_AXES,
+    MESH_AXES,
+    PP_SCHEDULES,
+    fewest_microbatches,
+    format_mesh,
+    generic_axis,
+    parse_mesh,
+)
 
 # --epochs auto: a warm-up, then steady epochs until the last MIN_STEADY_EPOCHS agree within AUTO_TOLERANCE (at most
 # AUTO_MAX_EPOCHS). MIN_STEADY_EPOCHS is also what compare's noise test needs per run: 4 against 4 epoch times can
@@ -29,8 +37,6 @@ AUTO_MAX_EPOCHS = 12
 # beyond about 10^13 s Python's timedelta overflows. 10^9 s (31 years) is "never" for any job, and far below that.
 MAX_COLLECTIVE_TIMEOUT_S = 1e9
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
 
 def _flag(flag: str | None = None, *, metavar: str | None = None, cli: bool = True) -> dict[str, Any]:
     """Command-line facts of a field, kept beside its type, default and help (``json_schema_extra``)."""
@@ -42,66 +48,6 @@ def _flag(flag: str | None = None, *, metavar: str | None = None, cli: bool = Tr
     if not cli:
         extra["cli"] = False
     return extra
-
-
-# Tensor, pipeline and composed parallelism (accelbench.engine.parallel). The data axis of a mesh is written by what
-# runs on it: dp (FSDP2, the default), fsdp or ddp.
-DATA_AXES = {"dp": "fsdp", "fsdp": "fsdp", "ddp": "ddp"}
-MESH_AXES = ("dp", "tp", "pp")  # the mesh's axes by their generic names (as --placement lists them)
-PARALLEL_STRATEGIES = ("tp", "pp", "mesh")
-# torch.distributed.pipelining's schedules by accelbench's names -> the stages each pipeline rank holds: "one"; "loop"
-# (v >= 1 stages, rank r holding stages r, r+p, ...; default 2); "v" (exactly 2, V-shaped: r and 2p-1-r)
-PP_SCHEDULES = {
-    "gpipe": "one",
-    "1f1b": "one",
-    "interleaved-1f1b": "loop",
-    "looped-bfs": "loop",
-    "interleaved-zb": "loop",
-    "zbv": "v",
-    "dualpipev": "v",
-}
-
-
-def fewest_microbatches(schedule: str, pipeline_ranks: int, virtual_stages: int) -> int:
-    """The fewest microbatches torch's ``schedule`` accepts: 1F1B needs one per pipeline rank, DualPipeV one per
-    stage; the others run any number."""
-    if schedule == "1f1b":
-        return pipeline_ranks
-    if schedule == "dualpipev":
-        return pipeline_ranks * virtual_stages
-    return 1
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """``--mesh`` text -> sizes by axis, canonical: ``dp=2,tp=2`` -> ``{"fsdp": 2, "tp": 2}``. The data axis is named
-    by what runs on it (dp means FSDP2), axes come in the order data, tp, pp, and axes of size 1 are left out.
-    Raises ValueError saying what is wrong and what would work."""
-    sizes: dict[str, int] = {}
-    for part in text.replace(" ", "").split(","):
-        axis, sep, size = part.partition("=")
-        axis = axis.lower()
-        if (
-            not sep
-            or not size.isdigit()
-            or int(size) < 1
-            or (axis not in DATA_AXES and axis not in ("tp", "pp"))
-        ):
-            raise ValueError(
-                f"--mesh {text!r}: {part!r} is not AXIS=SIZE; write sizes of the axes dp (FSDP2; or fsdp, ddp), tp "
-                "and pp, e.g. --mesh dp=2,tp=2"
-            )
-        name = DATA_AXES.get(axis, axis)
-        generic = "dp" if axis in DATA_AXES else axis
-        if any(("dp" if a in DATA_AXES.values() else a) == generic for a in sizes):
-            raise ValueError(f"--mesh {text!r}: the {generic} axis is given twice")
-        sizes[name] = int(size)
-    order = ("fsdp", "ddp", "tp", "pp")
-    return {axis: sizes[axis] for axis in order if sizes.get(axis, 1) > 1}
-
-
-def format_mesh(sizes: Mapping[str, int]) -> str:
-    """Canonical ``--mesh`` text of :func:`parse_mesh`'s sizes: ``fsdp=2,tp=2``."""
-    return ",".join(f"{axis}={size}" for axis, size in sizes.items())
 
 
 class RunConfig(BaseModel):
@@ -335,7 +281,7 @@ class RunConfig(BaseModel):
             self._no_layout_options("a tp or pp axis in --mesh")
             return self
         self.mesh = format_mesh(sizes)
-        generic = {"dp" if axis in DATA_AXES.values() else axis for axis in sizes}
+        generic = {generic_axis(axis) for axis in sizes}
         self._check_parallel_options(sizes, generic)
         return self
 

@@ -65,7 +65,11 @@ class Launcher:
         return True
 
     def launch(
-        self, shape: JobShape, preflight: Callable[[], bool], worker: Callable[[LaunchEnv], int], kind: RecordKind
+        self,
+        shape: JobShape,
+        preflight: Callable[[], bool],
+        worker: Callable[[LaunchEnv], int],
+        kind: RecordKind,
     ) -> int:
         """Check once (``preflight``, in the process the user started; True where the job needs worker processes),
         then run ``worker`` here, or start the workers and wait for them."""
@@ -82,7 +86,9 @@ class Launcher:
     def start_and_wait(self, shape: JobShape, kind: RecordKind) -> int:
         """Start this same command as one worker per device through torch.distributed's launcher, wait, and end as
         the record rank 0 wrote says; a rank's exit code only the launcher saw is added to a failed record."""
-        launched = launch_workers(self.argv, shape.devices, shape.nnodes, shape.node_rank, shape.rdzv_endpoint)
+        launched = launch_workers(
+            self.argv, shape.devices, shape.nnodes, shape.node_rank, shape.rdzv_endpoint
+        )
         failures = launched.failures
         if shape.node_rank != 0:  # rank 0's node reports; this one says how its own workers ended
             return ExitCode.ERROR if failures else ExitCode.INTERRUPTED if launched.signal else ExitCode.OK
@@ -94,8 +100,12 @@ class Launcher:
                 record = kind.read(found[-1])
         if record is not None:
             if failures and record.outcome.status != "ok":  # add what only the launcher saw: exit codes
-                seen = "; ".join(f"rank {r} exited with code {code}" for r, (code, _) in sorted(failures.items()))
-                outcome = record.outcome.model_copy(update={"message": f"{record.outcome.message} [launcher: {seen}]"})
+                seen = "; ".join(
+                    f"rank {r} exited with code {code}" for r, (code, _) in sorted(failures.items())
+                )
+                outcome = record.outcome.model_copy(
+                    update={"message": f"{record.outcome.message} [launcher: {seen}]"}
+                )
                 kind.write(record.model_copy(update={"outcome": outcome}), shape.output_dir, found[-1])
             if launched.signal:
                 self._say(
@@ -114,7 +124,9 @@ class Launcher:
             self._say(f"[bold yellow]{launched.signal}:[/] the job was stopped before anything was measured")
             return ExitCode.INTERRUPTED
         else:
-            self._say(f"[bold red]error:[/] no {kind.noun} was written (rank 0 ended before it could write one)")
+            self._say(
+                f"[bold red]error:[/] no {kind.noun} was written (rank 0 ended before it could write one)"
+            )
         return ExitCode.ERROR
 
     def _say(self, text: str) -> None:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "accelbench"
 LAYERS: list[tuple[str, ...]] = [
     ("accelbench", "accelbench.errors", "accelbench.exitcodes"),
     ("accelbench.contract",),
-    ("accelbench.devices", "accelbench.config", "accelbench.hostinfo"),
+    ("accelbench.devices", "accelbench.parallel_dims", "accelbench.config", "accelbench.hostinfo"),
     ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",

@@ -7,12 +7,11 @@ import pytest
 from pydantic import ValidationError
 
 from accelbench.compare.keys import WorkloadKey
-from accelbench.config import RunConfig, parse_mesh
-from accelbench.engine.parallel.mesh import Layout, check_model_split
+from accelbench.config import RunConfig
+from accelbench.engine.parallel.mesh import check_model_split
 from accelbench.engine.parallel.pp import split_units
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import (
-    MeshShape,
     TransformerShape,
     activation_bytes_per_layer,
     allgather_bytes,
@@ -25,6 +24,7 @@ from accelbench.estimate.parallel import (
     pipeline_bytes,
     tensor_parallel_bytes,
 )
+from accelbench.parallel_dims import ParallelDims, parse_mesh
 from accelbench.workloads.gpt import gpt_units
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_activation_memory_by_hand() -> None:
 def test_estimate_of_a_3d_layout_by_hand() -> None:
     shape = TransformerShape(layers=4, hidden=8, heads=2, sequence=4, vocab=0, layer_parameters=100,
                              other_parameters=50)  # fmt: skip
-    mesh = MeshShape(dp=2, tp=2, pp=2, data_parallel="fsdp", schedule="1f1b", microbatches=2)
+    mesh = ParallelDims(dp=2, tp=2, pp=2, data_parallel="fsdp", schedule="1f1b", microbatches=2)
     e = estimate(shape, mesh, batch=4)
     # the first stage: 2 layers of 100 parameters split over tp=2, plus 50 whole; FSDP halves it
     assert e.layers_per_stage == 2 and e.parameters_per_device == pytest.approx(75)
@@ -185,20 +185,55 @@ def test_sequence_parallelism_needs_a_divisible_sequence() -> None:
 
 def test_default_placement_keeps_tensor_parallelism_inside_a_node() -> None:
     # 8 ranks on 2 nodes of 4: auto order pp, dp, tp (outermost first)
-    layout = Layout.of(RunConfig(mesh="dp=2,tp=2,pp=2", devices=4, nnodes=2, batch_size=8))
+    layout = ParallelDims.of(RunConfig(mesh="dp=2,tp=2,pp=2", devices=4, nnodes=2, batch_size=8))
     assert layout.order == ("pp", "dp", "tp")
     assert layout.coordinates(5) == {"pp": 1, "dp": 0, "tp": 1}
     assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]] and layout.within_node("tp")
     assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]] and not layout.within_node("pp")
-    given = Layout.of(
+    given = ParallelDims.of(
         RunConfig(mesh="dp=2,tp=2,pp=2", devices=4, nnodes=2, batch_size=8, placement="tp,dp,pp")
     )
     assert given.groups("tp") == [[0, 4], [1, 5], [2, 6], [3, 7]] and not given.within_node("tp")
     assert given.describe()["axes"]["pp"]["within_node"] is True
 
 
+def test_one_layout_object_for_every_strategy_and_for_the_estimate() -> None:
+    from accelbench.estimate.predictor import run_shape
+
+    # data parallelism alone: a dp axis over the whole job, run by the strategy
+    ddp = ParallelDims.of(RunConfig(strategy="ddp", devices=2, nnodes=2))
+    assert (ddp.dp, ddp.tp, ddp.pp, ddp.data_parallel, ddp.world, ddp.model_parallel) == (
+        4,
+        1,
+        1,
+        "ddp",
+        4,
+        1,
+    )
+    assert (
+        not ddp.shards_parameters and ParallelDims.of(RunConfig(strategy="fsdp", devices=2)).shards_parameters
+    )
+    single = ParallelDims.of(RunConfig())
+    assert (single.world, single.data_parallel, single.sizes) == (1, None, {})
+    # a mesh: the pipeline's defaults as RunConfig filled them in; the estimate reads the very same object
+    config = RunConfig(mesh="ddp=2,pp=2", devices=4, batch_size=8, pp_schedule="interleaved-1f1b")
+    dims = ParallelDims.of(config)
+    assert (dims.dp, dims.pp, dims.data_parallel, dims.virtual_stages, dims.microbatches) == (
+        2,
+        2,
+        "ddp",
+        2,
+        4,
+    )
+    assert dims.sizes == {"pp": 2, "dp": 2} and dims.stages == 4 and not dims.shards_parameters
+    shape = run_shape(config)
+    assert shape.dims == dims and shape.devices == 4
+    # a label read back from a record
+    assert ParallelDims.from_mesh("fsdp=2,tp=4").sizes == {"dp": 2, "tp": 4}
+
+
 def test_stages_per_rank_by_schedule() -> None:
-    looped = Layout.of(RunConfig(mesh="pp=2", devices=2, pp_schedule="interleaved-1f1b", virtual_stages=3,
+    looped = ParallelDims.of(RunConfig(mesh="pp=2", devices=2, pp_schedule="interleaved-1f1b", virtual_stages=3,
                                  batch_size=12))  # fmt: skip
     assert looped.stage_ids(1) == [1, 3, 5] and [looped.stage_holder(s) for s in range(6)] == [
         0,
@@ -208,7 +243,7 @@ def test_stages_per_rank_by_schedule() -> None:
         0,
         1,
     ]
-    v = Layout.of(RunConfig(mesh="pp=2", devices=2, pp_schedule="zbv"))
+    v = ParallelDims.of(RunConfig(mesh="pp=2", devices=2, pp_schedule="zbv"))
     assert v.stage_ids(0) == [0, 3] and v.stage_ids(1) == [1, 2] and v.stage_holder(3) == 0
 
 

@@ -248,7 +248,9 @@ def test_a_2x_plugin_is_reported_with_its_version_and_what_to_do(site: Site) -> 
     rows = plugins_json(site)
     two = rows["two"]
     assert two["status"] == "failed" and "written for plugin contract 2.1" in two["error"]
-    assert "subclass of accelbench.contract.Backend" in two["error"] and "Porting a 2.x plugin" in two["error"]
+    assert (
+        "subclass of accelbench.contract.Backend" in two["error"] and "Porting a 2.x plugin" in two["error"]
+    )
     fake = rows["fake"]
     assert fake["status"] == "failed" and "not a subclass of accelbench.contract.Backend" in fake["error"]
     assert rows["cpu"]["status"] == "active" and rows["cpu"]["contract"] == "3.0"

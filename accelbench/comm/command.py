@@ -109,7 +109,9 @@ def comm_command(args: argparse.Namespace, err: Console) -> int:
     config, job_shape = comm_config(args)
     launcher = Launcher(err, getattr(args, "argv", None))
     if launcher.adopt_job_shape(getattr(args, "devices", None), getattr(args, "nnodes", None)):
-        config = config.model_copy(update={"devices": launcher.env.local_world_size, "nnodes": launcher.env.nnodes})
+        config = config.model_copy(
+            update={"devices": launcher.env.local_world_size, "nnodes": launcher.env.nnodes}
+        )
     host = get_host()
 
     size_flag = "--sizes" if args.sizes is not None else "--max-bytes"
@@ -119,9 +121,13 @@ def comm_command(args: argparse.Namespace, err: Console) -> int:
         check_on_host(config, checked, launcher.env.launcher == "none", size_flag)
         return True  # collectives need 2 or more ranks: the check refuses fewer
 
-    shape = JobShape(config.devices, config.nnodes, job_shape.node_rank, job_shape.rdzv_endpoint, config.output_dir)
+    shape = JobShape(
+        config.devices, config.nnodes, job_shape.node_rank, job_shape.rdzv_endpoint, config.output_dir
+    )
     records = RecordKind("comm record", read_comm_record, write_comm_record)
-    return launcher.launch(shape, preflight_once, lambda env: measure_here(args, config, host, env, err), records)
+    return launcher.launch(
+        shape, preflight_once, lambda env: measure_here(args, config, host, env, err), records
+    )
 
 
 def measure_here(

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         WorkloadFacts,
         predict_speedup,
     )
-    from accelbench.estimate.predictor import layout_of, predict, predict_scaling
+    from accelbench.estimate.predictor import predict, predict_scaling, run_shape
 
 _HOME = {
     "DEFAULT_EFFICIENCY": "arguments",
@@ -41,7 +41,7 @@ _HOME = {
     "ScalingPrediction": "model",
     "WorkloadFacts": "model",
     "predict_speedup": "model",
-    "layout_of": "predictor",
+    "run_shape": "predictor",
     "predict": "predictor",
     "predict_scaling": "predictor",
 }
@@ -53,7 +53,7 @@ __all__ = [
     "Prediction",
     "ScalingPrediction",
     "WorkloadFacts",
-    "layout_of",
+    "run_shape",
     "predict",
     "predict_scaling",
     "predict_speedup",

@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from accelbench.contract import PeakFigures
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import (
-    MeshShape,
     TransformerShape,
     activation_bytes_per_layer,
     allgather_bytes,
@@ -37,6 +36,7 @@ from accelbench.estimate.parallel import (
     pipeline_bubble,
 )
 from accelbench.estimate.parallel import estimate as parallel_estimate
+from accelbench.parallel_dims import MODEL_PARALLEL_STRATEGIES, ParallelDims
 
 SCHEMA_NAME = "accelbench.estimate"
 SCHEMA_VERSION = 1
@@ -45,7 +45,7 @@ SCHEMA_VERSION = 1
 from accelbench.estimate.arguments import DEFAULT_EFFICIENCY  # noqa: E402
 
 DATA_PARALLEL = ("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
-MODEL_PARALLEL = ("tp", "pp", "mesh")
+MODEL_PARALLEL = MODEL_PARALLEL_STRATEGIES
 STRATEGIES = DATA_PARALLEL + MODEL_PARALLEL
 
 # torch DistributedDataParallel's default gradient bucket (bucket_cap_mb=25)
@@ -332,15 +332,21 @@ class Hardware:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """The run's shape as the formulas see it (from a RunConfig: :func:`accelbench.estimate.predictor.layout_of`)."""
+class RunShape:
+    """The run as the formulas see it (from a RunConfig: :func:`accelbench.estimate.predictor.run_shape`): the
+    strategy, precision, per-device (per-replica) batch and its accumulation steps, and the parallel layout (a data
+    axis over every device for ddp, fsdp and ZeRO; the mesh for tp, pp and mesh)."""
 
     strategy: str
     precision: str
-    devices: int  # in the whole job
     batch_size: int
+    dims: ParallelDims
     grad_accum: int = 1
-    mesh: MeshShape | None = None
+
+    @property
+    def devices(self) -> int:
+        """Devices in the whole job."""
+        return self.dims.world
 
 
 @dataclass
@@ -452,7 +458,7 @@ def _note_activations(state: StateBytes, keeps_scores: bool, notes: _Notes) -> N
 
 def estimate(
     facts: WorkloadFacts,
-    layout: Layout,
+    layout: RunShape,
     hardware: Hardware,
     *,
     efficiency: float = DEFAULT_EFFICIENCY,
@@ -550,10 +556,9 @@ def estimate(
     )
 
 
-def _model_ranks(layout: Layout) -> int:
+def _model_ranks(layout: RunShape) -> int:
     """Devices that hold one copy of the model together (tensor x pipeline), 1 for data parallelism."""
-    mesh = layout.mesh
-    return mesh.tp * mesh.pp if mesh is not None else 1
+    return layout.dims.model_parallel
 
 
 # --- data parallelism: single, DDP, FSDP2, DeepSpeed ZeRO 1-3 ------------------------------------------------
@@ -561,7 +566,7 @@ def _model_ranks(layout: Layout) -> int:
 
 def _data_parallel(
     facts: WorkloadFacts,
-    layout: Layout,
+    layout: RunShape,
     state: StateBytes,
     keeps_scores: bool,
     hardware: Hardware,
@@ -669,7 +674,7 @@ def _data_parallel(
 
 def _zero(
     facts: WorkloadFacts,
-    layout: Layout,
+    layout: RunShape,
     state: StateBytes,
     activations: float | None,
     hardware: Hardware,
@@ -795,14 +800,12 @@ def _zero(
 
 
 def _model_parallel(
-    facts: WorkloadFacts, layout: Layout, state: StateBytes, keeps_scores: bool, notes: _Notes
+    facts: WorkloadFacts, layout: RunShape, state: StateBytes, keeps_scores: bool, notes: _Notes
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
     """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate` (its memory for the first pipeline
     rank, its communication by axis), with this module's state widths; FLOPs per device are the replica's divided
     by tp x pp, and the bubble is the schedule's."""
-    mesh, shape = layout.mesh, facts.transformer
-    if mesh is None:
-        raise ConfigError(f"strategy {layout.strategy!r} needs a mesh (--mesh AXIS=SIZE,...)")
+    mesh, shape = layout.dims, facts.transformer
     if shape is None:
         raise ConfigError(
             f"strategy {layout.strategy!r}: the tensor/pipeline model needs a transformer's shape; workload "
@@ -824,9 +827,7 @@ def _model_parallel(
     mine = layer_activation_bytes(shape, micro, state, keeps_scores, mesh.tp, mesh.sequence_parallel)
     activations = result.activations_bytes * mine / theirs  # its layers and microbatches in flight, our count
     _note_activations(state, keeps_scores, notes)
-    autocast = (
-        state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.data_parallel == "fsdp" else 1)
-    )
+    autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
     memory = MemoryBreakdown(
         weights_bytes=result.weights_bytes,
         master_weights_bytes=0.0,
@@ -980,7 +981,7 @@ def _compute_time(
 
 
 def _optimizer_time(
-    facts: WorkloadFacts, layout: Layout, state: StateBytes, hardware: Hardware, notes: _Notes
+    facts: WorkloadFacts, layout: RunShape, state: StateBytes, hardware: Hardware, notes: _Notes
 ) -> float | None:
     """AdamW's update is memory-bound: it reads the weights, gradients and two moments and writes the weights and
     moments back, for the parameters this device updates (its shard from ZeRO-1 and FSDP on)."""
@@ -992,10 +993,9 @@ def _optimizer_time(
     updated = float(facts.stored_parameters)
     if layout.strategy in ("fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"):
         updated /= p
-    elif layout.mesh is not None:
-        updated /= (
-            layout.mesh.tp * layout.mesh.pp * (layout.mesh.dp if layout.mesh.data_parallel == "fsdp" else 1)
-        )
+    elif layout.strategy in MODEL_PARALLEL:
+        dims = layout.dims
+        updated /= dims.model_parallel * (dims.dp if dims.shards_parameters else 1)
     master = state.master or state.param
     streamed = updated * (2 * master + max(state.grad, state.reduction) + 2 * state.optimizer)
     notes.assume(

@@ -22,7 +22,10 @@ same functions. Every formula names its source:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accelbench.parallel_dims import ParallelDims
 
 # pipeline schedules whose bubble has the closed form above; the zero-bubble schedules (interleaved-zb, zbv,
 # dualpipev) split the backward to fill it and have none recorded here (their ideal is no bubble)
@@ -162,20 +165,6 @@ class TransformerShape:
 
 
 @dataclass(frozen=True)
-class MeshShape:
-    """A parallel layout as the formulas see it (sizes 1 where an axis is absent)."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    data_parallel: str = "fsdp"  # what runs on the dp axis: fsdp or ddp
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    virtual_stages: int = 1
-    sequence_parallel: bool = False
-
-
-@dataclass(frozen=True)
 class ParallelEstimate:
     """Per device, for the busiest pipeline rank (the first: the embeddings and the deepest warm-up): memory by
     kind, communication per step by mesh axis, and the bubble. Bytes; figures are estimates, not measurements."""
@@ -199,7 +188,7 @@ class ParallelEstimate:
 
 def estimate(
     shape: TransformerShape,
-    mesh: MeshShape,
+    mesh: ParallelDims,
     batch: int,
     param_bytes: int = 4,
     grad_bytes: int = 4,
@@ -218,7 +207,7 @@ def estimate(
     layers_per_stage = shape.layers / stages
     layers_here = layers_per_stage * mesh.virtual_stages
     parameters = layers_here * shape.parameters_per_layer / mesh.tp + shape.parameters_outside_layers
-    held = parameters / mesh.dp if mesh.data_parallel == "fsdp" else parameters  # FSDP shards; DDP replicates
+    held = parameters / mesh.dp if mesh.shards_parameters else parameters  # FSDP shards; DDP replicates
     micro_batch = batch // max(1, mesh.microbatches) if mesh.pp > 1 else batch
     in_flight = (
         in_flight_microbatches(mesh.schedule, 0, mesh.pp, mesh.microbatches, mesh.virtual_stages)
@@ -242,7 +231,7 @@ def estimate(
         "pp": pipeline_bytes(
             batch, shape.sequence, shape.hidden, mesh.pp, mesh.virtual_stages, activation_bytes
         ),
-        "dp": data_parallel_bytes(parameters, mesh.dp, mesh.data_parallel, param_bytes, grad_bytes),
+        "dp": data_parallel_bytes(parameters, mesh.dp, mesh.data_parallel or "fsdp", param_bytes, grad_bytes),
     }
     return ParallelEstimate(
         layers_per_stage=layers_per_stage,

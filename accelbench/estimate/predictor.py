@@ -17,34 +17,29 @@ from accelbench.estimate.model import (
     DEFAULT_EFFICIENCY,
     Bandwidth,
     Hardware,
-    Layout,
     Overlap,
     Prediction,
+    RunShape,
     ScalingPrediction,
     WorkloadFacts,
     estimate,
     predict_speedup,
 )
+from accelbench.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
     from accelbench.contract import DeviceInfo, PeakFigures
 
 
-def layout_of(config: RunConfig) -> Layout:
-    """The run's shape for the formulas: strategy, precision, devices in the job, per-device (per-replica) batch,
-    and for tp/pp/mesh the mesh as :mod:`accelbench.engine.parallel.mesh` lays it out."""
-    mesh = None
-    if config.mesh is not None:
-        from accelbench.engine.parallel.mesh import Layout as MeshLayout
-
-        mesh = MeshLayout.of(config).shape()
-    return Layout(
+def run_shape(config: RunConfig) -> RunShape:
+    """The run's shape for the formulas: strategy, precision, per-device (per-replica) batch, and its parallel
+    layout, the same :class:`~accelbench.parallel_dims.ParallelDims` the executors run."""
+    return RunShape(
         strategy=config.strategy,
         precision=config.precision,
-        devices=config.devices * config.nnodes,
         batch_size=config.batch_size,
         grad_accum=config.grad_accum,
-        mesh=mesh,
+        dims=ParallelDims.of(config),
     )
 
 
@@ -85,7 +80,7 @@ def predict(
     )
     return estimate(
         facts,
-        layout_of(config),
+        run_shape(config),
         hardware,
         efficiency=efficiency,
         overlap=overlap,

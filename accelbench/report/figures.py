@@ -561,10 +561,10 @@ def mesh_label(e: Entry) -> str | None:
 
 
 def _mesh_sizes(label: str) -> dict[str, int]:
-    from accelbench.config import DATA_AXES, parse_mesh
+    """A mesh label's sizes by generic axis (dp, tp, pp), the axes larger than 1."""
+    from accelbench.parallel_dims import ParallelDims
 
-    sizes = parse_mesh(label.split(" ")[0])
-    return {("dp" if axis in DATA_AXES.values() else axis): size for axis, size in sizes.items()}
+    return ParallelDims.from_mesh(label.split(" ")[0]).sizes
 
 
 def _mesh_order(label: str) -> tuple[int, int, int, str]:

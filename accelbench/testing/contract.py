@@ -57,7 +57,9 @@ WORKLOAD_TINY_ARGS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 NEEDS_TORCHVISION = ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")
 
-NOT_PROVEN = "NOT PROVEN"  # the start of every skip reason for a part of the contract this machine cannot check
+NOT_PROVEN = (
+    "NOT PROVEN"  # the start of every skip reason for a part of the contract this machine cannot check
+)
 DETECT_BUDGET_S = 30.0  # "cheap": a probe subprocess fits easily, a hung driver does not
 
 # The dtype a precision name promises (a "-mixed" plan may run it by autocast or by casting the model).
@@ -122,7 +124,11 @@ class BackendContract:
     def contract_devices(cls, contract_backend: Backend) -> list[DeviceInfo]:
         devices = contract_backend.detect()
         if not devices:
-            why = f" (detection failed: {contract_backend.detect_error})" if contract_backend.detect_error else ""
+            why = (
+                f" (detection failed: {contract_backend.detect_error})"
+                if contract_backend.detect_error
+                else ""
+            )
             pytest.skip(f"{NOT_PROVEN}: no {cls.backend} device on this machine{why}")
         return devices
 
@@ -140,7 +146,9 @@ class BackendContract:
     def test_plugin_declares_the_contract_it_implements(
         self, contract_host: PluginHost, contract_record: PluginRecord
     ) -> None:
-        assert contract_record.contract is not None, 'declare accelbench_contract = "MAJOR.MINOR" on the plugin'
+        assert contract_record.contract is not None, (
+            'declare accelbench_contract = "MAJOR.MINOR" on the plugin'
+        )
         assert contract_record.contract.split(".")[0] == CONTRACT_VERSION.split(".")[0], (
             contract_record.contract,
             CONTRACT_VERSION,
@@ -148,7 +156,9 @@ class BackendContract:
 
     def test_backend_subclasses_the_contract_and_documents_itself(self, contract_backend: Backend) -> None:
         cls = type(contract_backend)
-        assert isinstance(contract_backend, Backend), f"{cls.__name__} must subclass accelbench.contract.Backend"
+        assert isinstance(contract_backend, Backend), (
+            f"{cls.__name__} must subclass accelbench.contract.Backend"
+        )
         assert inspect.getdoc(cls) and inspect.getdoc(cls) != inspect.getdoc(Backend), (
             f"{cls.__name__} needs a docstring saying what it implements"
         )
@@ -159,7 +169,12 @@ class BackendContract:
             assert not name.startswith("accelbench_"), (
                 f"{cls.__name__}.{name} is a contract 2.x hook name: in 3.0 it is a method without the prefix"
             )
-        for name in ("detect", "collective", "check_precision", "check_strategy"):  # the host relies on these as written
+        for name in (
+            "detect",
+            "collective",
+            "check_precision",
+            "check_strategy",
+        ):  # the host relies on these as written
             assert getattr(cls, name) is getattr(Backend, name), f"{cls.__name__} must not override {name}"
         for name in stock & set(vars(cls)):
             if not inspect.isfunction(inspect.getattr_static(Backend, name)):
@@ -176,7 +191,10 @@ class BackendContract:
 
         source = inspect.getsource(inspect.getmodule(type(contract_backend)) or type(contract_backend))
         # a raise that a formatter split over lines counts as well as one on a single line
-        todos = [" ".join(m.group(0).split()) for m in re.finditer(r"NotImplementedError\(\s*[\"']TODO[^\"']*", source)]
+        todos = [
+            " ".join(m.group(0).split())
+            for m in re.finditer(r"NotImplementedError\(\s*[\"']TODO[^\"']*", source)
+        ]
         todos += [line.strip() for line in source.splitlines() if line.strip().startswith("# TODO")]
         assert not todos, "the template's TODOs are not done:\n" + "\n".join(todos)
 
@@ -408,7 +426,11 @@ class BackendContract:
 
     # the training step's contract ------------------------------------------------------------------------------
     def test_step_boundaries_are_called_in_order(
-        self, contract_host: PluginHost, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
+        self,
+        contract_host: PluginHost,
+        contract_backend: Backend,
+        contract_device: torch.device,
+        tmp_path: Path,
     ) -> None:
         """Through the real runner, in this process: every step calls ``after_backward`` once per micro-batch,
         then ``after_optimizer_step`` once, then ``end_of_step`` once (a lazy device cuts its graph there); the
@@ -478,9 +500,18 @@ class BackendContract:
         if "ddp" not in contract_backend.supported_strategies(contract_device):
             pytest.skip("the backend declares no ddp strategy")
         if contract_backend.info.device_type != "cpu" and len(contract_devices) < 2:
-            pytest.skip(f"{NOT_PROVEN}: two-process training needs 2 {self.backend} devices, this machine has 1")
+            pytest.skip(
+                f"{NOT_PROVEN}: two-process training needs 2 {self.backend} devices, this machine has 1"
+            )
         record = self._cli_run(
-            contract_backend, contract_device, tmp_path, "--strategy", "ddp", "--devices", "2", timeout_factor=2
+            contract_backend,
+            contract_device,
+            tmp_path,
+            "--strategy",
+            "ddp",
+            "--devices",
+            "2",
+            timeout_factor=2,
         )
         ranks = record.metrics.ranks if record.metrics else []
         assert record.world_size == 2 and len(ranks) == 2, (record.world_size, ranks)
@@ -498,7 +529,16 @@ class BackendContract:
     def _cli(
         self, backend: Backend, device: torch.device, out: Path, *extra: str, timeout_factor: float = 1
     ) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "accelbench.cli", "run", "--backend", self.backend, *self.run_args, *extra]
+        command = [
+            sys.executable,
+            "-m",
+            "accelbench.cli",
+            "run",
+            "--backend",
+            self.backend,
+            *self.run_args,
+            *extra,
+        ]
         command += ["--precision", self._precision(backend, device), "--output-dir", str(out), "--quiet"]
         return subprocess.run(
             command, capture_output=True, text=True, env=_child_env(), timeout=self.run_timeout_s * timeout_factor,

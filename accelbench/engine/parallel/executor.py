@@ -26,9 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from accelbench.config import fewest_microbatches
 from accelbench.contract import DataShard, Executor, ExecutorRequest, World
-from accelbench.engine.parallel.mesh import Layout, build_device_mesh, check_model_split
+from accelbench.engine.parallel.mesh import build_device_mesh, check_model_split
 from accelbench.engine.parallel.pp import (
     TORCH_SCHEDULES,
     StageClock,
@@ -42,6 +41,7 @@ from accelbench.engine.parallel.pp import (
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import TransformerShape, estimate, pipeline_bubble
+from accelbench.parallel_dims import ParallelDims, fewest_microbatches
 from accelbench.workloads import ModelUnits, TrainingJob
 
 if TYPE_CHECKING:
@@ -82,7 +82,9 @@ class ParallelExecutor(Executor):
         self.backend = request.backend
         self.device = request.device
         config = request.config
-        self.layout = Layout.of(config)
+        if config.mesh is None:
+            raise ConfigError(f"strategy {config.strategy!r} needs a mesh (--mesh AXIS=SIZE,...)")
+        self.layout = ParallelDims.of(config)
         if self.layout.world != request.world.world_size:
             raise ConfigError(
                 f"--mesh {config.mesh} covers {self.layout.world} ranks, but the job has {request.world.world_size}"
@@ -100,7 +102,7 @@ class ParallelExecutor(Executor):
             if plan.torch_autocast_dtype is not None
             else contextlib.nullcontext()
         )
-        self.pipelined = self.layout.size("pp") > 1
+        self.pipelined = self.layout.pp > 1
         self.clock = StageClock(self.device) if self.pipelined else None
         self._clip: float | None = None
         self._tied: list[_TiedPair] = []
@@ -133,7 +135,7 @@ class ParallelExecutor(Executor):
         for part in parts:
             part.to(device=self.device, dtype=dtype).train()
             part_units = list(part.units) if isinstance(part, StageModule) else units.modules(part)
-            if layout.size("tp") > 1:
+            if layout.tp > 1:
                 parallelize_units(part_units, units.tp_plan, self.mesh["tp"], layout.sequence_parallel)
             self.modules.append(self._data_parallel(part, part_units))
         self.optimizer = _unmixed(
@@ -151,7 +153,7 @@ class ParallelExecutor(Executor):
     def _data_parallel(self, part: nn.Module, part_units: list[nn.Module]) -> nn.Module:
         """``part`` sharded (FSDP2, one unit each plus the rest as the root) or replicated (DDP) over the dp axis."""
         kind = self.layout.data_parallel
-        if self.layout.size("dp") == 1 or kind is None:
+        if self.layout.dp == 1 or kind is None:
             return part
         dp_mesh = self.mesh["dp"]
         if kind == "ddp":
@@ -207,7 +209,7 @@ class ParallelExecutor(Executor):
 
     def data_shard(self, world: World) -> DataShard:
         c = self.coordinates
-        return DataShard(c["dp"], self.layout.size("dp"), counts_samples=c["tp"] == 0 and c["pp"] == 0)
+        return DataShard(c["dp"], self.layout.dp, counts_samples=c["tp"] == 0 and c["pp"] == 0)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.pipelined:
@@ -262,7 +264,7 @@ class ParallelExecutor(Executor):
 
         layout = self.layout
         microbatches = math.gcd(layout.microbatches, batch)
-        fewest = fewest_microbatches(layout.schedule, layout.size("pp"), layout.virtual_stages)
+        fewest = fewest_microbatches(layout.schedule, layout.pp, layout.virtual_stages)
         if microbatches < fewest:
             raise RuntimeError(
                 f"a batch of {batch} samples (an epoch's smaller last batch) cannot be cut into the {fewest} or more "
@@ -341,17 +343,17 @@ class ParallelExecutor(Executor):
             "grad_clip_norm": self._clip,
             "samples_counted": "once per data-parallel replica (by its tensor-parallel rank 0 of the first stage)",
         }
-        if layout.size("tp") > 1:
+        if layout.tp > 1:
             out["tensor_parallel"] = {
-                "size": layout.size("tp"),
+                "size": layout.tp,
                 "sequence_parallel": layout.sequence_parallel,
                 "plan": [list(entry) for entry in self._units.tp_plan],
                 "whole_on_every_rank": "the stem and head (embeddings, final norm, LM head)",
             }
-        if layout.size("dp") > 1:
+        if layout.dp > 1:
             out["data_parallel"] = {
                 "kind": layout.data_parallel,
-                "size": layout.size("dp"),
+                "size": layout.dp,
                 "how": "FSDP2 fully_shard per unit plus the rest as root"
                 if layout.data_parallel == "fsdp"
                 else "DDP per pipeline stage",
@@ -365,7 +367,7 @@ class ParallelExecutor(Executor):
 
     def _describe_pipeline(self) -> dict[str, Any]:
         config, layout = self.request.config, self.layout
-        p, v, m = layout.size("pp"), layout.virtual_stages, layout.microbatches
+        p, v, m = layout.pp, layout.virtual_stages, layout.microbatches
         per_rank: dict[int, dict[str, Any]] = {}
         for log in self._logs:
             facts = log.executor_facts
@@ -439,10 +441,9 @@ class ParallelExecutor(Executor):
         layout, plan = self.layout, self.request.precision
         param_bytes = torch.empty((), dtype=plan.torch_param_dtype).element_size()
         activation_dtype = plan.torch_autocast_dtype or plan.torch_param_dtype
-        mesh = layout.shape()
         result = estimate(
             self._shape,
-            mesh,
+            layout,
             self.request.config.batch_size,
             param_bytes=param_bytes,
             grad_bytes=param_bytes,

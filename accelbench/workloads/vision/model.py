@@ -72,16 +72,22 @@ def forward_flops(spec: VisionModel, image_size: int, num_classes: int) -> int:
     return int(counter.get_total_flops())
 
 
-def make_optimizer(spec: VisionModel, model: nn.Module, implementation: str, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    spec: VisionModel, model: nn.Module, implementation: str, lr: float
+) -> torch.optim.Optimizer:
     """The recipe's optimizer over every parameter (torchvision's reference applies weight decay to all), with the
     backend's kernels (``implementation``: fused, foreach, plain; RMSprop has no fused kernel: foreach then)."""
     from accelbench.workloads import optimizer_kernels
 
     params = list(model.parameters())
     if spec.optimizer.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4, **optimizer_kernels(implementation))
+        return torch.optim.SGD(
+            params, lr=lr, momentum=0.9, weight_decay=1e-4, **optimizer_kernels(implementation)
+        )
     kernels = optimizer_kernels("foreach" if implementation == "fused" else implementation)
-    return torch.optim.RMSprop(params, lr=lr, alpha=0.9, eps=0.0316, momentum=0.9, weight_decay=1e-5, **kernels)
+    return torch.optim.RMSprop(
+        params, lr=lr, alpha=0.9, eps=0.0316, momentum=0.9, weight_decay=1e-5, **kernels
+    )
 
 
 def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> TrainingJob:
