@@ -46,7 +46,7 @@ import sys
 import torch
 import accelbench.engine.runner, accelbench.engine.distributed
 from accelbench.plugins import get_host
-from accelbench.workloads.chardata import CharCorpus
+from accelbench.workloads.gpt.data import CharCorpus
 get_host().select_backend("cpu")
 corpus = CharCorpus.generated()
 torch.set_num_threads(int(sys.argv[1]))

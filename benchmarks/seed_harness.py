@@ -163,7 +163,7 @@ class CharWindows(Dataset):
 def load_text(path: Path | None) -> str:
     if path is not None:
         return path.read_text(encoding="latin-1")
-    from accelbench.workloads.chardata import generate_corpus  # the same text accelbench trains on
+    from accelbench.workloads.gpt.data import generate_corpus  # the same text accelbench trains on
 
     return generate_corpus().tobytes().decode("ascii")
 

@@ -16,8 +16,7 @@ from accelbench.errors import ConfigError
 from accelbench.plugins import get_host
 from accelbench.results import read_record
 from accelbench.workloads.bert import MODEL_SIZES, bert_units, predicted_positions
-from accelbench.workloads.bert.model import BertConfig, BertMLM
-from accelbench.workloads.textdata import (
+from accelbench.workloads.bert.data import (
     BUILTIN_IDS,
     FIRST_WORD_ID,
     HashingTokenizer,
@@ -26,6 +25,7 @@ from accelbench.workloads.textdata import (
     open_text,
     random_masked,
 )
+from accelbench.workloads.bert.model import BertConfig, BertMLM
 
 TINY = ["--workload", "bert", "--model", "bert-tiny", "--seq-len", "32", "--batch-size", "4", "--epochs", "2",
         "--steps-per-epoch", "2", "-q"]  # fmt: skip

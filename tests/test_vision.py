@@ -116,8 +116,8 @@ def test_units_are_the_models_parts_in_order(workload: str) -> None:
 
 
 def test_batches_do_not_depend_on_the_workers_and_split_over_ranks(tmp_path: Path) -> None:
-    from accelbench.workloads.imagedata import SyntheticImages
     from accelbench.workloads.pipeline import LoaderSource
+    from accelbench.workloads.vision.data import SyntheticImages
 
     dataset = SyntheticImages(samples=24, num_classes=10, image_size=32, seed=3)
     serial = LoaderSource(dataset, batch_size=4, seed=3, max_steps=None, workers=0)
@@ -145,7 +145,7 @@ def test_batches_do_not_depend_on_the_workers_and_split_over_ranks(tmp_path: Pat
 
 
 def test_an_image_folder_and_its_tar_shards_give_the_same_batches(tmp_path: Path) -> None:
-    from accelbench.workloads.imagedata import FolderImages, ShardImages, open_images
+    from accelbench.workloads.vision.data import FolderImages, ShardImages, open_images
 
     images = make_images(tmp_path / "folder")
     make_shards(tmp_path / "shards", images)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from accelbench.config import RunConfig
-from accelbench.workloads.chardata import SEED_CORPUS_BYTES, SHAKESPEARE_CHARSET, CharCorpus, RandomWindows
 from accelbench.workloads.gpt import GPT, MODEL_SIZES, GPTConfig, GPTWorkload, configure_adamw
+from accelbench.workloads.gpt.data import SEED_CORPUS_BYTES, SHAKESPEARE_CHARSET, CharCorpus, RandomWindows
 
 
 def resolved(config: RunConfig) -> RunConfig:
@@ -152,7 +152,7 @@ def test_device_resident_windows_are_the_host_windows_bit_for_bit(tmp_path: Path
 
 
 def test_auto_placement_leaves_a_large_corpus_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelbench.workloads import chardata
+    from accelbench.workloads.gpt import data as chardata
 
     windows = RandomWindows(CharCorpus.generated(), block_size=16, batch_size=8, seed=0)
     monkeypatch.setattr(chardata, "AUTO_DEVICE_BYTES", len(windows.corpus) - 1)

@@ -207,8 +207,8 @@ def configure_adamw(model: nn.Module, implementation: str, lr: float) -> torch.o
 
 def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     from accelbench.workloads.bert import vocab_size
+    from accelbench.workloads.bert.data import MaskedSequences, open_text, random_masked
     from accelbench.workloads.pipeline import GeneratedBatches, LoaderSource
-    from accelbench.workloads.textdata import MaskedSequences, open_text, random_masked
 
     options = config.workload_options
     seq_len, mask_ratio = int(options["seq_len"]), float(options["mask_ratio"])

@@ -125,7 +125,7 @@ class GPTWorkload:
     def build(self, config: RunConfig) -> TrainingJob:
         import torch
 
-        from accelbench.workloads.chardata import CharCorpus, RandomWindows
+        from accelbench.workloads.gpt.data import CharCorpus, RandomWindows
         from accelbench.workloads.gpt.model import GPT, GPTConfig, configure_adamw
 
         n_layer, n_head, n_embd = resolve_size(config)

@@ -11,7 +11,7 @@ its usual recipe. What a sample is and what it costs:
 
 This module is what the plugin host and the command line see (options, sizes, identity, units) and imports no
 torch; the models are in :mod:`accelbench.workloads.vision.model` and the data in
-:mod:`accelbench.workloads.imagedata`, imported when a run builds them.
+:mod:`accelbench.workloads.vision.data`, imported when a run builds them.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ def make_optimizer(
 
 
 def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> TrainingJob:
-    from accelbench.workloads.imagedata import open_images, random_images
     from accelbench.workloads.pipeline import GeneratedBatches, LoaderSource
+    from accelbench.workloads.vision.data import open_images, random_images
 
     options = config.workload_options
     image_size, num_classes = int(options["image_size"]), int(options["num_classes"])

@@ -16,7 +16,7 @@ import pytest
 from accelbench_ipu import detect, memory
 from ipu_helpers import FAKE_POPTORCH, FAKE_PVA, REAL_POPTORCH
 
-from accelbench.workloads.chardata import CharCorpus
+from accelbench.workloads.gpt.data import CharCorpus
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import torch
 from accelbench.config import RunConfig
 from accelbench.contract import Backend, ExecutorRequest, World
 from accelbench.workloads import TrainingJob
-from accelbench.workloads.chardata import CharCorpus, RandomWindows
 from accelbench.workloads.gpt import GPTWorkload, gpt_units, resolve_size
+from accelbench.workloads.gpt.data import CharCorpus, RandomWindows
 from accelbench.workloads.gpt.model import GPT, GPTConfig, configure_adamw
 
 HERE = Path(__file__).parent

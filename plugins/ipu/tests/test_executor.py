@@ -15,7 +15,7 @@ from accelbench_ipu.plugin import IpuBackend
 from ipu_helpers import REAL_POPTORCH, ipu_config, job_for, request_for, stand_in_only
 
 from accelbench.errors import BackendError, ConfigError
-from accelbench.workloads.chardata import CharCorpus
+from accelbench.workloads.gpt.data import CharCorpus
 
 BACKEND = IpuBackend()  # the backend; the executors it builds report their memory to it
 

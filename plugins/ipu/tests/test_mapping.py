@@ -16,8 +16,8 @@ from accelbench_ipu.executor import PopTorchExecutor
 from ipu_helpers import REAL_POPTORCH, ipu_config, job_for, request_for
 
 from accelbench.errors import ConfigError
-from accelbench.workloads.chardata import CharCorpus
 from accelbench.workloads.gpt import GPT, GPTConfig
+from accelbench.workloads.gpt.data import CharCorpus
 
 IPU_COUNTS = [1, 2, 4, 8, 16]
 STRATEGIES = ["pipelined", "sharded", "serial-phased", "parallel-phased"]
