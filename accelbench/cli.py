@@ -9,14 +9,12 @@ declare. Nothing heavy is imported at module level: ``accelbench --help``, ``com
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import os
 import sys
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +27,6 @@ from accelbench.exitcodes import ExitCode
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from accelbench.launch import LaunchEnv
 
 EXIT_CODES_HELP = (
     "exit status: 0 ok; 1 error (record written); 2 refused before running (nothing written); "
@@ -294,19 +291,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except AccelbenchError as exc:
         return _refused(exc)
     args.argv = argv
-    handler = {
-        "run": cmd_run,
-        "info": cmd_info,
-        "plugins": cmd_plugins,
-        "schema": cmd_schema,
-        "compare": cmd_compare,
-        "report": cmd_report,
-        "sweep": cmd_sweep,
-        "estimate": cmd_estimate,
-        "comm": cmd_comm,
-    }[args.command]
     try:
-        return int(handler(args, _stderr()))
+        return int(_command(args.command)(args, _stderr()))
     except AccelbenchError as exc:
         return _refused(exc)
 
@@ -325,289 +311,32 @@ def _refused(exc: AccelbenchError) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# run
+# the commands, each in its own module (imported when it runs)
 # --------------------------------------------------------------------------------------------------------------
 
 
-def cmd_run(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.launcher import JobShape, Launcher, RecordKind
-    from accelbench.plugins import get_host
-    from accelbench.results import read_record, write_record
+def _command(name: str) -> Callable[[argparse.Namespace, Console], int]:
+    """The function that runs command ``name``: ``(args, stderr console) -> exit status``."""
+    import importlib
 
-    launcher = Launcher(err, args.argv)
-    if launcher.adopt_job_shape(getattr(args, "devices", None), getattr(args, "nnodes", None)):
-        args.devices, args.nnodes = launcher.env.local_world_size, launcher.env.nnodes
-        if hasattr(args, "node_rank"):
-            del args.node_rank
-    config = config_from_args(args)
-    host = get_host()
-
-    def preflight_once() -> bool:
-        """Said once, by the process the user started; True where the job needs worker processes."""
-        from accelbench.engine.runner import check_run_on_host, preflight
-
-        checked = preflight(config, host)
-        check_run_on_host(checked.config, spawning=launcher.env.launcher == "none")
-        for warning in checked.warnings:
-            err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
-        return config.devices * config.nnodes > 1 and checked.collective is not None  # IPUs replicate in one
-
-    shape = JobShape(config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint, config.output_dir)
-    records = RecordKind(
-        "result record", read_record, lambda r, folder, path: write_record(r, folder, path=path)
-    )
-    return launcher.launch(shape, preflight_once, lambda env: _train_here(args, config, env, err), records)
+    module, function = COMMANDS[name]
+    handler: Callable[..., int] = getattr(importlib.import_module(module), function)
+    if name == "estimate":  # estimate takes the run configuration the run options make
+        return lambda args, err: handler(config_from_args(args), args, err)
+    return handler
 
 
-def _train_here(args: argparse.Namespace, config: RunConfig, launch: LaunchEnv, err: Console) -> int:
-    """This process's part of the run: train (as a rank, or alone); rank 0 writes and shows the record."""
-    from accelbench.display import LiveProgress, LogProgress
-    from accelbench.engine.runner import NoProgress, Progress, run
-    from accelbench.plugins import get_host
-    from accelbench.results import RecordNotSaved
-
-    progress: Progress = NoProgress()
-    if not args.quiet and launch.rank == 0:
-        progress = LiveProgress(err) if err.is_terminal else LogProgress(sys.stderr)
-    try:
-        with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
-            record, path, status = run(config, get_host(), progress, launch)
-    except RecordNotSaved as exc:  # measured, but the folder could not take it: the record goes to stdout
-        print(exc.text, flush=True)
-        err.print(f"[bold red]error:[/] {_escape(str(exc))}", highlight=False, soft_wrap=True)
-        return ExitCode.ERROR
-    if record is not None:
-        if args.json:
-            print(record.to_json(), flush=True)
-        if not args.quiet:
-            from accelbench.display import summary_table
-
-            err.print(summary_table(record))
-            err.print(f"result record: {path}", highlight=False, soft_wrap=True)
-    return ExitCode.of_status(status)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to stdout (by libraries, even from C++) to stderr while it lasts."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# info, plugins, schema
-# --------------------------------------------------------------------------------------------------------------
-
-
-def cmd_info(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.plugins import get_host
-    from accelbench.system import collect_system_info
-
-    host = get_host()
-    system = collect_system_info(host.recorded_environment())
-    backends: list[dict[str, Any]] = []
-    for backend in host.backends.values():
-        devices = backend.detect()
-        backends.append(
-            {
-                "backend": backend.info.model_dump(),
-                "devices": [d.model_dump() for d in devices],
-                "detect_error": backend.detect_error,
-                "runtime_versions": backend.runtime_versions() if devices else {},
-                "peaks": _peaks(backend, devices[0]) if devices else {},
-            }
-        )
-    data: dict[str, Any] = {"system": system.model_dump(), "backends": backends, "plugins": host.versions()}
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return ExitCode.OK
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Console()
-    table = Table(title="system", show_header=False)
-    for key, value in system.model_dump().items():
-        table.add_row(key.removesuffix("_bytes").replace("_", " "), _shown(key, value))
-    out.print(table)
-    listing = Table(title="backends and devices (highest detection priority first)")
-    for col in ("backend", "devices", "peak (dense, per device)", "runtime"):
-        listing.add_column(col)
-    for b in backends:
-        names = "\n".join(_device_line(d) for d in b["devices"]) or (
-            f"none ({b['detect_error']})" if b["detect_error"] else "none"
-        )
-        peaks = "\n".join(
-            f"{name}: {p['flops_per_s'] / 1e12:g} TFLOP/s" for name, p in b["peaks"].items() if p
-        )
-        source = next((p["source"].split(",")[0] for p in b["peaks"].values() if p), "")
-        bandwidth = next((p["memory_bandwidth_bytes_per_s"] for p in b["peaks"].values() if p), None)
-        peaks += f"\nmemory {bandwidth / 1e12:g} TB/s" if bandwidth else ""
-        peaks += f"\n({source})" if source else "" if peaks else "unknown"
-        runtime = ", ".join(f"{k} {v}" for k, v in b["runtime_versions"].items())
-        listing.add_row(b["backend"]["name"], names, peaks, runtime)
-    out.print(listing)
-    return ExitCode.OK
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _shown(key: str, value: Any) -> str:
-    """A system fact as a person reads it: sizes in GiB, mappings as ``k: v`` lines, nothing as "none"."""
-    if value is None or value == {} or value == "":
-        return {"scheduler": "none (not in a batch job)", "job_id": "none", "torch_cuda": "none (not a CUDA build)",
-                "torch_hip": "none (not a ROCm build)", "environment": "none recorded"}.get(key, "unknown")  # fmt: skip
-    if key.endswith("_bytes") and isinstance(value, int):
-        return _gib(value)
-    if isinstance(value, dict):
-        return "\n".join(f"{k}: {v}" for k, v in value.items())
-    return str(value)
-
-
-def _device_line(device: dict[str, Any]) -> str:
-    extra = [device["arch"]] if device.get("arch") else []
-    if device.get("memory_bytes"):
-        extra.append(_gib(device["memory_bytes"]))
-    return f"[{device['index']}] {device['name']}" + (f" ({', '.join(extra)})" if extra else "")
-
-
-def _peaks(backend: Any, device: Any) -> dict[str, dict[str, Any] | None]:
-    """The backend's peak figures for the first device, per math: what MFU is measured against."""
-    from accelbench.contract import standard_plan
-
-    out: dict[str, dict[str, Any] | None] = {}
-    for label, precision in (("bf16", "bf16-mixed"), ("fp16", "fp16-mixed"), ("fp32", "fp32")):
-        peak = backend.peak_figures(device, standard_plan(precision, matmul_math="ieee-fp32"))
-        out[label] = peak.model_dump() if peak else None
-    return out
-
-
-def cmd_plugins(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.plugins import get_host
-
-    host = get_host()
-    rows = []
-    for record in host.records:
-        row = record.to_json()
-        backend = host.backends.get(record.backend.name) if record.backend else None
-        detected = backend.detect() if backend else []
-        row["devices"] = [d.model_dump() for d in detected]
-        row["strategies"] = _answer(functools.partial(_strategies, backend)) if backend else None
-        row["precisions"] = _answer(functools.partial(_precisions, backend)) if backend and detected else None
-        rows.append(row)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return ExitCode.OK
-    from rich.console import Console
-    from rich.markup import escape
-
-    out = Console()
-    for row in rows:
-        dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "no distribution"
-        status = (
-            "[green]active[/]"
-            if row["status"] == "active"
-            else f"[bold red]failed[/]: {escape(row['error'])}"
-        )
-        contract = f", contract {row['contract']}" if row["contract"] else ""
-        out.print(f"[bold]{row['name']}[/] ({dist}{contract}): {status}", highlight=False, soft_wrap=True)
-        if row["backend"]:
-            about = f" ({row['backend']['description']})" if row["backend"]["description"] else ""
-            names = ", ".join(d["name"] for d in row["devices"]) or f"none detected{about}"
-            out.print(f"  backend {row['backend']['name']}: {names}", highlight=False, soft_wrap=True)
-            precisions = row["precisions"] or "(the device decides; none detected here)"
-            out.print(f"  precisions: {_listed(precisions)}", highlight=False, soft_wrap=True)
-            out.print(f"  strategies: {_listed(row['strategies'])}", highlight=False, soft_wrap=True)
-            for name, methods in row["overrides"].items():
-                shown = ", ".join(methods) or "none (the stock torch behaviour throughout)"
-                out.print(f"  {name} overrides: {shown}", highlight=False, soft_wrap=True)
-        if row["hooks"]:
-            hooks = ", ".join(h.removeprefix("accelbench_") for h in row["hooks"])
-            out.print(f"  hooks: {hooks}", highlight=False, soft_wrap=True)
-        for warning in row["warnings"]:
-            out.print(f"  [yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
-    return ExitCode.OK
-
-
-def _answer(ask: Any) -> list[str] | str:
-    """A backend's answer, or what went wrong asking (``plugins`` reports, it does not fail)."""
-    try:
-        return list(ask())
-    except Exception as exc:  # noqa: BLE001 - a plugin's fault is shown, not raised
-        return f"unknown ({type(exc).__name__}: {exc})"
-
-
-def _precisions(backend: Any) -> list[str]:
-    """Asked as the launcher asks, of the device type (no index): no device runtime is initialised for it."""
-    import torch
-
-    return list(backend.supported_precisions(torch.device(backend.info.device_type)))
-
-
-def _strategies(backend: Any) -> list[str]:
-    return list(backend.supported_strategies(_device_kind(backend)))
-
-
-def _device_kind(backend: Any) -> Any:
-    """A backend's device type as an index-less torch device: what is asked before a device is bound."""
-    import torch
-
-    return torch.device(backend.info.device_type)
-
-
-def _listed(value: list[str] | str | None) -> str:
-    return ", ".join(value) if isinstance(value, list) else str(value)
-
-
-def cmd_schema(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.results import json_schema
-
-    print(json.dumps(json_schema(), indent=2))
-    return ExitCode.OK
-
-
-def cmd_compare(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.compare import compare_command
-
-    return compare_command(args, err)
-
-
-def cmd_report(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.report import report_command
-
-    return report_command(args, err)
-
-
-def cmd_estimate(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.estimate.command import estimate_command
-
-    return estimate_command(config_from_args(args), args, err)
-
-
-def cmd_sweep(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.sweep import sweep_command
-
-    return sweep_command(args, err)
-
-
-def cmd_comm(args: argparse.Namespace, err: Console) -> int:
-    from accelbench.comm.command import comm_command
-
-    return comm_command(args, err)
+COMMANDS = {
+    "run": ("accelbench.commands.run", "run_command"),
+    "info": ("accelbench.commands.info", "info_command"),
+    "plugins": ("accelbench.commands.info", "plugins_command"),
+    "schema": ("accelbench.commands.info", "schema_command"),
+    "compare": ("accelbench.compare", "compare_command"),
+    "report": ("accelbench.report", "report_command"),
+    "sweep": ("accelbench.sweep", "sweep_command"),
+    "estimate": ("accelbench.estimate.command", "estimate_command"),
+    "comm": ("accelbench.comm.command", "comm_command"),
+}
 
 
 if __name__ == "__main__":
