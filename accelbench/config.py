@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from accelbench.contract import PRECISIONS, Scalar
+from accelbench.contract import PRECISIONS, Scalar, Strategy
 from accelbench.parallel_dims import (
     DATA_AXES,
     MESH_AXES,
@@ -246,10 +246,10 @@ class RunConfig(BaseModel):
         defaults filled in), so a sweep's point and the record of its run agree, and what cannot run is refused
         before anything starts. Checks that need the model (heads, layers) are the preflight's."""
         world = self.devices * self.nnodes
-        if self.mesh is None and self.strategy in ("tp", "pp"):
+        if self.mesh is None and self.strategy in (Strategy.TP, Strategy.PP):
             self.mesh = f"{self.strategy}={world}"
         if self.mesh is None:
-            if self.strategy == "mesh":
+            if self.strategy == Strategy.MESH:
                 raise ValueError("--strategy mesh needs --mesh AXIS=SIZE,..., e.g. --mesh dp=2,tp=2")
             self._no_layout_options("a tp or pp axis (--mesh, or --strategy tp/pp)")
             return self
@@ -269,7 +269,7 @@ class RunConfig(BaseModel):
                 "least 2 devices (--devices N)"
             )
         chosen = "mesh" if len(sizes) > 1 else next(iter(sizes))
-        if self.strategy == "single":
+        if self.strategy == Strategy.SINGLE:
             self.strategy = chosen
         elif self.strategy != chosen:
             raise ValueError(

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from accelbench.contract.strategies import Strategy
 from accelbench.results import EpochMetrics, PredictionCheck, ResultRecord, check_prediction
 
 _REFRESH_S = 0.25  # the display is updated at most this often, so a fast step loop pays ~100 ns per step
@@ -229,7 +230,7 @@ def summary_table(record: ResultRecord) -> Table:
         "outcome", record.outcome.status + (f": {record.outcome.message}" if record.outcome.message else "")
     )
     table.add_row("device", f"{record.backend.devices_used} x {record.backend.devices[0].name}")
-    if record.world_size > 1 or c.strategy != "single":
+    if record.world_size > 1 or c.strategy != Strategy.SINGLE:
         nodes = f" on {record.nodes} nodes" if record.nodes > 1 else ""
         collective = f", {record.backend.collective_backend}" if record.backend.collective_backend else ""
         launcher = f", launched by {record.launcher}" if record.launcher != "none" else ""

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from accelbench.contract.strategies import Strategy
+
 if TYPE_CHECKING:
     from accelbench.config import RunConfig
 
@@ -26,8 +28,6 @@ if TYPE_CHECKING:
 DATA_AXES = {"dp": "fsdp", "fsdp": "fsdp", "ddp": "ddp"}
 MESH_AXES = ("dp", "tp", "pp")  # generic names, as --placement lists them
 DEFAULT_ORDER = ("pp", "dp", "tp")  # outermost first: tensor parallelism innermost (inside a node)
-# strategies that run on a mesh with a tensor or pipeline axis (the rest are data parallelism alone, or one device)
-MODEL_PARALLEL_STRATEGIES = ("tp", "pp", "mesh")
 # torch.distributed.pipelining's schedules by accelbench's names -> the stages each pipeline rank holds: "one"; "loop"
 # (v >= 1 stages, rank r holding stages r, r+p, ...; default 2); "v" (exactly 2, V-shaped: r and 2p-1-r)
 PP_SCHEDULES = {
@@ -117,7 +117,7 @@ class ParallelDims:
             world = config.devices * config.nnodes
             return cls(
                 dp=world,
-                data_parallel=config.strategy if world > 1 and config.strategy != "single" else None,
+                data_parallel=config.strategy if world > 1 and config.strategy != Strategy.SINGLE else None,
                 ranks_per_node=config.devices,
             )
         canonical = parse_mesh(config.mesh)

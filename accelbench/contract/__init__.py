@@ -2,7 +2,7 @@
 
 - :class:`Backend`: the base class a vendor subclasses (stock PyTorch behaviour in every method);
 - the records a backend returns (:class:`BackendInfo`, :class:`DeviceInfo`, :class:`EpochReadings`, ...);
-- :class:`PrecisionPlan`, :class:`RunOption`, and the executor interface (:class:`Executor`,
+- :class:`Strategy` (the strategies the core builds), :class:`PrecisionPlan`, :class:`RunOption`, and the executor interface (:class:`Executor`,
   :class:`ExecutorRequest`, :class:`World`) for backends that build their own executor;
 - the registration hooks (:mod:`accelbench.contract.hookspecs`), :data:`hookimpl` and :data:`CONTRACT_VERSION`.
 
@@ -10,7 +10,7 @@ Nothing in this package imports the engine, the plugin host or the command line.
 documents every method with its types.
 """
 
-from accelbench.contract.backend import COLLECTIVE_DTYPES, STRATEGIES, Backend, OptimizerImplementation
+from accelbench.contract.backend import COLLECTIVE_DTYPES, Backend, OptimizerImplementation
 from accelbench.contract.executor import DataShard, Executor, ExecutorRequest, World
 from accelbench.contract.markers import CONTRACT_VERSION, PROJECT, hookimpl, hookspec
 from accelbench.contract.options import RunOption, Scalar
@@ -26,6 +26,7 @@ from accelbench.contract.records import (
     PeakFigures,
     allocator_memory,
 )
+from accelbench.contract.strategies import STRATEGIES, Strategy, strategy_of
 
 __all__ = [
     "COLLECTIVE_DTYPES",
@@ -34,6 +35,7 @@ __all__ = [
     "PRECISIONS",
     "PROJECT",
     "STRATEGIES",
+    "Strategy",
     "Backend",
     "BackendInfo",
     "DataShard",
@@ -54,4 +56,5 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "standard_plan",
+    "strategy_of",
 ]

@@ -44,6 +44,7 @@ from accelbench.contract.records import (
     PeakFigures,
     allocator_memory,
 )
+from accelbench.contract.strategies import STRATEGIES
 from accelbench.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
@@ -54,11 +55,6 @@ if TYPE_CHECKING:
 
 OptimizerImplementation = Literal["fused", "foreach", "plain"]
 
-# The strategies the core builds for any torch device with a torch.distributed collective: data parallel (ddp,
-# fsdp, DeepSpeed ZeRO) and tensor, pipeline and composed parallelism (tp, pp, mesh)
-STRATEGIES: tuple[str, ...] = (
-    "single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "tp", "pp", "mesh",
-)  # fmt: skip
 
 # dtypes torch.distributed's stock collectives (gloo, nccl, xccl) reduce
 COLLECTIVE_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16", "int64", "int32")
@@ -382,4 +378,4 @@ def _accelerator() -> Any:
     return accelerator
 
 
-__all__ = ["COLLECTIVE_DTYPES", "NO_COLLECTIVE", "STRATEGIES", "Backend", "OptimizerImplementation"]
+__all__ = ["COLLECTIVE_DTYPES", "NO_COLLECTIVE", "Backend", "OptimizerImplementation"]

@@ -8,10 +8,11 @@ from typing import Any
 import torch
 
 from accelbench.contract import Executor, ExecutorRequest, PrecisionPlan
+from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.errors import ConfigError
 from accelbench.workloads import TrainingJob
 
-STAGES = {"deepspeed-zero1": 1, "deepspeed-zero2": 2, "deepspeed-zero3": 3}
+STAGES = {s: Strategy(s).zero_stage for s in ZERO_STRATEGIES}
 
 
 def require_deepspeed() -> None:

@@ -12,6 +12,7 @@ from typing import Any, cast
 import torch
 
 from accelbench.contract import Executor, ExecutorRequest
+from accelbench.contract.strategies import Strategy, strategy_of
 from accelbench.engine.executor import TorchExecutor
 from accelbench.errors import BackendError
 from accelbench.workloads import ModelUnits
@@ -70,17 +71,18 @@ def executor_for(request: ExecutorRequest) -> Executor:
         from accelbench.engine.lightning import LightningExecutor
 
         return LightningExecutor(request)
-    if strategy == "single":
+    kind = strategy_of(strategy)
+    if kind == Strategy.SINGLE:
         return TorchExecutor(request)
-    if strategy == "ddp":
+    if kind == Strategy.DDP:
         return DDPExecutor(request)
-    if strategy == "fsdp":
+    if kind == Strategy.FSDP:
         return FSDPExecutor(request)
-    if strategy in ("tp", "pp", "mesh"):
+    if kind is not None and kind.model_parallel:
         from accelbench.engine.parallel.executor import ParallelExecutor
 
         return ParallelExecutor(request)
-    if strategy.startswith("deepspeed-zero"):
+    if kind is not None and kind.zero_stage is not None:
         from accelbench.engine.deepspeed import DeepSpeedExecutor
 
         return DeepSpeedExecutor(request)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from accelbench.contract import Executor, ExecutorRequest
+from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.errors import ConfigError
 from accelbench.workloads import TrainingJob
 
@@ -23,13 +24,13 @@ PRECISION: dict[str, Any] = {
     "bf16-mixed": "bf16-mixed",
     "bf16-true": "bf16-true",
 }
-STRATEGY = {
-    "single": "auto",
-    "ddp": "ddp",
-    "fsdp": "fsdp",
-    "deepspeed-zero1": "deepspeed_stage_1",
-    "deepspeed-zero2": "deepspeed_stage_2",
-    "deepspeed-zero3": "deepspeed_stage_3",
+STRATEGY: dict[str, str] = {  # accelbench strategy -> Lightning Fabric strategy
+    Strategy.SINGLE: "auto",
+    Strategy.DDP: "ddp",
+    Strategy.FSDP: "fsdp",
+    Strategy.ZERO1: "deepspeed_stage_1",
+    Strategy.ZERO2: "deepspeed_stage_2",
+    Strategy.ZERO3: "deepspeed_stage_3",
 }
 
 
@@ -57,9 +58,9 @@ class LightningExecutor(Executor):
                 f"strategy {request.strategy!r} has no Lightning equivalent; with --engine lightning use one of: "
                 f"{', '.join(STRATEGY)}"
             )
-        if request.strategy == "fsdp" and device_type == "cpu":
+        if request.strategy == Strategy.FSDP and device_type == "cpu":
             raise ConfigError("Lightning's FSDP strategy refuses CPU; use --engine native for fsdp on CPU")
-        if request.strategy.startswith("deepspeed-") and request.config.grad_accum > 1:
+        if request.strategy in ZERO_STRATEGIES and request.config.grad_accum > 1:
             raise ConfigError(
                 "--grad-accum with --engine lightning and a deepspeed strategy: Fabric leaves DeepSpeed's own "
                 "accumulation unconfigured; use --engine native (which sets gradient_accumulation_steps)"

@@ -40,6 +40,7 @@ from accelbench.contract import (
     Scalar,
     World,
 )
+from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
 from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
@@ -146,7 +147,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         raise ConfigError(
             f"backend {backend.name!r} cannot compile (it names no torch.compile backend); drop --compile"
         )
-    if config.strategy.startswith("deepspeed-"):
+    if config.strategy in ZERO_STRATEGIES:
         from accelbench.engine.deepspeed import require_deepspeed
 
         require_deepspeed()
@@ -160,7 +161,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
             )
     collective = backend.collective(kind)
     world = config.devices * config.nnodes
-    if world > 1 and config.strategy == "single" and collective is not None:
+    if world > 1 and config.strategy == Strategy.SINGLE and collective is not None:
         raise ConfigError(
             f"strategy 'single' trains on one device, but {world} were asked for; choose a multi-device strategy: "
             f"{', '.join(s for s in backend.supported_strategies(kind) if s != 'single')}"
@@ -305,7 +306,7 @@ def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None
         )
     plan = backend.precision_plan(config.precision, device, config.backend_options)
     collective = None
-    if config.strategy != "single" and checked.collective is not None:
+    if config.strategy != Strategy.SINGLE and checked.collective is not None:
         collective = backend.collective(device)
         assert collective is not None  # the same backend answered for the device type
         init_process_group(launch, collective, device, config.collective_timeout)

@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from accelbench.contract import PeakFigures
+from accelbench.contract.strategies import MODEL_PARALLEL_STRATEGIES
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import (
     TransformerShape,
@@ -36,7 +37,7 @@ from accelbench.estimate.parallel import (
     pipeline_bubble,
 )
 from accelbench.estimate.parallel import estimate as parallel_estimate
-from accelbench.parallel_dims import MODEL_PARALLEL_STRATEGIES, ParallelDims
+from accelbench.parallel_dims import ParallelDims
 
 SCHEMA_NAME = "accelbench.estimate"
 SCHEMA_VERSION = 1

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accelbench.config import RunConfig
+from accelbench.contract.strategies import Strategy
 from accelbench.workloads import ModelUnits, TrainingJob
 from accelbench.workloads.dataoptions import data_label
 from accelbench.workloads.vision import FLOPS_FORMULA, IMAGENET_TRAIN_IMAGES, VisionModel
@@ -22,7 +23,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # strategies that keep whole parameters on each rank; the sharding ones (FSDP, ZeRO, tensor and pipeline parallelism,
 # the IPU's) flatten or split parameters and need them contiguous
-WHOLE_PARAMETER_STRATEGIES = ("single", "ddp")
+WHOLE_PARAMETER_STRATEGIES = (Strategy.SINGLE, Strategy.DDP)
 
 
 class ImageClassifier(nn.Module):
