@@ -87,6 +87,33 @@ def test_cpu_run_writes_a_complete_record(tmp_path: Path) -> None:
     assert record.executor["fused_optimizer"] is True
 
 
+def test_the_checks_run_once_in_a_run_that_trains_in_the_process_the_user_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import accelbench.engine.runner as runner
+
+    calls: list[object] = []
+    real = runner.preflight
+
+    def counted(config: object, host: object) -> runner.Preflight:
+        calls.append(config)
+        return real(config, host)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "preflight", counted)
+    assert (
+        main(["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--output-dir", str(tmp_path), "-q"])
+        == 0
+    )
+    assert len(calls) == 1 and only_record(tmp_path).outcome.status == "ok"
+    # a run handed another configuration than the one checked checks its own
+    calls.clear()
+    checked = real(tiny_config(output_dir=tmp_path), get_host())
+    record, _, status = run(
+        tiny_config(output_dir=tmp_path, epochs=2), get_host(), launch=None, checked=checked
+    )
+    assert status == "ok" and len(calls) == 1 and record is not None and record.config.epochs == 2
+
+
 def test_training_really_learns_a_file(tmp_path: Path) -> None:
     text = tmp_path / "abc.txt"
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 400)

@@ -19,6 +19,7 @@ from accelbench.exitcodes import ExitCode
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from accelbench.engine.runner import Preflight
     from accelbench.launch import LaunchEnv
 
 
@@ -38,11 +39,14 @@ def run_command(args: argparse.Namespace, err: Console) -> int:
     config = config_from_args(args)
     host = get_host()
 
+    made: list[Preflight] = []  # this process's preflight, handed to the run if it trains here
+
     def preflight_once() -> bool:
         """Said once, by the process the user started; True where the job needs worker processes."""
         from accelbench.engine.runner import check_run_on_host, preflight
 
         checked = preflight(config, host)
+        made.append(checked)
         check_run_on_host(checked.config, spawning=launcher.env.launcher == "none")
         for warning in checked.warnings:
             err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
@@ -52,11 +56,19 @@ def run_command(args: argparse.Namespace, err: Console) -> int:
     records = RecordKind(
         "result record", read_record, lambda r, folder, path: write_record(r, folder, path=path)
     )
-    return launcher.launch(shape, preflight_once, lambda env: _train_here(args, config, env, err), records)
+    return launcher.launch(
+        shape,
+        preflight_once,
+        lambda env: _train_here(args, config, env, err, made[0] if made else None),
+        records,
+    )
 
 
-def _train_here(args: argparse.Namespace, config: RunConfig, launch: LaunchEnv, err: Console) -> int:
-    """This process's part of the run: train (as a rank, or alone); rank 0 writes and shows the record."""
+def _train_here(
+    args: argparse.Namespace, config: RunConfig, launch: LaunchEnv, err: Console, checked: Preflight | None
+) -> int:
+    """This process's part of the run: train (as a rank, or alone; ``checked``: the preflight this process made,
+    if any); rank 0 writes and shows the record."""
     from accelbench.display import LiveProgress, LogProgress
     from accelbench.engine.runner import NoProgress, Progress, run
     from accelbench.plugins import get_host
@@ -67,7 +79,7 @@ def _train_here(args: argparse.Namespace, config: RunConfig, launch: LaunchEnv, 
         progress = LiveProgress(err) if err.is_terminal else LogProgress(sys.stderr)
     try:
         with _stdout_to_stderr() if args.json else contextlib.nullcontext():  # keep --json output clean
-            record, path, status = run(config, get_host(), progress, launch)
+            record, path, status = run(config, get_host(), progress, launch, checked)
     except RecordNotSaved as exc:  # measured, but the folder could not take it: the record goes to stdout
         print(exc.text, flush=True)
         err.print(f"[bold red]error:[/] {_escape(str(exc))}", highlight=False, soft_wrap=True)

@@ -109,6 +109,7 @@ class Preflight:
     """What a run needs that can be checked without touching a device (the launcher checks it before launching)."""
 
     config: RunConfig  # with the workload's options resolved and the backend's options checked
+    asked: RunConfig  # the configuration as given, before it was resolved (what the check was of)
     backend: Backend
     devices: list[DeviceInfo]
     workload: Workload
@@ -134,6 +135,7 @@ class PreparedRun:
 
 def preflight(config: RunConfig, host: PluginHost) -> Preflight:
     """Check the request against the installed backends and workloads; raise ConfigError/BackendError."""
+    asked = config
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
@@ -195,7 +197,9 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
     check_profile_window(config)
     load_comm_records(config)  # unreadable --comm-records are refused now, not found wanting after the run
     check_writable(config.output_dir)  # before anything is measured, not after
-    return Preflight(config, backend, devices, host.workload(config.workload), collective, tuple(warnings))
+    return Preflight(
+        config, asked, backend, devices, host.workload(config.workload), collective, tuple(warnings)
+    )
 
 
 # What one host can be asked to run, checked in the process the user started before any worker starts (a worker's own
@@ -282,10 +286,15 @@ def check_run_on_host(config: RunConfig, spawning: bool = True) -> None:
     check_profile_window(config, int(psutil.virtual_memory().available))
 
 
-def prepare(config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None) -> PreparedRun:
-    """Resolve and check everything, bind the device and join the process group; nothing is measured yet."""
+def prepare(
+    config: RunConfig, host: PluginHost, launch: LaunchEnv | None = None, checked: Preflight | None = None
+) -> PreparedRun:
+    """Resolve and check everything, bind the device and join the process group; nothing is measured yet.
+    ``checked``: the preflight of ``config`` this process already made (the command line's, before it decided
+    to train here), so the checks run once per process."""
     launch = launch or LaunchEnv("none")
-    checked = preflight(config, host)
+    if checked is None or checked.asked != config:
+        checked = preflight(config, host)
     config, backend = checked.config, checked.backend
     world = World(
         rank=launch.rank,
@@ -635,14 +644,19 @@ def place_data(data: BatchSource, device: torch.device, placement: str) -> Batch
 
 
 def run(
-    config: RunConfig, host: PluginHost, progress: Progress | None = None, launch: LaunchEnv | None = None
+    config: RunConfig,
+    host: PluginHost,
+    progress: Progress | None = None,
+    launch: LaunchEnv | None = None,
+    checked: Preflight | None = None,
 ) -> tuple[ResultRecord | None, Path | None, Status]:
-    """Prepare, measure and, on rank 0, write the result record.
+    """Prepare, measure and, on rank 0, write the result record (``checked``: this process's preflight of
+    ``config``, when it made one already).
 
     Returns the record and its path on rank 0 (None, None on other ranks) and this process's outcome status.
     """
     TERMINATION.reset()
-    run_ = prepare(config, host, launch)
+    run_ = prepare(config, host, launch, checked)
     backend, device = run_.backend, run_.device
     try:
         return _run_prepared(run_, host, progress)
