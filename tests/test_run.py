@@ -418,3 +418,29 @@ def test_graph_replaying_runs_record_the_reserved_peak(
     monkeypatch.setattr(TorchExecutor, "replays_graphs", property(lambda self: False))
     record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=1, steps_per_epoch=2), get_host())
     assert record.metrics.epochs[0].peak_memory_bytes == 512  # without graphs: the allocator's own peak
+
+
+def test_epoch_side_measurements_enclose_the_timed_steps_and_stay_outside_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trackers (the backend's epoch readings, the host's load) start before the device is synchronised and
+    the timer starts, and stop after the closing synchronisation: no reading is inside a timed epoch, and each
+    epoch gets one of each."""
+    from accelbench.backends.cpu import CpuBackend
+    from accelbench.engine import trackers
+
+    events: list[str] = []
+    start, end, sync = CpuBackend.epoch_start, CpuBackend.epoch_end, CpuBackend.end_of_step
+    usage = trackers.cpu_usage
+    monkeypatch.setattr(
+        CpuBackend, "epoch_start", lambda self, d: (events.append("start"), start(self, d))[1]
+    )
+    monkeypatch.setattr(CpuBackend, "epoch_end", lambda self, d: (events.append("end"), end(self, d))[1])
+    monkeypatch.setattr(CpuBackend, "end_of_step", lambda self, d: (events.append("step"), sync(self, d))[1])
+    monkeypatch.setattr(trackers, "cpu_usage", lambda: (events.append("cpu"), usage())[1])
+    record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=3), get_host())
+    assert record is not None and record.outcome.status == "ok"
+    epoch = ["start", "cpu", "step", "step", "step", "cpu", "end"]
+    assert events == epoch * 2
+    for e in record.metrics.epochs:
+        assert e.cpu_s is not None and e.cpu_s >= 0

@@ -61,9 +61,10 @@ from accelbench.engine.ranks import (
     release_peers,
 )
 from accelbench.engine.signals import TERMINATION, RunInterrupted
+from accelbench.engine.trackers import epoch_trackers
 from accelbench.errors import BackendError, ConfigError
 from accelbench.estimate.model import WorkloadFacts
-from accelbench.hostinfo import cpu_usage, usable_cores
+from accelbench.hostinfo import usable_cores
 from accelbench.launch import RUN_ID_ENV, LaunchEnv
 from accelbench.plugins import PluginHost
 from accelbench.results import (
@@ -429,14 +430,16 @@ def measure(
 
             steps = job.data.steps(shard.index, shard.count)
             plan, walls = result.plan, result.walls
+            trackers = epoch_trackers(backend, device, executor)
+            readings = trackers[0]
             for epoch in range(plan.limit):
                 progress.start_epoch(epoch + 1, plan.expected(epoch), steps, config.batch_size)
-                backend.epoch_start(device)
                 losses: list[torch.Tensor] = []
                 samples = 0
                 steps_done = 0
+                for tracker in trackers:
+                    tracker.start()
                 backend.synchronize(device)
-                usage = cpu_usage()
                 start = time.perf_counter()
                 for inputs, targets in job.data.batches(epoch, shard.index, shard.count):
                     losses.append(
@@ -450,25 +453,13 @@ def measure(
                     progress.step()
                 backend.synchronize(device)
                 wall = time.perf_counter() - start
-                after = cpu_usage()
-                readings = backend.epoch_end(device)
-                result.memory = memory_seen(readings.memory, executor)
+                for tracker in reversed(trackers):
+                    tracker.stop(log)
+                result.memory = readings.memory
                 log.epoch_wall_s.append(wall)
                 log.epoch_samples.append(samples)
                 log.epoch_steps.append(steps_done)
-                log.epoch_peak_bytes.append(result.memory.peak_bytes)
                 log.epoch_loss.append(torch.stack(losses).float().mean().item())
-                log.epoch_telemetry.append(dict(readings.telemetry))
-                log.epoch_energy_j.append(readings.energy.joules if readings.energy else None)
-                if readings.energy:
-                    log.energy_domain, log.energy_source = readings.energy.domain, readings.energy.source
-                log.epoch_cpu_s.append(after.cpu_s - usage.cpu_s)
-                log.epoch_cpu_wait_s.append(
-                    max(0.0, after.wait_s - usage.wait_s)
-                    if after.wait_s is not None and usage.wait_s is not None
-                    else None
-                )
-                log.epoch_load.append(after.load_1m)
                 progress.end_epoch(epoch_metrics(epoch, [log], job.tokens_per_sample))
                 if world.world_size > 1:
                     publish_progress(
@@ -610,20 +601,6 @@ def slowest_rank(wall: float, device: torch.device, backend: Backend) -> float:
     value = torch.tensor([wall], dtype=dtype, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
-
-
-def memory_seen(memory: MemoryStats, executor: Executor) -> MemoryStats:
-    """The backend's memory reading, with the reserved peak as the headline when the executor replays graphs
-    (their private pool is invisible to the allocated-bytes peak); said so in ``source``."""
-    if not executor.replays_graphs or memory.peak_reserved_bytes is None:
-        return memory
-    return memory.model_copy(
-        update={
-            "peak_bytes": max(memory.peak_reserved_bytes, memory.peak_bytes or 0),
-            "source": f"reserved peak: steps replay CUDA graphs from a private memory pool that the allocated "
-            f"peak does not see (allocated peak {memory.peak_bytes} bytes; {memory.source})",
-        }
-    )
 
 
 def place_data(data: BatchSource, device: torch.device, placement: str) -> BatchSource:
