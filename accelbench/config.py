@@ -54,7 +54,7 @@ class RunConfig(BaseModel):
     """One benchmark run. Stored whole in the result record, so a run can be repeated from it
     (``accelbench run --config RECORD.json``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # resolved once (preflight), then read
 
     backend: str | None = Field(
         default=None, description="backend name (default: the highest-priority backend that detects a device)"
