@@ -68,6 +68,17 @@ def records(folder: Path) -> list[dict[str, Any]]:
         (["--seed", str(2**64)], "--seed: Input should be less than or equal to 18446744073709551615"),
         (["--lr", "nan"], "--lr: Input should be a finite number (got nan)"),
         (["--collective-timeout", "inf"], "--collective-timeout: Input should be a finite number (got inf)"),
+        # a model size typed wrong is refused before a single layer is built, not built until the host gives out
+        (
+            ["--model", "custom", "--layers", "99999999", "--heads", "2", "--embd", "64"],
+            "--layers: Input should be less than or equal to 1024 (got 99999999)",
+        ),
+        (
+            ["--model", "custom", "--layers", "2", "--heads", "2", "--embd", "10000000"],
+            "--embd: Input should be less than or equal to 65536",
+        ),
+        (["--block-size", str(2**30)], "--block-size: Input should be less than or equal to 1048576"),
+        (["--vocab-multiple", str(2**30)], "--vocab-multiple: Input should be less than or equal to 65536"),
     ],
 )
 def test_bad_values_are_refused_before_anything_runs(
@@ -98,6 +109,31 @@ def test_more_worker_processes_than_the_host_can_run_are_refused(
     err = refused(["--devices", "4", "--strategy", "ddp"], tmp_path, capsys)
     assert "--devices 4: each worker process holds ~256 MiB before its model, 1.0 GiB in all" in err
     assert "give --devices 3 or fewer" in err
+
+
+def test_a_model_whose_weights_the_host_cannot_hold_is_refused_before_it_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank builds the whole model in fp32 on the host first: counted on the meta device, refused when the
+    worker processes of the node could not hold the weights (1 GiB available: 2 layers of width 3072 are ~0.8 GiB
+    of weights, which one process holds and two do not)."""
+    from accelbench.plugins import get_host
+    from accelbench.testing import tiny_config
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=2**30))
+    size = ["--model", "custom", "--layers", "2", "--heads", "2", "--embd", "3072", "--block-size", "8"]
+    err = refused([*size, "--devices", "2", "--strategy", "ddp"], tmp_path, capsys)
+    assert (
+        "gpt custom: 226," in err
+        and "0.8 GiB of fp32 weights built in host memory on each of 2 worker" in err
+    )
+    assert "this host has 1.0 GiB available; choose a smaller model (or fewer --devices per node)" in err
+    host = get_host()
+    options = {"n_layer": 2, "n_head": 2, "n_embd": 3072, "block_size": 8}
+    config = host.resolve(tiny_config(model="custom", workload_options=options))
+    runner.check_model_fits_host(config, host.workload("gpt"), 2**30)  # one process holds it
+    with pytest.raises(runner.ConfigError, match="0.8 GiB of fp32 weights built in host memory before"):
+        runner.check_model_fits_host(config, host.workload("gpt"), 2**29)
 
 
 def test_a_profile_window_the_memory_cannot_hold_is_refused_naming_what_fits(

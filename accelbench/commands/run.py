@@ -47,7 +47,7 @@ def run_command(args: argparse.Namespace, err: Console) -> int:
 
         checked = preflight(config, host)
         made.append(checked)
-        check_run_on_host(checked.config, spawning=launcher.env.launcher == "none")
+        check_run_on_host(checked.config, launcher.env.launcher == "none", checked.workload)
         for warning in checked.warnings:
             err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
         return config.devices * config.nnodes > 1 and checked.collective is not None  # IPUs replicate in one

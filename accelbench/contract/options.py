@@ -34,6 +34,7 @@ class RunOption(BaseModel):
     gt: float | None = None
     ge: float | None = None
     lt: float | None = None
+    le: float | None = None
     backend: str = Field(default="", description="The backend that reads it (backend options).")
     workload: str = Field(default="", description="The workload that reads it (workload options).")
 
@@ -73,9 +74,11 @@ class RunOption(BaseModel):
                 (self.gt, number > (self.gt or 0.0), "greater than"),
                 (self.ge, number >= (self.ge or 0.0), "greater than or equal to"),
                 (self.lt, number < (self.lt or 0.0), "less than"),
+                (self.le, number <= (self.le or 0.0), "less than or equal to"),
             ):
                 if bound is not None and not ok:
-                    raise ConfigError(f"{where}: Input should be {words} {bound:g} (got {value!r})")
+                    shown = f"{int(bound)}" if float(bound).is_integer() else f"{bound:g}"
+                    raise ConfigError(f"{where}: Input should be {words} {shown} (got {value!r})")
         return converted
 
 

@@ -272,10 +272,11 @@ def check_profile_window(config: RunConfig, available_bytes: int | None = None) 
         )
 
 
-def check_run_on_host(config: RunConfig, spawning: bool = True) -> None:
+def check_run_on_host(config: RunConfig, spawning: bool = True, workload: Workload | None = None) -> None:
     """What `accelbench run` asks of this host, checked once by the process the user started, before any worker
     starts: worker processes and threads against its cores and memory (``spawning``: accelbench starts them; under
-    torchrun, srun or mpirun they run already), the --profile window against its memory."""
+    torchrun, srun or mpirun they run already), the --profile window against its memory and, given the resolved
+    config's ``workload``, its model's weights against the memory (:func:`check_model_fits_host`)."""
     import psutil
 
     if spawning:
@@ -284,7 +285,32 @@ def check_run_on_host(config: RunConfig, spawning: bool = True) -> None:
         )  # the core workloads' DataLoader workers, if given
         given = workers if isinstance(workers, int) and not isinstance(workers, bool) else None
         check_host_capacity(config.devices, config.threads, given)
-    check_profile_window(config, int(psutil.virtual_memory().available))
+    available = int(psutil.virtual_memory().available)
+    check_profile_window(config, available)
+    if workload is not None:
+        check_model_fits_host(config, workload, available)
+
+
+def check_model_fits_host(config: RunConfig, workload: Workload, available_bytes: int) -> None:
+    """Every rank builds its whole model in fp32 in host memory before an executor places, shards or casts it:
+    refuse a model whose weights alone, on every worker process of this node, exceed the memory available, before
+    anything is built (a build that exhausts the host is ended by the kernel's out-of-memory killer, with nothing
+    said). The count comes from building the model on the meta device (shapes, no storage); a workload that cannot
+    be built so is left to its real build."""
+    from accelbench.estimate.facts import meta_facts
+
+    try:
+        facts = meta_facts(workload, config)
+    except Exception:  # noqa: BLE001 - not provable here; the real build reports what it meets
+        return
+    weights = facts.stored_parameters * 4
+    if weights * config.devices > available_bytes:
+        per = f" on each of {config.devices} worker processes" if config.devices > 1 else ""
+        raise ConfigError(
+            f"{config.workload} {config.model}: {facts.stored_parameters:,} parameters, {weights / 2**30:.1f} GiB of "
+            f"fp32 weights built in host memory{per} before the run places them, and this host has "
+            f"{available_bytes / 2**30:.1f} GiB available; choose a smaller model (or fewer --devices per node)"
+        )
 
 
 def prepare(

@@ -84,7 +84,7 @@ class BertWorkload:
                       help="share of a sequence's text tokens masked and predicted", workload=self.name),
             RunOption(name="dropout", type="float", default=0.1, ge=0.0, lt=1.0,
                       help="dropout of embeddings, attention and residuals", workload=self.name),
-            RunOption(name="vocab_multiple", type="int", default=64, gt=0,
+            RunOption(name="vocab_multiple", type="int", default=64, gt=0, le=65_536,
                       help="pad the embedding/head rows to a multiple of this for aligned matmuls; the padded "
                       "logits are dropped before the loss, so the model computes the same function (1 = no "
                       "padding)", workload=self.name),

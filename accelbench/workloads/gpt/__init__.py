@@ -35,6 +35,15 @@ MODEL_SIZES: dict[str, tuple[int, int, int]] = {
     "ipu-768": (12, 12, 768),
 }
 
+# Bounds of a custom size, far above any model trained today (the largest published dense transformers have ~126
+# layers, 128 heads, a width of 16,384 and contexts of ~10^6 tokens): a typo (--layers 99999999) is refused before
+# anything is built, rather than building layers until the host runs out of memory.
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_WIDTH = 65_536
+MAX_BLOCK = 2**20
+MAX_VOCAB_MULTIPLE = 65_536
+
 FLOPS_FORMULA = "6N + 12*l*d*s per token (PaLM appendix B; N = parameters without position embeddings)"
 
 
@@ -46,18 +55,30 @@ def _option(
     gt: float | None = None,
     ge: float | None = None,
     lt: float | None = None,
+    le: float | None = None,
 ) -> RunOption:
     flag = {"n_layer": "layers", "n_head": "heads", "n_embd": "embd"}.get(name)
     return RunOption(
-        name=name, flag=flag, type=type_, default=default, help=text, workload="gpt", gt=gt, ge=ge, lt=lt
+        name=name,
+        flag=flag,
+        type=type_,
+        default=default,
+        help=text,
+        workload="gpt",
+        gt=gt,
+        ge=ge,
+        lt=lt,
+        le=le,
     )
 
 
 OPTIONS = (
-    _option("n_layer", "int", None, "custom size: transformer layers (with --model custom)", gt=0),
-    _option("n_head", "int", None, "custom size: attention heads", gt=0),
-    _option("n_embd", "int", None, "custom size: embedding width", gt=0),
-    _option("block_size", "int", 128, "context length in characters", gt=0),
+    _option(
+        "n_layer", "int", None, "custom size: transformer layers (with --model custom)", gt=0, le=MAX_LAYERS
+    ),
+    _option("n_head", "int", None, "custom size: attention heads", gt=0, le=MAX_HEADS),
+    _option("n_embd", "int", None, "custom size: embedding width", gt=0, le=MAX_WIDTH),
+    _option("block_size", "int", 128, "context length in characters", gt=0, le=MAX_BLOCK),
     _option("dropout", "float", 0.1, "dropout of embeddings, attention and residuals", ge=0.0, lt=1.0),
     _option(
         "vocab_multiple",
@@ -66,6 +87,7 @@ OPTIONS = (
         "pad the embedding/head rows to a multiple of this for aligned matmuls; the padded logits are dropped "
         "before the loss, so the model computes the same function (1 = no padding)",
         gt=0,
+        le=MAX_VOCAB_MULTIPLE,
     ),
 )
 

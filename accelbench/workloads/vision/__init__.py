@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 IMAGENET_TRAIN_IMAGES = 1_281_167  # an epoch of synthetic images is an ImageNet-1k training epoch by default
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # ImageFolder's
 MIN_IMAGE_SIZE = 32  # the networks downsample by 32
+MAX_IMAGE_SIZE = (
+    8192  # far above any training crop in use (ImageNet: 224; high-resolution fine-tuning: ~1024)
+)
+MAX_CLASSES = 1_000_000  # far above any classifier head in use (ImageNet-21k: 21,841 classes)
 FLOPS_FORMULA = (
     "3 x forward FLOPs per image (forward: 2 per multiply-accumulate of every convolution and matmul, counted by "
     "torch.utils.flop_counter on one image of the run's size)"
@@ -157,9 +161,9 @@ class VisionWorkload:
     def options(self) -> list[RunOption]:
         name = self.name
         return [
-            RunOption(name="image_size", type="int", default=224, ge=MIN_IMAGE_SIZE,
+            RunOption(name="image_size", type="int", default=224, ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE,
                       help="training crop size in pixels (square)", workload=name),
-            RunOption(name="num_classes", type="int", default=1000, gt=0,
+            RunOption(name="num_classes", type="int", default=1000, gt=0, le=MAX_CLASSES,
                       help="classes of the classifier head (ImageNet-1k: 1000)", workload=name),
             RunOption(name="channels_last", type="bool", default=True,
                       help="channels-last memory format for the model and its inputs (faster convolutions on "
