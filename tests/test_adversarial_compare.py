@@ -33,6 +33,8 @@ HOSTILE_REASONS = {
     "inf-epoch.json": "finite number",
     "negative-epoch.json": "greater than 0",
     "zero-devices.json": "greater than 0",
+    "too-long-epoch.json": "metrics.epochs.0.wall_s: Input should be less than or equal to 10000000",
+    "too-much-memory.json": "metrics.peak_memory_max_bytes: Input should be less than or equal to 1152921504606846976",
     "v1-broken.json": "invalid result record",
     "comm-broken.json": "invalid comm record: world_size",
     "comm-nan.json": "invalid comm record: measurements.0.busbw_gbps: nan",
@@ -116,6 +118,9 @@ def hostile_files(folder: Path, good: Path) -> None:
         "inf-epoch.json": edited("a2", epochs(float("inf"))),
         "negative-epoch.json": edited("a3", epochs(-1.0)),
         "zero-devices.json": edited("a4", lambda r: r["backend"].update(devices_used=0)),
+        # finite, but no measurement gives them: an epoch of 10^308 s, a zettabyte of memory
+        "too-long-epoch.json": edited("a5", epochs(1e308)),
+        "too-much-memory.json": edited("a6", lambda r: r["metrics"].update(peak_memory_max_bytes=2**70)),
         "v1-broken.json": json.dumps({"schema": "accelbench.result", "schema_version": 1, "config": [1, 2]}),
         "comm-good.json": comm_record_text("c2" * 8),  # another kind of record, well formed: compared apart
         "comm-broken.json": json.dumps({**json.loads(comm_record_text()), "world_size": "two"}),

@@ -25,6 +25,14 @@ from accelbench.compare.keys import WorkloadKey
 from accelbench.config import RunConfig
 from accelbench.results import SCHEMA_NAME, SCHEMA_VERSION, Status
 
+# What no measurement gives: a record with figures beyond these was made or edited by hand, and is skipped with the
+# field named rather than ranked. Far above any real figure: an epoch, a compile or a step of ~4 months (10^7 s), a
+# million times the fastest training throughput seen (10^15 samples or tokens a second), an exbibyte of memory.
+MAX_MEASURED_S = 1e7
+MAX_RATE_PER_S = 1e15
+MAX_BYTES = 2**60
+MAX_JOULES_PER_SAMPLE = 1e9
+
 Scalar = str | int | float | bool
 
 
@@ -109,11 +117,11 @@ class _Precision(_View):
 
 
 class _Epoch(_View):
-    wall_s: float = Field(gt=0)  # a measured epoch takes time
+    wall_s: float = Field(gt=0, le=MAX_MEASURED_S)  # a measured epoch takes time
     steps: int = Field(default=0, ge=0)
-    samples_per_s: float = Field(ge=0)
-    tokens_per_s: float = Field(ge=0)
-    joules_per_sample: float | None = Field(default=None, ge=0)
+    samples_per_s: float = Field(ge=0, le=MAX_RATE_PER_S)
+    tokens_per_s: float = Field(ge=0, le=MAX_RATE_PER_S)
+    joules_per_sample: float | None = Field(default=None, ge=0, le=MAX_JOULES_PER_SAMPLE)
 
 
 class _Steady(_View):
@@ -130,18 +138,18 @@ class _Host(_View):
 
 
 class _Metrics(_View):
-    compile_s: float | None
+    compile_s: float | None = Field(ge=0, le=MAX_MEASURED_S)
     epochs: list[_Epoch]
     warmup: _Epoch | None
     steady: _Steady | None
     memory: _Source | None
-    peak_memory_max_bytes: int | None = Field(ge=0)
+    peak_memory_max_bytes: int | None = Field(ge=0, le=MAX_BYTES)
     peak: _Source | None
     host: _Host | None = None
 
 
 class _Profile(_View):
-    step_s: float
+    step_s: float = Field(gt=0, le=MAX_MEASURED_S)
     seconds: dict[str, float]
 
 
