@@ -32,7 +32,7 @@ class DDPExecutor(TorchExecutor):
         return contextlib.nullcontext() if last else cast(Any, self.model).no_sync()
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "strategy": "ddp"}
+        return {**super().describe(), "strategy": str(Strategy.DDP)}
 
 
 class FSDPExecutor(TorchExecutor):
@@ -58,7 +58,7 @@ class FSDPExecutor(TorchExecutor):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "strategy": "fsdp",
+            "strategy": str(Strategy.FSDP),
             "fsdp": "fully_shard (FSDP2), one unit per workload unit + root",
         }
 

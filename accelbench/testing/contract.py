@@ -39,6 +39,7 @@ from accelbench.contract import (
     RunOption,
     World,
 )
+from accelbench.contract.strategies import Strategy
 from accelbench.engine.distributed import executor_for
 from accelbench.errors import ConfigError
 from accelbench.plugins import PluginHost, PluginRecord
@@ -497,7 +498,7 @@ class BackendContract:
 
         if contract_backend.collective_backend(contract_device) is NO_COLLECTIVE:
             pytest.skip("the backend replicates without torch.distributed (no collective): nothing to check")
-        if "ddp" not in contract_backend.supported_strategies(contract_device):
+        if Strategy.DDP not in contract_backend.supported_strategies(contract_device):
             pytest.skip("the backend declares no ddp strategy")
         if contract_backend.info.device_type != "cpu" and len(contract_devices) < 2:
             pytest.skip(
@@ -508,7 +509,7 @@ class BackendContract:
             contract_device,
             tmp_path,
             "--strategy",
-            "ddp",
+            Strategy.DDP,
             "--devices",
             "2",
             timeout_factor=2,

@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from accelbench.contract import DataShard, Executor, ExecutorRequest, World
+from accelbench.contract.strategies import Strategy
 from accelbench.engine.parallel.mesh import build_device_mesh, check_model_split
 from accelbench.engine.parallel.pp import (
     TORCH_SCHEDULES,
@@ -156,7 +157,7 @@ class ParallelExecutor(Executor):
         if self.layout.dp == 1 or kind is None:
             return part
         dp_mesh = self.mesh["dp"]
-        if kind == "ddp":
+        if kind == Strategy.DDP:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
@@ -355,7 +356,7 @@ class ParallelExecutor(Executor):
                 "kind": layout.data_parallel,
                 "size": layout.dp,
                 "how": "FSDP2 fully_shard per unit plus the rest as root"
-                if layout.data_parallel == "fsdp"
+                if layout.data_parallel == Strategy.FSDP
                 else "DDP per pipeline stage",
             }
         if self.pipelined:

@@ -170,7 +170,9 @@ def test_runtime_versions_leave_cuda_uninitialised_in_the_parent(monkeypatch: py
     versions = backend.runtime_versions()
     assert cuda.initialised_by is None and not torch.cuda.is_initialized()
     assert "cudnn" not in versions
-    backend.setup_device(World(local_rank=0), {})  # a run: CUDA is up, so the runtime's own answer is recorded
+    backend.setup_device(
+        World(local_rank=0), {}
+    )  # a run: CUDA is up, so the runtime's own answer is recorded
     assert backend.runtime_versions()["cudnn"] == "91900"
 
 

@@ -36,6 +36,7 @@ from accelbench.contract import (
     hookimpl,
     standard_plan,
 )
+from accelbench.contract.strategies import Strategy
 from accelbench.devices import readings_with_energy
 from accelbench.errors import BackendError, ConfigError
 from accelbench_gaudi import __version__, hlml, modes, peaks
@@ -172,7 +173,7 @@ class GaudiBackend(Backend):
     def supported_strategies(self, device: torch.device) -> list[str]:
         # DeepSpeed on Gaudi is Habana's fork, and the tensor/pipeline strategies use DTensor paths Habana does not
         # document for HPU: offer what the bridge documents (DDP, FSDP) and the single device
-        return ["single", "ddp", "fsdp"]
+        return [Strategy.SINGLE, Strategy.DDP, Strategy.FSDP]
 
     def check_run(self, config: RunConfig) -> None:
         mode = modes.wanted_mode(config.backend_options)

@@ -73,7 +73,9 @@ def test_memory_and_energy_belong_to_the_bound_gcd(monkeypatch: pytest.MonkeyPat
 def test_a_gcd_without_a_power_sensor_reports_no_energy(monkeypatch: pytest.MonkeyPatch) -> None:
     install_gpus(monkeypatch, mi250x_gcds())
     backend = rocm()
-    device = backend.setup_device(World(local_rank=1), {})  # the second GCD: amdsmi reports the package's power on the first
+    device = backend.setup_device(
+        World(local_rank=1), {}
+    )  # the second GCD: amdsmi reports the package's power on the first
     backend.epoch_start(device)
     epoch = backend.epoch_end(device)
     assert set(epoch.telemetry) == {"temperature_c"} and epoch.energy is None

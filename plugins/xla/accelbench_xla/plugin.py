@@ -39,6 +39,7 @@ from accelbench.contract import (
     hookimpl,
     standard_plan,
 )
+from accelbench.contract.strategies import Strategy
 from accelbench.devices import probe_in_subprocess
 from accelbench.errors import BackendError, ConfigError
 from accelbench_xla import __version__, peaks
@@ -76,7 +77,7 @@ class XlaBackend(Backend):
         priority=90,
         description="PyTorch/XLA (torch-xla, installed with its torch); PJRT_DEVICE=TPU or CPU.",
     )
-    strategies = ("single",)
+    strategies = (Strategy.SINGLE,)
 
     # before any run -------------------------------------------------------------------------------------------
     def recorded_environment(self) -> list[str]:
