@@ -1,6 +1,6 @@
 """Why a run takes the time and memory it takes, before running it: the analytical model, pure arithmetic (no torch).
 
-:func:`estimate` turns what a workload is (:class:`WorkloadFacts`: parameters, FLOPs, a transformer's shape), how it
+:func:`predict_step` turns what a workload is (:class:`WorkloadFacts`: parameters, FLOPs, a transformer's shape), how it
 is spread (strategy, devices, precision) and what the hardware can do (peak FLOP/s, bus bandwidth, memory) into a
 :class:`Prediction`: memory per device by kind, communication per device per step by collective, FLOPs and the step
 time. Every formula says where it comes from; docs/estimate.md has them all, with their sources and where they miss.
@@ -34,9 +34,9 @@ from accelbench.estimate.parallel import (
     activation_bytes_per_layer,
     allgather_bytes,
     allreduce_bytes,
+    estimate_parallel,
     pipeline_bubble,
 )
-from accelbench.estimate.parallel import estimate as parallel_estimate
 from accelbench.parallel_dims import ParallelDims
 
 SCHEMA_NAME = "accelbench.estimate"
@@ -302,7 +302,7 @@ class Prediction(_Model):
 
 
 class Bandwidth:
-    """Bus bandwidth by collective, group size and message size: what :func:`estimate` divides bus bytes by.
+    """Bus bandwidth by collective, group size and message size: what :func:`predict_step` divides bus bytes by.
     :class:`accelbench.estimate.comm.BusBandwidth` reads it from comm records; a test may give any object with
     this method."""
 
@@ -457,7 +457,7 @@ def _note_activations(state: StateBytes, keeps_scores: bool, notes: _Notes) -> N
     )
 
 
-def estimate(
+def predict_step(
     facts: WorkloadFacts,
     layout: RunShape,
     hardware: Hardware,
@@ -803,7 +803,7 @@ def _zero(
 def _model_parallel(
     facts: WorkloadFacts, layout: RunShape, state: StateBytes, keeps_scores: bool, notes: _Notes
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
-    """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate` (its memory for the first pipeline
+    """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate_parallel` (its memory for the first pipeline
     rank, its communication by axis), with this module's state widths; FLOPs per device are the replica's divided
     by tp x pp, and the bubble is the schedule's."""
     mesh, shape = layout.dims, facts.transformer
@@ -812,7 +812,7 @@ def _model_parallel(
             f"strategy {layout.strategy!r}: the tensor/pipeline model needs a transformer's shape; workload "
             f"{facts.workload!r} gives none"
         )
-    result = parallel_estimate(
+    result = estimate_parallel(
         shape,
         mesh,
         layout.batch_size,

@@ -186,7 +186,7 @@ class ParallelEstimate:
         return {**asdict(self), "memory_bytes": self.memory_bytes}
 
 
-def estimate(
+def estimate_parallel(
     shape: TransformerShape,
     mesh: ParallelDims,
     batch: int,

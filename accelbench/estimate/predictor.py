@@ -22,8 +22,8 @@ from accelbench.estimate.model import (
     RunShape,
     ScalingPrediction,
     WorkloadFacts,
-    estimate,
     predict_speedup,
+    predict_step,
 )
 from accelbench.parallel_dims import ParallelDims
 
@@ -78,7 +78,7 @@ def predict(
         bandwidth=bandwidth,
         devices_per_node=config.devices,
     )
-    return estimate(
+    return predict_step(
         facts,
         run_shape(config),
         hardware,

@@ -40,7 +40,7 @@ from accelbench.engine.parallel.pp import (
 )
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
-from accelbench.estimate.parallel import TransformerShape, estimate, pipeline_bubble
+from accelbench.estimate.parallel import TransformerShape, estimate_parallel, pipeline_bubble
 from accelbench.parallel_dims import ParallelDims, fewest_microbatches
 from accelbench.workloads import ModelUnits, TrainingJob
 
@@ -435,13 +435,13 @@ class ParallelExecutor(Executor):
         }
 
     def _analytical(self) -> dict[str, Any] | None:
-        """The analytical model's figures for this layout (:func:`accelbench.estimate.parallel.estimate`)."""
+        """The analytical model's figures for this layout (:func:`accelbench.estimate.parallel.estimate_parallel`)."""
         if self._shape is None:
             return None
         layout, plan = self.layout, self.request.precision
         param_bytes = torch.empty((), dtype=plan.torch_param_dtype).element_size()
         activation_dtype = plan.torch_autocast_dtype or plan.torch_param_dtype
-        result = estimate(
+        result = estimate_parallel(
             self._shape,
             layout,
             self.request.config.batch_size,
