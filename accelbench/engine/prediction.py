@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
     from accelbench.config import RunConfig
     from accelbench.contract import Backend, DeviceInfo, PeakFigures, PrecisionPlan
-    from accelbench.estimate.model import Bandwidth, WorkloadFacts
+    from accelbench.estimate.facts import WorkloadFacts
+    from accelbench.estimate.hardware import Bandwidth
 
 
 def load_comm_records(config: RunConfig) -> Bandwidth | None:

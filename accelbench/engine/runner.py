@@ -62,7 +62,7 @@ from accelbench.engine.ranks import (
 )
 from accelbench.engine.signals import TERMINATION, RunInterrupted
 from accelbench.errors import BackendError, ConfigError
-from accelbench.estimate.model import WorkloadFacts
+from accelbench.estimate.facts import WorkloadFacts
 from accelbench.hostinfo import cpu_usage, usable_cores
 from accelbench.launch import RUN_ID_ENV, LaunchEnv
 from accelbench.plugins import PluginHost
