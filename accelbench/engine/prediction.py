@@ -14,7 +14,7 @@ predicted compute time are against the achievable matmul rate, labelled ``measur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.results import RunPrediction
@@ -70,7 +70,7 @@ def predict_run(
 ) -> RunPrediction:
     """The prediction for ``config`` as it ran: ``estimate``'s, on the facts of the built model."""
     if facts is None:
-        return _none("the model was never built")
+        return RunPrediction.absent("the model was never built")
     from accelbench.estimate.predictor import predict
 
     try:
@@ -85,52 +85,6 @@ def predict_run(
             runtime_bytes=runtime_bytes or 0.0,
         )
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
-        return _none(str(exc))
-    missing = []
-    if p.peak_flops_per_s is None:
-        missing.append("no peak FLOP/s for this device (give --peak-tflops)")
-    if p.comm and p.comm_s is None:
-        missing.append(
-            "communication time unknown: give --comm-records (from `accelbench comm` on this system)"
-        )
-    if p.peak_memory_bytes is None:
-        missing.append("no activation-memory formula for this workload")
-    breakdown = p.memory
-    memory: dict[str, float | None] = {
-        "weights": breakdown.weights_bytes,
-        "master weights": breakdown.master_weights_bytes,
-        "gradients": breakdown.gradients_bytes,
-        "optimizer": breakdown.optimizer_bytes,
-        "activations": breakdown.activations_bytes,
-        "transient": breakdown.transient_bytes,
-        "runtime": breakdown.runtime_bytes,
-    }
-    return RunPrediction(
-        step_time_s=p.step_time_s,
-        compute_s=p.compute_s,
-        optimizer_s=p.optimizer_s,
-        comm_s=p.comm_s,
-        comm_exposed_s=p.comm_exposed_s,
-        samples_per_s=p.samples_per_s,
-        peak_memory_bytes=p.peak_memory_bytes,
-        memory_bytes=memory,
-        comm_bytes_per_step=p.comm_bytes_per_step,
-        flops_per_step=p.flops_per_step,
-        peak_flops_per_s=p.peak_flops_per_s,
-        peak_source=p.peak_source,
-        efficiency=p.efficiency,
-        overlap=p.overlap,
-        bandwidth_source=f"accelbench comm records in {config.comm_records}"
-        if bandwidth is not None
-        else None,
-        note="; ".join(missing) or None,
-    )
-
-
-def _none(why: str) -> RunPrediction:
-    """No prediction, and why."""
-    unknown: dict[str, Any] = dict.fromkeys(
-        ("step_time_s", "compute_s", "comm_s", "comm_exposed_s", "samples_per_s", "peak_memory_bytes",
-         "comm_bytes_per_step")
-    )  # fmt: skip
-    return RunPrediction(**unknown, note=f"no prediction: {why}")
+        return RunPrediction.absent(str(exc))
+    source = f"accelbench comm records in {config.comm_records}" if bandwidth is not None else None
+    return RunPrediction.from_prediction(p, bandwidth_source=source)
