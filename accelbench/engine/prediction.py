@@ -7,9 +7,7 @@ reports MFU against, and, with ``--comm-records``, the collectives' bus bandwidt
 :func:`predict_run` turns them into a :class:`~accelbench.results.RunPrediction` with the same functions
 ``accelbench estimate`` calls. The prediction never fails a run: what it cannot predict it says in ``note``.
 
-Where the backend's table has no peak for the device (a CPU), :func:`peak_for` measures dense matrix multiplies
-once per host (:func:`accelbench.estimate.peak.measured_peak`, cached) before anything is timed, so MFU and the
-predicted compute time are against the achievable matmul rate, labelled ``measured: ...``.
+The peak it is against is the one MFU is against: :func:`accelbench.engine.metrics.peak_for`.
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.results import RunPrediction
 
 if TYPE_CHECKING:
-    import torch
-
     from accelbench.config import RunConfig
-    from accelbench.contract import Backend, DeviceInfo, PeakFigures, PrecisionPlan
+    from accelbench.contract import DeviceInfo, PeakFigures
     from accelbench.estimate.facts import WorkloadFacts
     from accelbench.estimate.hardware import Bandwidth
 
@@ -39,24 +35,6 @@ def load_comm_records(config: RunConfig) -> Bandwidth | None:
     except ConfigError as exc:
         text = str(exc).replace("--comm ", "--comm-records ", 1).replace("--comm:", "--comm-records:", 1)
         raise ConfigError(text) from None
-
-
-def peak_for(
-    backend: Backend, device: torch.device, device_info: DeviceInfo, plan: PrecisionPlan
-) -> PeakFigures | None:
-    """The backend's table peak for the math that runs, else (no table figure: a CPU) the measured dense-matmul
-    rate of this device, from the per-host cache or measured now (a few seconds, once); None if neither."""
-    peak = backend.peak_figures(device_info, plan)
-    if peak is not None or device.type != backend.info.device_type:
-        return (
-            peak  # a device fed from host tensors (an IPU) computes elsewhere: timing the host says nothing
-        )
-    from accelbench.estimate.peak import measured_peak
-
-    try:
-        return measured_peak(backend, device, plan, device_name=device_info.name)
-    except (OSError, RuntimeError, AccelbenchError):  # an unwritable cache, a device that cannot multiply
-        return None
 
 
 def predict_run(

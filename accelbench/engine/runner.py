@@ -42,8 +42,8 @@ from accelbench.contract import (
 )
 from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
-from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
-from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
+from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics, peak_for
+from accelbench.engine.prediction import load_comm_records, predict_run
 from accelbench.engine.profile import (
     MAX_PROFILE_STEPS,
     MIN_EVENTS_PER_STEP,
