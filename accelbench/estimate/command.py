@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.config import RunConfig
 from accelbench.contract import PRECISIONS, DeviceInfo, PeakFigures, PrecisionPlan, standard_plan
+from accelbench.contract.strategies import MODEL_PARALLEL_STRATEGIES
 from accelbench.errors import ConfigError
 from accelbench.estimate.hardware import Bandwidth
 from accelbench.estimate.schema import Prediction, ScalingPrediction
@@ -343,7 +344,7 @@ def show(prediction: Prediction, out: Console) -> None:
     p = prediction
     title = (
         f"{p.workload} {p.model}, {p.strategy} on {p.devices} device(s), {p.precision}, batch {p.batch_size} per "
-        f"{'replica' if p.strategy in ('tp', 'pp', 'mesh') else 'device'}"
+        f"{'replica' if p.strategy in MODEL_PARALLEL_STRATEGIES else 'device'}"
     )
     out.print(f"[bold]accelbench estimate[/]: {escape(title)}", highlight=False, soft_wrap=True)
     out.print(f"device: {escape(p.device)}", highlight=False, soft_wrap=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelbench.config import RunConfig
+from accelbench.contract.strategies import Strategy
 from accelbench.errors import ConfigError
 from accelbench.estimate.activations import attention_keeps_scores
 from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
@@ -83,7 +84,7 @@ def predict_step(
         raise ConfigError(
             f"--efficiency {efficiency}: give a fraction of the peak above 0 and at most 1, e.g. 0.4"
         )
-    if layout.strategy == "single" and layout.devices > 1:
+    if layout.strategy == Strategy.SINGLE and layout.devices > 1:
         raise ConfigError(
             f"strategy 'single' trains on one device, but {layout.devices} were asked for; choose ddp, fsdp, "
             "deepspeed-zero1/2/3, tp, pp or mesh"
@@ -241,7 +242,9 @@ def predict_scaling(
         )
     if config.nnodes > 1 and devices_to % config.nnodes:
         raise ConfigError(f"--scale-to {devices_to}: not a multiple of --nnodes {config.nnodes}")
-    strategy = "ddp" if config.strategy == "single" and devices_to > 1 else config.strategy
+    strategy = (
+        Strategy.DDP.value if config.strategy == Strategy.SINGLE and devices_to > 1 else config.strategy
+    )
     wider = config.model_copy(update={"devices": devices_to // config.nnodes, "strategy": strategy})
     at_g, at_n = (
         predict(

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelbench.contract.strategies import MODEL_PARALLEL_STRATEGIES
+from accelbench.contract.strategies import (
+    DATA_PARALLEL_STRATEGIES,
+    MODEL_PARALLEL_STRATEGIES,
+    ZERO_STRATEGIES,
+    Strategy,
+)
 from accelbench.parallel_dims import ParallelDims
 
-DATA_PARALLEL = ("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
+# every device holds a whole replica: one device, DDP, FSDP2, ZeRO 1-3
+DATA_PARALLEL = (Strategy.SINGLE.value, *DATA_PARALLEL_STRATEGIES)
+# one replica over several devices: tensor, pipeline, both (a mesh)
 MODEL_PARALLEL = MODEL_PARALLEL_STRATEGIES
 STRATEGIES = DATA_PARALLEL + MODEL_PARALLEL
+# each data-parallel rank updates its shard of the parameters: FSDP2 and ZeRO 1-3
+SHARDED_OPTIMIZER = (Strategy.FSDP.value, *ZERO_STRATEGIES)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.errors import ConfigError
 
 
@@ -32,14 +33,14 @@ def state_bytes(precision: str, strategy: str) -> StateBytes:
     its "fp32" master copy (``stage_1_and_2.py``: ``.detach().clone().to(master dtype)``).
     """
     mixed = precision in ("bf16-mixed", "fp16-mixed")
-    if strategy.startswith("deepspeed-"):
+    if strategy in ZERO_STRATEGIES:
         if precision == "bf16-true":
             raise ConfigError(
                 "DeepSpeed keeps fp32 master weights: use bf16-mixed, not bf16-true, with deepspeed"
             )
         sixteen = 2 if mixed else 4
         # "ZeRO-1 stages the fp32 accumulator; ZeRO-2 keeps low-precision staging" (stage_1_and_2.py)
-        reduction = 4 if strategy == "deepspeed-zero1" else sixteen
+        reduction = 4 if strategy == Strategy.ZERO1 else sixteen
         return StateBytes(
             param=sixteen,
             grad=sixteen,

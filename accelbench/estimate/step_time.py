@@ -10,7 +10,7 @@ from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
 from accelbench.estimate.schema import CommOp
-from accelbench.estimate.shape import MODEL_PARALLEL, RunShape
+from accelbench.estimate.shape import MODEL_PARALLEL, SHARDED_OPTIMIZER, RunShape
 from accelbench.estimate.state import StateBytes
 
 Overlap = Literal["none", "backward", "auto"]
@@ -71,7 +71,7 @@ def optimizer_time(
         return None
     p = layout.devices
     updated = float(facts.stored_parameters)
-    if layout.strategy in ("fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"):
+    if layout.strategy in SHARDED_OPTIMIZER:
         updated /= p
     elif layout.strategy in MODEL_PARALLEL:
         dims = layout.dims

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from accelbench.contract.strategies import Strategy
 from accelbench.errors import ConfigError
 from accelbench.estimate.activations import activation_bytes, layer_activation_bytes, note_activations
 from accelbench.estimate.facts import WorkloadFacts
@@ -61,7 +62,7 @@ def data_parallel_breakdown(
         )
     comm: list[CommOp] = []
     grad_total = n * state.grad
-    if strategy in ("single", "ddp"):
+    if strategy in (Strategy.SINGLE, Strategy.DDP):
         memory = MemoryBreakdown(
             weights_bytes=n * state.param,
             master_weights_bytes=0.0,
@@ -69,9 +70,9 @@ def data_parallel_breakdown(
             optimizer_bytes=n * state.optimizer,
             activations_bytes=activations,
             transient_bytes=autocast,
-            gradients_freed_each_step=strategy == "single",
+            gradients_freed_each_step=strategy == Strategy.SINGLE,
         )
-        if strategy == "ddp" and p > 1:
+        if strategy == Strategy.DDP and p > 1:
             message = min(grad_total, DDP_BUCKET_BYTES)
             comm.append(
                 CommOp(
@@ -92,7 +93,7 @@ def data_parallel_breakdown(
             "gradient_as_bucket_view, and stay allocated; one device's gradients are freed each step, so its peak "
             "holds the larger of gradients and activations)"
         )
-    elif strategy == "fsdp":
+    elif strategy == Strategy.FSDP:
         units = facts.unit_parameters or (n,)
         largest = max(units)
         gathered = (facts.outer_parameters + 2 * largest) * state.param
@@ -168,7 +169,7 @@ def zero_breakdown(
     Only ZeRO-3 overlaps them (``overlap_comm`` defaults to on for stage 3 alone).
     """
     p, n = layout.devices, facts.stored_parameters
-    stage = int(layout.strategy[-1])
+    stage = Strategy(layout.strategy).zero_stage
     bucket_elements = DS_REDUCE_BUCKET if hardware.device_type != "cpu" else min(n, DS_REDUCE_BUCKET)
     bucket = bucket_elements * state.reduction
     if hardware.device_type == "cpu":
@@ -348,7 +349,7 @@ def model_parallel_breakdown(
             )
         )
     if mesh.dp > 1:
-        if mesh.data_parallel == "ddp":
+        if mesh.data_parallel == Strategy.DDP:
             comm.append(
                 CommOp(
                     op="all_reduce",
