@@ -247,7 +247,7 @@ class RunConfig(BaseModel):
         before anything starts. Checks that need the model (heads, layers) are the preflight's."""
         world = self.devices * self.nnodes
         if self.mesh is None and self.strategy in (Strategy.TP, Strategy.PP):
-            self.mesh = f"{self.strategy}={world}"
+            self._normalise(mesh=f"{self.strategy}={world}")
         if self.mesh is None:
             if self.strategy == Strategy.MESH:
                 raise ValueError("--strategy mesh needs --mesh AXIS=SIZE,..., e.g. --mesh dp=2,tp=2")
@@ -270,20 +270,25 @@ class RunConfig(BaseModel):
             )
         chosen = "mesh" if len(sizes) > 1 else next(iter(sizes))
         if self.strategy == Strategy.SINGLE:
-            self.strategy = chosen
+            self._normalise(strategy=chosen)
         elif self.strategy != chosen:
             raise ValueError(
                 f"--strategy {self.strategy} with --mesh {given}: that mesh runs as strategy {chosen!r}; leave "
                 f"--strategy out (or give --strategy {chosen})"
             )
         if chosen in DATA_AXES.values():  # data parallelism alone: the ddp/fsdp strategies, no mesh to record
-            self.mesh = None
+            self._normalise(mesh=None)
             self._no_layout_options("a tp or pp axis in --mesh")
             return self
-        self.mesh = format_mesh(sizes)
+        self._normalise(mesh=format_mesh(sizes))
         generic = {generic_axis(axis) for axis in sizes}
         self._check_parallel_options(sizes, generic)
         return self
+
+    def _normalise(self, **values: Any) -> None:
+        """Set fields to their canonical form while the config is validated, as it is made (it is frozen: after
+        that a config is only read)."""
+        self.__dict__.update(values)
 
     def _no_layout_options(self, needs: str) -> None:
         given = [
@@ -311,7 +316,7 @@ class RunConfig(BaseModel):
                     "once each, outermost first, e.g. --placement "
                     + ",".join(a for a in MESH_AXES if a in generic)
                 )
-            self.placement = ",".join(order)
+            self._normalise(placement=",".join(order))
         if "ddp" in sizes and "tp" in sizes:
             raise ValueError(
                 f"--mesh {self.mesh}: DDP cannot hold tensor-parallel (DTensor) parameters; write the data axis as "
@@ -349,18 +354,18 @@ class RunConfig(BaseModel):
                 f"--pp-schedule {self.pp_schedule} holds {holds} per rank, not --virtual-stages {virtual}; for more "
                 "stages per rank use interleaved-1f1b, looped-bfs or interleaved-zb"
             )
-        self.virtual_stages = virtual
+        self._normalise(virtual_stages=virtual)
         stages = pp * virtual
-        if self.microbatches is None:
-            self.microbatches = stages
-        if self.batch_size % self.microbatches:
+        microbatches = self.microbatches or stages
+        self._normalise(microbatches=microbatches)
+        if self.batch_size % microbatches:
             fits = [m for m in range(1, self.batch_size + 1) if self.batch_size % m == 0]
             raise ValueError(
                 f"--microbatches {self.microbatches} does not divide --batch-size {self.batch_size} (per replica); "
                 f"choose from {', '.join(map(str, fits))}, or another batch size"
             )
         fewest = fewest_microbatches(self.pp_schedule, pp, virtual)
-        if self.microbatches < fewest:
+        if microbatches < fewest:
             raise ValueError(
                 f"--pp-schedule {self.pp_schedule} needs at least {fewest} microbatches on {pp} pipeline ranks, not "
                 f"--microbatches {self.microbatches}"

@@ -12,7 +12,7 @@ import stat
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -20,6 +20,9 @@ from accelbench.config import RunConfig
 from accelbench.contract import BackendInfo, DeviceInfo, MemoryStats, PeakFigures, PrecisionPlan
 from accelbench.errors import AccelbenchError, ConfigError, ResultFileError
 from accelbench.system import SystemInfo
+
+if TYPE_CHECKING:
+    from accelbench.estimate.schema import Prediction
 
 SCHEMA_NAME = "accelbench.result"
 SCHEMA_VERSION = 2  # 2: workload options and identity, energy, host load, epochs from 1; v1 records are migrated on read (migrate)
@@ -155,6 +158,58 @@ class RunPrediction(_Model):
     overlap: str | None = None
     bandwidth_source: str | None = None
     note: str | None = Field(default=None, description="What the prediction lacks, or why there is none.")
+
+    @classmethod
+    def from_prediction(cls, p: Prediction, bandwidth_source: str | None = None) -> RunPrediction:
+        """The record's part of ``accelbench estimate``'s :class:`~accelbench.estimate.schema.Prediction` ``p``,
+        its memory breakdown by kind, with a ``note`` naming what it could not predict (and what to give for it).
+        ``bandwidth_source`` says where the collectives' bus bandwidth came from, if anywhere."""
+        missing = []
+        if p.peak_flops_per_s is None:
+            missing.append("no peak FLOP/s for this device (give --peak-tflops)")
+        if p.comm and p.comm_s is None:
+            missing.append(
+                "communication time unknown: give --comm-records (from `accelbench comm` on this system)"
+            )
+        if p.peak_memory_bytes is None:
+            missing.append("no activation-memory formula for this workload")
+        breakdown = p.memory
+        memory: dict[str, float | None] = {
+            "weights": breakdown.weights_bytes,
+            "master weights": breakdown.master_weights_bytes,
+            "gradients": breakdown.gradients_bytes,
+            "optimizer": breakdown.optimizer_bytes,
+            "activations": breakdown.activations_bytes,
+            "transient": breakdown.transient_bytes,
+            "runtime": breakdown.runtime_bytes,
+        }
+        return cls(
+            step_time_s=p.step_time_s,
+            compute_s=p.compute_s,
+            optimizer_s=p.optimizer_s,
+            comm_s=p.comm_s,
+            comm_exposed_s=p.comm_exposed_s,
+            samples_per_s=p.samples_per_s,
+            peak_memory_bytes=p.peak_memory_bytes,
+            memory_bytes=memory,
+            comm_bytes_per_step=p.comm_bytes_per_step,
+            flops_per_step=p.flops_per_step,
+            peak_flops_per_s=p.peak_flops_per_s,
+            peak_source=p.peak_source,
+            efficiency=p.efficiency,
+            overlap=p.overlap,
+            bandwidth_source=bandwidth_source,
+            note="; ".join(missing) or None,
+        )
+
+    @classmethod
+    def absent(cls, why: str) -> RunPrediction:
+        """No prediction, and why: every figure unknown."""
+        unknown: dict[str, Any] = dict.fromkeys(
+            ("step_time_s", "compute_s", "comm_s", "comm_exposed_s", "samples_per_s", "peak_memory_bytes",
+             "comm_bytes_per_step")
+        )  # fmt: skip
+        return cls(**unknown, note=f"no prediction: {why}")
 
 
 class RankMetrics(_Model):

@@ -17,8 +17,7 @@ from accelbench.errors import ConfigError
 from accelbench.estimate import Prediction, predict, predict_speedup
 from accelbench.estimate.catalog import find_device
 from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
-from accelbench.estimate.facts import meta_facts
-from accelbench.estimate.model import WorkloadFacts
+from accelbench.estimate.facts import WorkloadFacts, meta_facts
 from accelbench.hostinfo import CpuUsage
 from accelbench.plugins import get_host
 

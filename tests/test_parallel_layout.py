@@ -17,7 +17,7 @@ from accelbench.estimate.parallel import (
     allgather_bytes,
     allreduce_bytes,
     data_parallel_bytes,
-    estimate,
+    estimate_parallel,
     in_flight_microbatches,
     megatron_flops_per_iteration,
     pipeline_bubble,
@@ -76,7 +76,7 @@ def test_estimate_of_a_3d_layout_by_hand() -> None:
     shape = TransformerShape(layers=4, hidden=8, heads=2, sequence=4, vocab=0, layer_parameters=100,
                              other_parameters=50)  # fmt: skip
     mesh = ParallelDims(dp=2, tp=2, pp=2, data_parallel="fsdp", schedule="1f1b", microbatches=2)
-    e = estimate(shape, mesh, batch=4)
+    e = estimate_parallel(shape, mesh, batch=4)
     # the first stage: 2 layers of 100 parameters split over tp=2, plus 50 whole; FSDP halves it
     assert e.layers_per_stage == 2 and e.parameters_per_device == pytest.approx(75)
     assert (e.weights_bytes, e.gradients_bytes, e.optimizer_bytes) == pytest.approx((300, 300, 600))

@@ -442,7 +442,7 @@ def _fill_scaling(cells: list[Cell], series_of: Any) -> None:
 def _predicted_speedup(first: Cell, cell: Cell) -> float | None:
     """Seed 001's speedup from ``first`` (g devices) to ``cell`` (n): the measured step at g, with the exposed
     communication the model predicted there and at n. None unless both records carry those predictions."""
-    from accelbench.estimate.model import predict_speedup
+    from accelbench.estimate.scaling import predict_speedup
 
     step, comm_g, comm_n = first.step_s, first.predicted_comm_s, cell.predicted_comm_s
     if step is None or comm_g is None or comm_n is None:

@@ -4,6 +4,11 @@ The honest-numbers rules live here, in one place: an epoch's time is the slowest
 samples over that time (never an average of per-rank rates); peak memory is kept per rank with its max and mean;
 energy is summed over distinct counters (ranks sharing one CPU package are counted once); the steady state is the
 median of the epochs after the first; ranks more than 10% slower than the median rank are stragglers.
+
+One function here is not pure: :func:`peak_for`, MFU's denominator: the backend's table peak for the math that
+runs; where the table has none (a CPU), dense matrix multiplies measured once per host
+(:func:`accelbench.estimate.peak.measured_peak`, cached) before anything is timed, so MFU and the predicted compute
+time are against the achievable matmul rate, labelled ``measured: ...``.
 """
 
 from __future__ import annotations
@@ -11,11 +16,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelbench.config import AUTO_MAX_EPOCHS, AUTO_TOLERANCE, MIN_STEADY_EPOCHS
 from accelbench.contract import MemoryStats, PeakFigures
+from accelbench.errors import AccelbenchError
 from accelbench.results import EpochMetrics, HostContention, Metrics, RankMetrics, SteadyState
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.contract import Backend, DeviceInfo, PrecisionPlan
 
 STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median rank's by 10%
 CONTENTION_THRESHOLD = (
@@ -226,6 +237,24 @@ def build_metrics(
         epochs_decision=epochs_decision,
         host=host_contention(epochs, cores),
     )
+
+
+def peak_for(
+    backend: Backend, device: torch.device, device_info: DeviceInfo, plan: PrecisionPlan
+) -> PeakFigures | None:
+    """The backend's table peak for the math that runs, else (no table figure: a CPU) the measured dense-matmul
+    rate of this device, from the per-host cache or measured now (a few seconds, once); None if neither."""
+    peak = backend.peak_figures(device_info, plan)
+    if peak is not None or device.type != backend.info.device_type:
+        return (
+            peak  # a device fed from host tensors (an IPU) computes elsewhere: timing the host says nothing
+        )
+    from accelbench.estimate.peak import measured_peak
+
+    try:
+        return measured_peak(backend, device, plan, device_name=device_info.name)
+    except (OSError, RuntimeError, AccelbenchError):  # an unwritable cache, a device that cannot multiply
+        return None
 
 
 def find_stragglers(logs: list[RankLog]) -> list[int]:

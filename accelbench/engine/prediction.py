@@ -7,24 +7,21 @@ reports MFU against, and, with ``--comm-records``, the collectives' bus bandwidt
 :func:`predict_run` turns them into a :class:`~accelbench.results.RunPrediction` with the same functions
 ``accelbench estimate`` calls. The prediction never fails a run: what it cannot predict it says in ``note``.
 
-Where the backend's table has no peak for the device (a CPU), :func:`peak_for` measures dense matrix multiplies
-once per host (:func:`accelbench.estimate.peak.measured_peak`, cached) before anything is timed, so MFU and the
-predicted compute time are against the achievable matmul rate, labelled ``measured: ...``.
+The peak it is against is the one MFU is against: :func:`accelbench.engine.metrics.peak_for`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.results import RunPrediction
 
 if TYPE_CHECKING:
-    import torch
-
     from accelbench.config import RunConfig
-    from accelbench.contract import Backend, DeviceInfo, PeakFigures, PrecisionPlan
-    from accelbench.estimate.model import Bandwidth, WorkloadFacts
+    from accelbench.contract import DeviceInfo, PeakFigures
+    from accelbench.estimate.facts import WorkloadFacts
+    from accelbench.estimate.hardware import Bandwidth
 
 
 def load_comm_records(config: RunConfig) -> Bandwidth | None:
@@ -40,24 +37,6 @@ def load_comm_records(config: RunConfig) -> Bandwidth | None:
         raise ConfigError(text) from None
 
 
-def peak_for(
-    backend: Backend, device: torch.device, device_info: DeviceInfo, plan: PrecisionPlan
-) -> PeakFigures | None:
-    """The backend's table peak for the math that runs, else (no table figure: a CPU) the measured dense-matmul
-    rate of this device, from the per-host cache or measured now (a few seconds, once); None if neither."""
-    peak = backend.peak_figures(device_info, plan)
-    if peak is not None or device.type != backend.info.device_type:
-        return (
-            peak  # a device fed from host tensors (an IPU) computes elsewhere: timing the host says nothing
-        )
-    from accelbench.estimate.peak import measured_peak
-
-    try:
-        return measured_peak(backend, device, plan, device_name=device_info.name)
-    except (OSError, RuntimeError, AccelbenchError):  # an unwritable cache, a device that cannot multiply
-        return None
-
-
 def predict_run(
     config: RunConfig,
     facts: WorkloadFacts | None,
@@ -69,7 +48,7 @@ def predict_run(
 ) -> RunPrediction:
     """The prediction for ``config`` as it ran: ``estimate``'s, on the facts of the built model."""
     if facts is None:
-        return _none("the model was never built")
+        return RunPrediction.absent("the model was never built")
     from accelbench.estimate.predictor import predict
 
     try:
@@ -84,52 +63,6 @@ def predict_run(
             runtime_bytes=runtime_bytes or 0.0,
         )
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
-        return _none(str(exc))
-    missing = []
-    if p.peak_flops_per_s is None:
-        missing.append("no peak FLOP/s for this device (give --peak-tflops)")
-    if p.comm and p.comm_s is None:
-        missing.append(
-            "communication time unknown: give --comm-records (from `accelbench comm` on this system)"
-        )
-    if p.peak_memory_bytes is None:
-        missing.append("no activation-memory formula for this workload")
-    breakdown = p.memory
-    memory: dict[str, float | None] = {
-        "weights": breakdown.weights_bytes,
-        "master weights": breakdown.master_weights_bytes,
-        "gradients": breakdown.gradients_bytes,
-        "optimizer": breakdown.optimizer_bytes,
-        "activations": breakdown.activations_bytes,
-        "transient": breakdown.transient_bytes,
-        "runtime": breakdown.runtime_bytes,
-    }
-    return RunPrediction(
-        step_time_s=p.step_time_s,
-        compute_s=p.compute_s,
-        optimizer_s=p.optimizer_s,
-        comm_s=p.comm_s,
-        comm_exposed_s=p.comm_exposed_s,
-        samples_per_s=p.samples_per_s,
-        peak_memory_bytes=p.peak_memory_bytes,
-        memory_bytes=memory,
-        comm_bytes_per_step=p.comm_bytes_per_step,
-        flops_per_step=p.flops_per_step,
-        peak_flops_per_s=p.peak_flops_per_s,
-        peak_source=p.peak_source,
-        efficiency=p.efficiency,
-        overlap=p.overlap,
-        bandwidth_source=f"accelbench comm records in {config.comm_records}"
-        if bandwidth is not None
-        else None,
-        note="; ".join(missing) or None,
-    )
-
-
-def _none(why: str) -> RunPrediction:
-    """No prediction, and why."""
-    unknown: dict[str, Any] = dict.fromkeys(
-        ("step_time_s", "compute_s", "comm_s", "comm_exposed_s", "samples_per_s", "peak_memory_bytes",
-         "comm_bytes_per_step")
-    )  # fmt: skip
-    return RunPrediction(**unknown, note=f"no prediction: {why}")
+        return RunPrediction.absent(str(exc))
+    source = f"accelbench comm records in {config.comm_records}" if bandwidth is not None else None
+    return RunPrediction.from_prediction(p, bandwidth_source=source)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -42,8 +42,8 @@ from accelbench.contract import (
 )
 from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
-from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics
-from accelbench.engine.prediction import load_comm_records, peak_for, predict_run
+from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics, peak_for
+from accelbench.engine.prediction import load_comm_records, predict_run
 from accelbench.engine.profile import (
     MAX_PROFILE_STEPS,
     MIN_EVENTS_PER_STEP,
@@ -63,7 +63,7 @@ from accelbench.engine.ranks import (
 from accelbench.engine.signals import TERMINATION, RunInterrupted
 from accelbench.engine.trackers import epoch_trackers
 from accelbench.errors import BackendError, ConfigError
-from accelbench.estimate.model import WorkloadFacts
+from accelbench.estimate.facts import WorkloadFacts
 from accelbench.hostinfo import usable_cores
 from accelbench.launch import RUN_ID_ENV, LaunchEnv
 from accelbench.plugins import PluginHost
@@ -857,12 +857,8 @@ def _prediction_or_note(run_: PreparedRun, m: Measurement) -> RunPrediction:
             runtime_bytes=m.runtime_bytes,
         )
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the prediction is optional; the record is owed
-        unknown: dict[str, Any] = dict.fromkeys(
-            ("step_time_s", "compute_s", "comm_s", "comm_exposed_s", "samples_per_s", "peak_memory_bytes",
-             "comm_bytes_per_step")
-        )  # fmt: skip
         why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
-        return RunPrediction(**unknown, note=f"no prediction: it failed ({why[:300]})")
+        return RunPrediction.absent(f"it failed ({why[:300]})")
 
 
 def memory_before_model(backend: Backend, device: torch.device) -> int | None:

@@ -1,7 +1,7 @@
 """Bus bandwidth by collective, element type and message size, from ``accelbench comm`` records: what the
 collectives' times are computed from.
 
-:func:`accelbench.estimate.model.estimate` needs one method, ``lookup(op, ranks, message_bytes, dtype)`` -> (bus
+:func:`accelbench.estimate.predictor.predict_step` needs one method, ``lookup(op, ranks, message_bytes, dtype)`` -> (bus
 bandwidth in bytes/s, where it comes from). :class:`BusBandwidth` answers it from measured samples:
 
 - the same collective and element type over the same number of ranks, interpolated log-log between the two
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from accelbench.comm.records import comm_record_in, read_comm_record
 from accelbench.errors import ConfigError, ResultFileError
-from accelbench.estimate.model import Bandwidth
+from accelbench.estimate.hardware import Bandwidth
 
 SIBLINGS = {
     "reduce_scatter": ("all_gather",),

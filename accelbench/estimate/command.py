@@ -3,7 +3,7 @@
 It takes every ``accelbench run`` option (the command line adds them, generated as for ``run``), plus its own: the
 device (detected here, or ``--device NAME`` from the plugins' peak tables), comm records or a bus bandwidth, the
 assumed efficiency, and ``--measure-peak`` (dense matmuls timed on this device, cached). It prints tables (or
-``--json``: a :class:`~accelbench.estimate.model.Prediction`).
+``--json``: a :class:`~accelbench.estimate.schema.Prediction`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.config import RunConfig
 from accelbench.contract import PRECISIONS, DeviceInfo, PeakFigures, PrecisionPlan, standard_plan
+from accelbench.contract.strategies import MODEL_PARALLEL_STRATEGIES
 from accelbench.errors import ConfigError
-from accelbench.estimate.model import Bandwidth, Prediction, ScalingPrediction
+from accelbench.estimate.hardware import Bandwidth
+from accelbench.estimate.schema import Prediction, ScalingPrediction
 from accelbench.exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -342,7 +344,7 @@ def show(prediction: Prediction, out: Console) -> None:
     p = prediction
     title = (
         f"{p.workload} {p.model}, {p.strategy} on {p.devices} device(s), {p.precision}, batch {p.batch_size} per "
-        f"{'replica' if p.strategy in ('tp', 'pp', 'mesh') else 'device'}"
+        f"{'replica' if p.strategy in MODEL_PARALLEL_STRATEGIES else 'device'}"
     )
     out.print(f"[bold]accelbench estimate[/]: {escape(title)}", highlight=False, soft_wrap=True)
     out.print(f"device: {escape(p.device)}", highlight=False, soft_wrap=True)

@@ -1,4 +1,5 @@
-"""What the analytical model needs to know about a workload, read off its model without training it.
+"""What the analytical model needs to know about a workload (:class:`WorkloadFacts`), read off its model without
+training it.
 
 :func:`facts_of` reads a built :class:`~accelbench.workloads.TrainingJob` (the runner has one); :func:`meta_facts`
 builds the workload on torch's ``meta`` device first, which creates every parameter's shape and no storage, so
@@ -7,14 +8,44 @@ builds the workload on torch's ``meta`` device first, which creates every parame
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from accelbench.estimate.model import WorkloadFacts
 from accelbench.estimate.parallel import TransformerShape, megatron_flops_per_iteration
 
 if TYPE_CHECKING:
     from accelbench.config import RunConfig
     from accelbench.workloads import TrainingJob, Workload
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """A workload as the formulas see it, for one configuration; :func:`facts_of` reads it off a built model,
+    :func:`meta_facts` off a meta-device one.
+
+    ``parameters`` is the workload's count (the GPT's leaves out its vocabulary padding rows, which compute nothing
+    useful); ``stored_parameters`` what is allocated and communicated (padding included, tied tensors once).
+    ``tensor_sizes`` are the elements of each parameter tensor (ZeRO-3 keeps small ones whole), ``unit_parameters``
+    those of each repeated unit (FSDP's wrapping units) and ``outer_parameters`` those outside them (the root unit).
+    ``matmul_parameters`` are the parameters of linear layers, which autocast copies to 16 bits.
+    ``transformer`` is set for transformers (layers, width, heads, context, vocabulary as the logits are wide).
+    """
+
+    workload: str
+    model: str
+    parameters: int
+    stored_parameters: int
+    flops_per_sample: float
+    flops_formula: str
+    tokens_per_sample: int
+    tensor_sizes: tuple[int, ...] = ()
+    unit_parameters: tuple[int, ...] = ()
+    outer_parameters: int = 0
+    matmul_parameters: int = 0
+    megatron_flops_per_sample: float | None = None
+    transformer: TransformerShape | None = None
+    dropout: float = 0.0
+    source: str = ""
 
 
 def meta_facts(workload: Workload, config: RunConfig) -> WorkloadFacts:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from accelbench.contract.strategies import Strategy
+
 if TYPE_CHECKING:
     from accelbench.parallel_dims import ParallelDims
 
@@ -105,7 +107,7 @@ def data_parallel_bytes(parameters: float, dp: int, kind: str, param_bytes: int,
     """Data-parallel traffic per device per step for ``parameters`` held by each replica's device: DDP all-reduces
     the gradients; FSDP (ZeRO-3) all-gathers the parameters for forward and again for backward and reduce-scatters
     the gradients (seed 001: 2P + 2P + 2P bytes of 16-bit values, against 4P for the all-reduce)."""
-    if kind == "ddp":
+    if kind == Strategy.DDP:
         return allreduce_bytes(parameters * grad_bytes, dp)
     return 2 * allgather_bytes(parameters * param_bytes, dp) + allgather_bytes(parameters * grad_bytes, dp)
 
@@ -186,7 +188,7 @@ class ParallelEstimate:
         return {**asdict(self), "memory_bytes": self.memory_bytes}
 
 
-def estimate(
+def estimate_parallel(
     shape: TransformerShape,
     mesh: ParallelDims,
     batch: int,
@@ -231,7 +233,9 @@ def estimate(
         "pp": pipeline_bytes(
             batch, shape.sequence, shape.hidden, mesh.pp, mesh.virtual_stages, activation_bytes
         ),
-        "dp": data_parallel_bytes(parameters, mesh.dp, mesh.data_parallel or "fsdp", param_bytes, grad_bytes),
+        "dp": data_parallel_bytes(
+            parameters, mesh.dp, mesh.data_parallel or Strategy.FSDP.value, param_bytes, grad_bytes
+        ),
     }
     return ParallelEstimate(
         layers_per_stage=layers_per_stage,

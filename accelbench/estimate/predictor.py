@@ -1,10 +1,27 @@
 """The prediction for a run configuration: what the runner calls and ``accelbench estimate`` prints.
 
 :func:`predict` takes the run's :class:`~accelbench.config.RunConfig` (resolved: the workload's options filled in),
-the workload's :class:`~accelbench.estimate.model.WorkloadFacts` (:func:`accelbench.estimate.facts.facts_of` on the
+the workload's :class:`~accelbench.estimate.facts.WorkloadFacts` (:func:`accelbench.estimate.facts.facts_of` on the
 job the runner built, or :func:`~accelbench.estimate.facts.meta_facts` without building anything real), and what is
 known of the device: its :class:`~accelbench.devices.DeviceInfo` (name, memory), its peak figures (vendor table,
 measured, or ``--peak-tflops``) and the collectives' bus bandwidth.
+
+:func:`predict_step` is the analytical model's whole-run entry, pure arithmetic (no torch): what a workload is
+(:class:`~accelbench.estimate.facts.WorkloadFacts`), how it is spread (:class:`~accelbench.estimate.shape.RunShape`)
+and what the hardware can do (:class:`~accelbench.estimate.hardware.Hardware`) become a
+:class:`~accelbench.estimate.schema.Prediction`: memory per device by kind and communication per device per step by
+collective (:mod:`~accelbench.estimate.strategies`, with :mod:`~accelbench.estimate.state` and
+:mod:`~accelbench.estimate.activations`), FLOPs and the step time (:mod:`~accelbench.estimate.step_time`). Every
+formula says where it comes from; docs/estimate.md has them all, with their sources and where they miss.
+Conventions:
+
+- Communication is counted in nccl-tests' *bus bytes* per device (shared/notes/MEASUREMENT.md): an all-reduce of S
+  bytes over p ranks moves ``2 (p-1)/p S``, an all-gather or reduce-scatter whose whole array is S moves
+  ``(p-1)/p S``, a broadcast, reduce or point-to-point send ``S``. Its time is those bytes over the bus bandwidth
+  (busbw) the same convention measures, so a figure from ``nccl-tests`` or ``accelbench comm`` plugs in directly.
+  Seed 001's table (AllReduce ``4(1-1/p)P`` for P parameters of 2 bytes) is the same count.
+- FLOPs are the workload's own formula (the GPT's ``6N + 12 l d s`` per token); Megatron-LM's count is reported
+  beside it for transformers.
 """
 
 from __future__ import annotations
@@ -12,19 +29,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelbench.config import RunConfig
+from accelbench.contract.strategies import Strategy
 from accelbench.errors import ConfigError
-from accelbench.estimate.model import (
-    DEFAULT_EFFICIENCY,
-    Bandwidth,
-    Hardware,
-    Overlap,
-    Prediction,
-    RunShape,
-    ScalingPrediction,
-    WorkloadFacts,
-    estimate,
-    predict_speedup,
-)
+from accelbench.estimate.activations import attention_keeps_scores
+from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
+from accelbench.estimate.facts import WorkloadFacts
+from accelbench.estimate.hardware import Bandwidth, Hardware
+from accelbench.estimate.notes import Notes
+from accelbench.estimate.scaling import predict_speedup
+from accelbench.estimate.schema import Prediction, ScalingPrediction
+from accelbench.estimate.shape import MODEL_PARALLEL, STRATEGIES, RunShape, model_ranks
+from accelbench.estimate.state import state_bytes
+from accelbench.estimate.step_time import Overlap, compute_time, exposed_comm, optimizer_time, time_comm
+from accelbench.estimate.strategies import data_parallel_breakdown, model_parallel_breakdown
 from accelbench.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
@@ -41,6 +58,118 @@ def run_shape(config: RunConfig) -> RunShape:
         grad_accum=config.grad_accum,
         dims=ParallelDims.of(config),
     )
+
+
+def predict_step(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    hardware: Hardware,
+    *,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    overlap: Overlap = "auto",
+    runtime_bytes: float = 0.0,
+) -> Prediction:
+    """The prediction for one configuration on one kind of device (see the module's docstring for conventions).
+
+    ``overlap``: ``none`` (every collective exposed, seed 001's ``t_compute + t_comm``), ``backward`` (the
+    collectives the engine overlaps hide behind compute), ``auto`` (``backward`` on accelerators, ``none`` on CPUs,
+    where the collectives run on the same cores as the compute). ``runtime_bytes`` is added to the memory as what
+    the process holds before the model.
+    """
+    if layout.strategy not in STRATEGIES:
+        raise ConfigError(
+            f"accelbench estimate has no model for strategy {layout.strategy!r}; it models: {', '.join(STRATEGIES)}"
+        )
+    if not 0.0 < efficiency <= 1.0:
+        raise ConfigError(
+            f"--efficiency {efficiency}: give a fraction of the peak above 0 and at most 1, e.g. 0.4"
+        )
+    if layout.strategy == Strategy.SINGLE and layout.devices > 1:
+        raise ConfigError(
+            f"strategy 'single' trains on one device, but {layout.devices} were asked for; choose ddp, fsdp, "
+            "deepspeed-zero1/2/3, tp, pp or mesh"
+        )
+    if layout.batch_size % layout.grad_accum:
+        raise ConfigError(
+            f"--batch-size {layout.batch_size} is not divisible by --grad-accum {layout.grad_accum}"
+        )
+    notes = Notes()
+    state = state_bytes(layout.precision, layout.strategy)
+    keeps_scores = attention_keeps_scores(hardware.device_type, facts.dropout)
+    if layout.strategy in MODEL_PARALLEL:
+        memory, comm, flops, bubble = model_parallel_breakdown(facts, layout, state, keeps_scores, notes)
+    else:
+        memory, comm = data_parallel_breakdown(facts, layout, state, keeps_scores, hardware, notes)
+        flops, bubble = facts.flops_per_sample * layout.batch_size, 0.0
+    memory = memory.model_copy(update={"runtime_bytes": float(runtime_bytes)})
+    if runtime_bytes:
+        notes.assume(f"runtime held before the model: {runtime_bytes / 2**20:.0f} MiB (given)")
+    megatron = (
+        facts.megatron_flops_per_sample * layout.batch_size / model_ranks(layout)
+        if facts.megatron_flops_per_sample
+        else None
+    )
+    notes.cite(f"FLOPs: the workload's formula, {facts.flops_formula}")
+    if megatron:
+        notes.cite("Megatron-LM FLOPs: 72 B s l h^2 (1 + s/6h + V/12lh), no recomputation (seed 002)")
+    total = memory.total_bytes
+    fits = _fits(total, hardware, notes)
+    comm = time_comm(comm, hardware, notes)
+    compute_s = compute_time(flops, hardware, efficiency, bubble, notes)
+    optimizer_s = optimizer_time(facts, layout, state, hardware, notes)
+    comm_s = None if any(op.time_s is None for op in comm) else sum(op.time_s or 0.0 for op in comm)
+    overlap_text, exposed = exposed_comm(comm, comm_s, compute_s, overlap, hardware, notes)
+    step = None
+    if compute_s is not None and exposed is not None:
+        step = compute_s + (optimizer_s or 0.0) + exposed
+    replicas = layout.devices // model_ranks(layout)
+    samples = layout.batch_size * replicas / step if step else None
+    device_text = hardware.name + (f" ({hardware.peak_source})" if hardware.peak_source else "")
+    return Prediction(
+        workload=facts.workload,
+        model=facts.model,
+        strategy=layout.strategy,
+        precision=layout.precision,
+        devices=layout.devices,
+        batch_size=layout.batch_size,
+        device=device_text,
+        device_memory_bytes=hardware.memory_bytes,
+        parameters=facts.parameters,
+        stored_parameters=facts.stored_parameters,
+        flops_per_step=flops,
+        flops_formula=facts.flops_formula,
+        megatron_flops_per_step=megatron,
+        memory=memory,
+        peak_memory_bytes=total,
+        fits=fits,
+        comm=comm,
+        comm_bytes_per_step=sum(op.bus_bytes for op in comm),
+        peak_flops_per_s=hardware.peak_flops_per_s,
+        peak_source=hardware.peak_source,
+        efficiency=efficiency,
+        compute_s=compute_s,
+        optimizer_s=optimizer_s,
+        comm_s=comm_s,
+        comm_exposed_s=exposed,
+        overlap=overlap_text,
+        step_time_s=step,
+        samples_per_s=samples,
+        bubble=bubble,
+        assumptions=notes.assumptions,
+        sources=notes.sources,
+    )
+
+
+def _fits(total: float | None, hardware: Hardware, notes: Notes) -> bool | None:
+    if total is None or hardware.memory_bytes is None:
+        return None
+    if hardware.device_type == "cpu":  # the worker processes of a node share its memory
+        notes.assume(
+            f"a CPU device is a process: the node's {hardware.devices_per_node} process(es) share its "
+            f"{hardware.memory_bytes / 2**30:.1f} GiB"
+        )
+        return total * hardware.devices_per_node <= hardware.memory_bytes
+    return total <= hardware.memory_bytes
 
 
 def predict(
@@ -78,7 +207,7 @@ def predict(
         bandwidth=bandwidth,
         devices_per_node=config.devices,
     )
-    return estimate(
+    return predict_step(
         facts,
         run_shape(config),
         hardware,
@@ -113,7 +242,9 @@ def predict_scaling(
         )
     if config.nnodes > 1 and devices_to % config.nnodes:
         raise ConfigError(f"--scale-to {devices_to}: not a multiple of --nnodes {config.nnodes}")
-    strategy = "ddp" if config.strategy == "single" and devices_to > 1 else config.strategy
+    strategy = (
+        Strategy.DDP.value if config.strategy == Strategy.SINGLE and devices_to > 1 else config.strategy
+    )
     wider = config.model_copy(update={"devices": devices_to // config.nnodes, "strategy": strategy})
     at_g, at_n = (
         predict(

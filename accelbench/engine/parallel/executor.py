@@ -41,7 +41,7 @@ from accelbench.engine.parallel.pp import (
 )
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
-from accelbench.estimate.parallel import TransformerShape, estimate, pipeline_bubble
+from accelbench.estimate.parallel import TransformerShape, estimate_parallel, pipeline_bubble
 from accelbench.parallel_dims import ParallelDims, fewest_microbatches
 from accelbench.workloads import ModelUnits, TrainingJob
 
@@ -436,13 +436,13 @@ class ParallelExecutor(Executor):
         }
 
     def _analytical(self) -> dict[str, Any] | None:
-        """The analytical model's figures for this layout (:func:`accelbench.estimate.parallel.estimate`)."""
+        """The analytical model's figures for this layout (:func:`accelbench.estimate.parallel.estimate_parallel`)."""
         if self._shape is None:
             return None
         layout, plan = self.layout, self.request.precision
         param_bytes = torch.empty((), dtype=plan.torch_param_dtype).element_size()
         activation_dtype = plan.torch_autocast_dtype or plan.torch_param_dtype
-        result = estimate(
+        result = estimate_parallel(
             self._shape,
             layout,
             self.request.config.batch_size,
@@ -452,7 +452,7 @@ class ParallelExecutor(Executor):
             activation_bytes=torch.empty((), dtype=activation_dtype).element_size(),
         ).as_dict()
         result["note"] = (
-            "estimates per device for the first pipeline rank (accelbench.estimate.parallel.estimate): memory by "
+            "estimates per device for the first pipeline rank (accelbench.estimate.parallel.estimate_parallel): memory by "
             "kind; communication per step by mesh axis in bytes moved (nccl-tests' bus bytes)"
         )
         return result

@@ -1,0 +1,95 @@
+"""Activations a device keeps for backward: Korthikanti et al. 2022 for transformers, scaled to the activations'
+width and to what the attention kernel keeps."""
+
+from __future__ import annotations
+
+from accelbench.estimate.facts import WorkloadFacts
+from accelbench.estimate.notes import Notes
+from accelbench.estimate.parallel import TransformerShape, activation_bytes_per_layer
+from accelbench.estimate.state import StateBytes
+
+
+def attention_keeps_scores(device_type: str, dropout: float) -> bool:
+    """Whether attention keeps its ``a s^2`` scores for backward. Fused kernels (flash, memory-efficient) recompute
+    them; torch's CPU flash kernel takes no dropout, so on a CPU with dropout torch runs the math path, which keeps
+    them (``torch._fused_sdp_choice`` answers MATH there, FLASH without dropout)."""
+    return device_type == "cpu" and dropout > 0.0
+
+
+# Bytes torch's math attention path keeps per score (b a s^2 of them): the softmax output, the dropout's noise (a
+# float tensor: at::dropout multiplies by it) and the dropout output the product with V needs, all fp32 (CPU autocast
+# runs scaled_dot_product_attention in fp32). Korthikanti's count for Megatron's 16-bit kernels is 5 (2 + 1 + 2).
+MATH_ATTENTION_BYTES_PER_SCORE = 12
+
+
+def activation_bytes(
+    facts: WorkloadFacts,
+    micro_batch: int,
+    state: StateBytes,
+    keeps_scores: bool,
+    notes: Notes,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+) -> float | None:
+    """Activations one device keeps at the end of forward (its layers, for one microbatch of ``micro_batch``).
+
+    Transformers: Korthikanti et al. 2022 (seed 001's ``b(34 s d + 5 a s^2) l`` in 16-bit values) through
+    :func:`accelbench.estimate.parallel.activation_bytes_per_layer`, scaled to the activations' width:
+
+    - the ``34 s b h`` part always; under autocast ``+ 4 s b h``, since both norms' inputs (the residual stream)
+      stay fp32 where Korthikanti counts 16 bits;
+    - the ``a s^2`` part only where attention keeps its scores: not with fused attention (flash, memory-efficient
+      SDPA), which recomputes them; with torch's math path (a CPU with dropout) 12 bytes a score, not 5 (see
+      :data:`MATH_ATTENTION_BYTES_PER_SCORE`);
+    - around the layers (Korthikanti's first and last stages): the embedding dropout mask ``s b h``, the final
+      norm's and output layer's inputs ``4 s b h`` (16-bit) and the fp32 logits ``4 s b V``.
+    """
+    shape = facts.transformer
+    if shape is None:
+        notes.assume(
+            f"no activation formula for workload {facts.workload!r} (not a transformer): activations unknown"
+        )
+        return None
+    s, h, v, b = shape.sequence, shape.hidden, shape.vocab, micro_batch
+    per_layer = layer_activation_bytes(shape, b, state, keeps_scores, tp, sequence_parallel)
+    note_activations(state, keeps_scores, notes)
+    outside = s * b * h * (1 + 4 * state.activation / 2) + 4 * s * b * v
+    return per_layer * shape.layers + outside
+
+
+def layer_activation_bytes(
+    shape: TransformerShape,
+    micro_batch: int,
+    state: StateBytes,
+    keeps_scores: bool,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
+    """One layer's activations for one microbatch (see :func:`activation_bytes`)."""
+    s, h, a, b = shape.sequence, shape.hidden, shape.heads, micro_batch
+    per_layer = activation_bytes_per_layer(b, s, h, 0, tp, sequence_parallel, state.activation)
+    if state.autocast_copy:
+        per_layer += 4 * s * b * h / (tp if sequence_parallel else 1)
+    if keeps_scores:
+        per_layer += MATH_ATTENTION_BYTES_PER_SCORE * a * s * s * b / tp
+    return per_layer
+
+
+def note_activations(state: StateBytes, keeps_scores: bool, notes: Notes) -> None:
+    if state.autocast_copy:
+        notes.assume("under autocast both norms' inputs stay fp32: + 4 s b h a layer over the 16-bit count")
+    if keeps_scores:
+        notes.assume(
+            "attention keeps its a*s^2 scores: torch's CPU flash kernel takes no dropout, so the math path runs and "
+            "keeps softmax, dropout noise and output in fp32, 12 bytes a score (Korthikanti's 16-bit count: 5)"
+        )
+    else:
+        notes.assume(
+            "fused attention (flash / memory-efficient SDPA) keeps no a*s^2 scores: seed 001's 5as^2 term is left "
+            "out (with it the figure would be an upper bound)"
+        )
+    notes.cite(
+        "activations: Korthikanti et al. 2022, s b h (34 + 5 a s/h) bytes a layer in 16-bit values (seed 001's "
+        "b(34sd + 5as^2)l), scaled to the activation width, the scores as the attention kernel keeps them; + s b h "
+        "(1 + 4) + 4 s b V for the embedding dropout, the final norm and output layer and the fp32 logits"
+    )

@@ -1,0 +1,160 @@
+"""The prediction as data: what the runner stores in a record (through :class:`accelbench.results.RunPrediction`)
+and ``accelbench estimate --json`` prints: memory per device by kind, the collectives, the step's time and the
+scaling to other device counts."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from accelbench.contract import PeakFigures
+
+SCHEMA_NAME = "accelbench.estimate"
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MemoryBreakdown(_Model):
+    """Predicted peak memory of one device, by kind, in bytes. ``None`` where the model has no formula."""
+
+    weights_bytes: float = Field(description="Parameters this device holds (its shard under FSDP/ZeRO-3).")
+    master_weights_bytes: float = Field(description="fp32 master copy beside 16-bit parameters (DeepSpeed).")
+    gradients_bytes: float = Field(description="Gradients held (sharded under ZeRO-2/3 and FSDP).")
+    optimizer_bytes: float = Field(description="AdamW's two moments (sharded from ZeRO-1 on).")
+    activations_bytes: float | None = Field(
+        description="Activations kept for backward at the end of forward (transformers: Korthikanti et al.)."
+    )
+    transient_bytes: float = Field(
+        description="Live while computing: full parameters gathered by FSDP/ZeRO-3, autocast's 16-bit weight "
+        "copies, DeepSpeed's gradient bucket."
+    )
+    runtime_bytes: float = Field(
+        default=0.0,
+        description="What the process holds before the model (given, e.g. measured: the CPU backend's resident-set "
+        "peak counts the interpreter and libraries; a GPU allocator's peak does not).",
+    )
+
+    gradients_freed_each_step: bool = Field(
+        default=False,
+        description="True where the optimizer frees the gradients after each step (zero_grad(set_to_none=True) "
+        "without DDP's or DeepSpeed's persistent buffers): they are then allocated during backward as the "
+        "activations are freed, and the peak holds the larger of the two, not both.",
+    )
+
+    @property
+    def total_bytes(self) -> float | None:
+        if self.activations_bytes is None:
+            return None
+        if self.gradients_freed_each_step:
+            backward = max(self.gradients_bytes, self.activations_bytes)
+        else:
+            backward = self.gradients_bytes + self.activations_bytes
+        return (
+            self.weights_bytes
+            + self.master_weights_bytes
+            + self.optimizer_bytes
+            + backward
+            + self.transient_bytes
+            + self.runtime_bytes
+        )
+
+
+class CommOp(_Model):
+    """One kind of collective a device takes part in each step."""
+
+    op: str = Field(description="all_reduce, all_gather, reduce_scatter, sendrecv (nccl-tests' names).")
+    dtype: str = Field(description="Element type moved: fp32, bf16 or fp16 (as accelbench comm names them).")
+    axis: str = Field(description="The group it runs over: dp (data), tp or pp.")
+    ranks: int = Field(description="Ranks in that group.")
+    what: str = Field(description="What is moved, in words.")
+    count: int = Field(description="Operations per step.")
+    message_bytes: float = Field(
+        description="Bytes of one operation's whole array (the size bandwidth is read at)."
+    )
+    bus_bytes: float = Field(description="Bus bytes this device moves per step over all `count` operations.")
+    overlappable: bool = Field(description="Whether the engine can overlap it with compute.")
+    busbw_bytes_per_s: float | None = None
+    time_s: float | None = None
+    bandwidth_source: str | None = None
+
+
+class ScalingPrediction(_Model):
+    """Predicted speedup from g to n devices (seed 001, "Speedup formulation"), weak scaling: each device keeps its
+    batch, so the job's throughput grows with n while each step's compute stays the same."""
+
+    devices_from: int
+    devices_to: int
+    step_s_from: float
+    comm_s_from: float
+    comm_s_to: float
+    step_s_to: float = Field(description="t_compute(g) + t_comm(n).")
+    network_efficiency: float | None = Field(
+        description="eff = t_comm(g) / t_comm(n); None when g has no communication (one device)."
+    )
+    step_ratio: float = Field(
+        description="t_iter(g) / t_iter(n) = (r_compute + r_comm) / (r_compute + r_comm / eff)."
+    )
+    throughput_speedup: float = Field(description="(n / g) x step_ratio: samples per second at n over at g.")
+
+
+class Prediction(_Model):
+    """What ``accelbench estimate`` predicts for one configuration on one kind of device, per device and step."""
+
+    schema_name: Literal["accelbench.estimate"] = Field(default="accelbench.estimate", alias="schema")
+    schema_version: int = SCHEMA_VERSION
+    workload: str
+    model: str
+    strategy: str
+    precision: str
+    devices: int = Field(description="Devices in the job (all nodes).")
+    batch_size: int = Field(description="Samples per device (per replica for tp/pp/mesh) per step.")
+    device: str = Field(description="The device the prediction is for, and where its figures come from.")
+    device_memory_bytes: int | None = None
+    parameters: int = Field(description="The workload's parameter count.")
+    stored_parameters: int = Field(description="Parameter elements allocated (padding included, tied once).")
+    flops_per_step: float = Field(
+        description="FLOPs one device computes per step, by the workload's formula."
+    )
+    flops_formula: str
+    megatron_flops_per_step: float | None = Field(
+        default=None,
+        description="The same by Megatron-LM's count, 72 B s l h^2 (1 + s/6h + V/12lh) (seed 002).",
+    )
+    memory: MemoryBreakdown
+    peak_memory_bytes: float | None = Field(description="Sum of the breakdown; None when a part is unknown.")
+    fits: bool | None = Field(description="Whether the peak fits the device's memory; None when unknown.")
+    comm: list[CommOp]
+    comm_bytes_per_step: float = Field(
+        description="Bus bytes one device moves per step (nccl-tests' convention)."
+    )
+    peak_flops_per_s: float | None
+    peak_source: str | None
+    efficiency: float = Field(description="Assumed fraction of the peak a step reaches.")
+    compute_s: float | None = Field(description="FLOPs / (peak x efficiency), and the pipeline bubble.")
+    optimizer_s: float | None = Field(
+        default=None, description="AdamW's update, memory-bound: bytes it streams / memory bandwidth."
+    )
+    comm_s: float | None = Field(description="Sum of the collectives' times at their bus bandwidth.")
+    comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")
+    overlap: str = Field(description="What is assumed to overlap with compute, in words.")
+    step_time_s: float | None = Field(description="compute + optimizer + exposed communication.")
+    samples_per_s: float | None = Field(description="Samples per second of the whole job.")
+    bubble: float | None = None
+    assumptions: list[str] = Field(default_factory=list)
+    sources: list[str] = Field(default_factory=list)
+    measured_peaks: dict[str, PeakFigures] = Field(
+        default_factory=dict,
+        description="Dense-matmul rates measured on this device, by precision (--measure-peak).",
+    )
+    scaling: list[ScalingPrediction] = Field(
+        default_factory=list, description="Predicted speedups to other device counts (seed 001; --scale-to)."
+    )
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)

@@ -1,0 +1,117 @@
+"""A step's time: compute at a fraction of the peak (and the pipeline bubble), AdamW's memory-bound update, each
+collective's bus bytes over its bus bandwidth, and the part of the communication not hidden behind compute."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from accelbench.estimate.facts import WorkloadFacts
+from accelbench.estimate.hardware import Hardware
+from accelbench.estimate.notes import Notes
+from accelbench.estimate.schema import CommOp
+from accelbench.estimate.shape import MODEL_PARALLEL, SHARDED_OPTIMIZER, RunShape
+from accelbench.estimate.state import StateBytes
+
+Overlap = Literal["none", "backward", "auto"]
+
+
+def time_comm(comm: Sequence[CommOp], hardware: Hardware, notes: Notes) -> list[CommOp]:
+    """Each collective with its time: its bus bytes over the bus bandwidth at its message size."""
+    timed = []
+    for op in comm:
+        found = (
+            hardware.bandwidth.lookup(op.op, op.ranks, op.message_bytes, op.dtype)
+            if hardware.bandwidth
+            else None
+        )
+        if found is not None:
+            busbw, where = found
+            op = op.model_copy(
+                update={"busbw_bytes_per_s": busbw, "time_s": op.bus_bytes / busbw, "bandwidth_source": where}
+            )
+        timed.append(op)
+    missing = sorted({op.op for op in timed if op.time_s is None})
+    if missing:
+        notes.assume(
+            f"no bus bandwidth for {', '.join(missing)}: communication time unknown (give --comm RECORDS or "
+            "--bus-bandwidth GB/s)"
+        )
+    return timed
+
+
+def compute_time(
+    flops: float, hardware: Hardware, efficiency: float, bubble: float | None, notes: Notes
+) -> float | None:
+    if not hardware.peak_flops_per_s:
+        notes.assume(
+            "no peak FLOP/s for this device and precision: compute time unknown (give --peak-tflops, --device "
+            "NAME or --measure-peak)"
+        )
+        return None
+    seconds = flops / (hardware.peak_flops_per_s * efficiency)
+    notes.assume(
+        f"compute at {efficiency:.0%} of the peak FLOP/s ({hardware.peak_flops_per_s / 1e12:g} TFLOP/s, "
+        f"{hardware.peak_source})"
+    )
+    if bubble:
+        seconds /= 1.0 - bubble
+        notes.assume(f"pipeline bubble {bubble:.1%} of a step: (p-1)/(v m + p-1)")
+    return seconds
+
+
+def optimizer_time(
+    facts: WorkloadFacts, layout: RunShape, state: StateBytes, hardware: Hardware, notes: Notes
+) -> float | None:
+    """AdamW's update is memory-bound: it reads the weights, gradients and two moments and writes the weights and
+    moments back, for the parameters this device updates (its shard from ZeRO-1 and FSDP on)."""
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    if not bandwidth:
+        notes.assume("optimizer step time left out: the device's memory bandwidth is unknown")
+        return None
+    p = layout.devices
+    updated = float(facts.stored_parameters)
+    if layout.strategy in SHARDED_OPTIMIZER:
+        updated /= p
+    elif layout.strategy in MODEL_PARALLEL:
+        dims = layout.dims
+        updated /= dims.model_parallel * (dims.dp if dims.shards_parameters else 1)
+    master = state.master or state.param
+    streamed = updated * (2 * master + max(state.grad, state.reduction) + 2 * state.optimizer)
+    notes.assume(
+        f"AdamW update: {streamed / max(updated, 1):.0f} bytes streamed per parameter at "
+        f"{bandwidth / 1e9:g} GB/s memory bandwidth"
+    )
+    return streamed / bandwidth
+
+
+def exposed_comm(
+    comm: Sequence[CommOp],
+    comm_s: float | None,
+    compute_s: float | None,
+    overlap: Overlap,
+    hardware: Hardware,
+    notes: Notes,
+) -> tuple[str, float | None]:
+    if not comm:
+        return "nothing to communicate", 0.0
+    if comm_s is None:
+        return "unknown (no bandwidth)", None
+    mode = overlap
+    if mode == "auto":
+        mode = "none" if hardware.device_type == "cpu" else "backward"
+    if mode == "none" or compute_s is None:
+        text = "none: every collective is exposed (t_compute + t_comm, seed 001)"
+        if overlap == "auto":
+            text += "; on a CPU the collectives (gloo) run on the cores that compute"
+        return text, comm_s
+    hidden_budget = (
+        compute_s * 2.0 / 3.0
+    )  # backward is two thirds of a step's FLOPs (6N: 2N forward, 4N backward)
+    overlappable = sum(op.time_s or 0.0 for op in comm if op.overlappable)
+    hidden = min(overlappable, hidden_budget)
+    notes.assume(
+        "collectives the engine overlaps (DDP's buckets, FSDP and ZeRO-3 prefetch) hide behind the backward "
+        "pass, up to 2/3 of the compute time; the others (ZeRO-1/2's, tensor and pipeline parallelism's) are exposed"
+    )
+    return "backward: overlappable collectives hidden behind backward compute", comm_s - hidden

@@ -1,0 +1,396 @@
+"""Memory and collectives of one device under each strategy: data parallelism (single, DDP, FSDP2), DeepSpeed ZeRO
+1-3, and tensor and pipeline parallelism through :mod:`accelbench.estimate.parallel`.
+
+Communication is counted in nccl-tests' bus bytes per device (see :mod:`accelbench.estimate.predictor`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from accelbench.contract.strategies import Strategy
+from accelbench.errors import ConfigError
+from accelbench.estimate.activations import activation_bytes, layer_activation_bytes, note_activations
+from accelbench.estimate.facts import WorkloadFacts
+from accelbench.estimate.hardware import Hardware
+from accelbench.estimate.notes import Notes
+from accelbench.estimate.parallel import (
+    activation_bytes_per_layer,
+    allgather_bytes,
+    allreduce_bytes,
+    estimate_parallel,
+    pipeline_bubble,
+)
+from accelbench.estimate.schema import CommOp, MemoryBreakdown
+from accelbench.estimate.shape import RunShape
+from accelbench.estimate.state import StateBytes, element_type
+
+# torch DistributedDataParallel's default gradient bucket (bucket_cap_mb=25)
+DDP_BUCKET_BYTES = 25 * 2**20
+# DeepSpeed's ZeRO defaults (deepspeed/runtime/zero/config.py, read in DeepSpeed 0.19.8), in elements
+DS_REDUCE_BUCKET = 500_000_000  # reduce_bucket_size: the gradient bucket (allocated whole, filled as it goes)
+DS_ALLGATHER_BUCKET = 500_000_000  # allgather_bucket_size: parameter all-gather after the step (ZeRO-1/2)
+DS_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size: ZeRO-3 parameters fetched ahead of use
+DS_PERSISTENCE_THRESHOLD = (
+    100_000  # stage3_param_persistence_threshold: smaller tensors stay whole on every rank
+)
+
+
+# --- data parallelism: single, DDP, FSDP2, DeepSpeed ZeRO 1-3 ------------------------------------------------
+
+
+def data_parallel_breakdown(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    keeps_scores: bool,
+    hardware: Hardware,
+    notes: Notes,
+) -> tuple[MemoryBreakdown, list[CommOp]]:
+    """Memory and collectives of one device under the data-parallel strategies, by ZeRO's partitioning (Rajbhandari
+    et al. 2019; seed 001): single and DDP replicate everything; ZeRO-1 shards the optimizer state over the p ranks,
+    ZeRO-2 the gradients too, ZeRO-3 and FSDP the parameters too."""
+    p, n = layout.devices, facts.stored_parameters
+    strategy = layout.strategy
+    micro = layout.batch_size // layout.grad_accum
+    activations = activation_bytes(facts, micro, state, keeps_scores, notes)
+    autocast = state.autocast_copy * facts.matmul_parameters
+    if autocast:
+        notes.assume(
+            "autocast keeps a 16-bit copy of every linear weight from forward to backward (2 bytes x "
+            f"{facts.matmul_parameters:,} parameters; whole even under FSDP, whose gathered weights it copies)"
+        )
+    comm: list[CommOp] = []
+    grad_total = n * state.grad
+    if strategy in (Strategy.SINGLE, Strategy.DDP):
+        memory = MemoryBreakdown(
+            weights_bytes=n * state.param,
+            master_weights_bytes=0.0,
+            gradients_bytes=n * state.grad,
+            optimizer_bytes=n * state.optimizer,
+            activations_bytes=activations,
+            transient_bytes=autocast,
+            gradients_freed_each_step=strategy == Strategy.SINGLE,
+        )
+        if strategy == Strategy.DDP and p > 1:
+            message = min(grad_total, DDP_BUCKET_BYTES)
+            comm.append(
+                CommOp(
+                    op="all_reduce",
+                    dtype=element_type(state.grad, layout.precision),
+                    axis="dp",
+                    ranks=p,
+                    what="gradients, in 25 MiB buckets during backward",
+                    count=math.ceil(grad_total / message),
+                    message_bytes=message,
+                    bus_bytes=allreduce_bytes(grad_total, p),
+                    overlappable=True,
+                )
+            )
+        notes.cite(
+            f"memory: {'replicated' if p > 1 else 'one device'}: weights {state.param} + gradients {state.grad} + "
+            f"AdamW moments {state.optimizer} bytes per parameter (DDP's gradient buckets are the gradients, "
+            "gradient_as_bucket_view, and stay allocated; one device's gradients are freed each step, so its peak "
+            "holds the larger of gradients and activations)"
+        )
+    elif strategy == Strategy.FSDP:
+        units = facts.unit_parameters or (n,)
+        largest = max(units)
+        gathered = (facts.outer_parameters + 2 * largest) * state.param
+        memory = MemoryBreakdown(
+            weights_bytes=n * state.param / p,
+            master_weights_bytes=0.0,
+            gradients_bytes=n * state.grad / p,
+            optimizer_bytes=n * state.optimizer / p,
+            activations_bytes=activations,
+            transient_bytes=gathered + autocast,
+            gradients_freed_each_step=True,
+        )
+        notes.cite(
+            "memory: FSDP2 shards weights, gradients and AdamW moments over p (the gradients are freed each step: "
+            "the peak holds the larger of them and the activations); while computing it holds the root unit (stem "
+            "and head: not resharded after forward) and two units' full parameters (one in use, the next prefetched)"
+        )
+        if p > 1:
+            outer = facts.outer_parameters * state.param
+            comm += [
+                CommOp(
+                    op="all_gather",
+                    dtype=element_type(state.param, layout.precision),
+                    axis="dp",
+                    ranks=p,
+                    what="parameters: each unit in forward and again in backward, the root unit once",
+                    count=2 * len(units) + 1,
+                    message_bytes=(2 * sum(units) * state.param + outer) / (2 * len(units) + 1),
+                    bus_bytes=allgather_bytes(2 * sum(units) * state.param + outer, p),
+                    overlappable=True,
+                ),
+                CommOp(
+                    op="reduce_scatter",
+                    dtype=element_type(state.grad, layout.precision),
+                    axis="dp",
+                    ranks=p,
+                    what="gradients, one unit at a time in backward",
+                    count=len(units) + 1,
+                    message_bytes=grad_total / (len(units) + 1),
+                    bus_bytes=allgather_bytes(grad_total, p),
+                    overlappable=True,
+                ),
+            ]
+    else:
+        memory, comm = zero_breakdown(facts, layout, state, activations, hardware, notes)
+    if p > 1:
+        notes.cite(
+            "communication: nccl-tests' bus bytes per device: all_reduce 2(p-1)/p S, all_gather and reduce_scatter "
+            "(p-1)/p S (shared/notes/MEASUREMENT.md; seed 001's 4(1-1/p)P and 2(1-1/p)P for 2-byte values)"
+        )
+    return memory, comm
+
+
+def zero_breakdown(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    activations: float | None,
+    hardware: Hardware,
+    notes: Notes,
+) -> tuple[MemoryBreakdown, list[CommOp]]:
+    """DeepSpeed ZeRO stages 1-3 as DeepSpeed 0.19.8 runs them with accelbench's config (its defaults).
+
+    Memory: the 16-bit (or fp32) model, an fp32 master partition and fp32 moments of 1/p of the parameters, the
+    gradients (whole for ZeRO-1, the partition from ZeRO-2 on) and an fp32 gradient partition for the step, and
+    the contiguous gradient bucket of ``reduce_bucket_size`` elements: an accelerator's allocator takes it whole,
+    a CPU's resident memory only as far as it is written (at most the gradients). ZeRO-3 keeps tensors under
+    ``stage3_param_persistence_threshold`` elements whole on every rank and fetches up to
+    ``stage3_prefetch_bucket_size`` elements ahead.
+    Communication: ZeRO-1 and ZeRO-2 all-reduce the gradient bucket (``use_multi_rank_bucket_allreduce``, on by
+    default, makes the per-partition reduces one all-reduce) and all-gather the updated partitions; ZeRO-3
+    all-gathers the parameters in forward and again in backward and reduce-scatters the gradients (seed 001).
+    Only ZeRO-3 overlaps them (``overlap_comm`` defaults to on for stage 3 alone).
+    """
+    p, n = layout.devices, facts.stored_parameters
+    stage = Strategy(layout.strategy).zero_stage
+    bucket_elements = DS_REDUCE_BUCKET if hardware.device_type != "cpu" else min(n, DS_REDUCE_BUCKET)
+    bucket = bucket_elements * state.reduction
+    if hardware.device_type == "cpu":
+        notes.assume(
+            "DeepSpeed's gradient bucket (reduce_bucket_size, 5e8 elements) is resident on a CPU only as far as it "
+            "is written: at most the gradients"
+        )
+    else:
+        notes.assume(
+            f"DeepSpeed allocates its gradient bucket whole: 5e8 elements x {state.reduction} bytes = "
+            f"{DS_REDUCE_BUCKET * state.reduction / 2**30:.1f} GiB, whatever the model's size"
+        )
+    fp32_grad_partition = 4 * n / p
+    persistent = sum(t for t in facts.tensor_sizes if t < DS_PERSISTENCE_THRESHOLD) if stage == 3 else 0
+    partitioned = n - persistent
+    if stage == 3:
+        weights = partitioned * state.param / p + persistent * state.param
+        gradients = n * state.grad / p + fp32_grad_partition
+        gathered = float(min(partitioned, DS_PREFETCH_BUCKET + max(facts.tensor_sizes or (0,))) * state.param)
+        if persistent:
+            notes.assume(
+                f"ZeRO-3 keeps {persistent:,} parameters (tensors under 1e5 elements) whole on every rank"
+            )
+    else:
+        weights = float(n * state.param)
+        gradients = (n * state.grad if stage == 1 else n * state.grad / p) + fp32_grad_partition
+        gathered = 0.0
+    memory = MemoryBreakdown(
+        weights_bytes=weights,
+        master_weights_bytes=state.master * n / p,
+        gradients_bytes=gradients,
+        optimizer_bytes=state.optimizer * n / p,
+        activations_bytes=activations,
+        transient_bytes=gathered + bucket,
+    )
+    notes.cite(
+        f"memory: ZeRO-{stage} (Rajbhandari et al. 2019) as DeepSpeed 0.19.8 runs it: fp32 master partition and "
+        "moments per rank, gradient bucket of reduce_bucket_size elements"
+    )
+    comm: list[CommOp] = []
+    if p <= 1:
+        return memory, comm
+    grad_total, param_total = n * state.grad, n * state.param
+    if stage in (1, 2):
+        message = min(n, DS_REDUCE_BUCKET) * state.grad
+        comm += [
+            CommOp(
+                op="all_reduce",
+                dtype=element_type(state.grad, layout.precision),
+                axis="dp",
+                ranks=p,
+                what="gradients (the contiguous bucket), at the end of backward",
+                count=math.ceil(grad_total / message),
+                message_bytes=message,
+                bus_bytes=allreduce_bytes(grad_total, p),
+                overlappable=False,
+            ),
+            CommOp(
+                op="all_gather",
+                dtype=element_type(state.param, layout.precision),
+                axis="dp",
+                ranks=p,
+                what="updated parameter partitions, after the optimizer step",
+                count=math.ceil(n / DS_ALLGATHER_BUCKET),
+                message_bytes=min(n, DS_ALLGATHER_BUCKET) * state.param,
+                bus_bytes=allgather_bytes(param_total, p),
+                overlappable=False,
+            ),
+        ]
+    else:
+        tensors = [t for t in facts.tensor_sizes if t >= DS_PERSISTENCE_THRESHOLD] or [partitioned]
+        if partitioned:  # persistent tensors are never gathered
+            comm.append(
+                CommOp(
+                    op="all_gather",
+                    dtype=element_type(state.param, layout.precision),
+                    axis="dp",
+                    ranks=p,
+                    what="partitioned parameters, in forward and again in backward",
+                    count=2 * len(tensors),
+                    message_bytes=partitioned * state.param / len(tensors),
+                    bus_bytes=allgather_bytes(2 * partitioned * state.param, p),
+                    overlappable=True,
+                )
+            )
+        comm.append(
+            CommOp(
+                op="reduce_scatter",
+                dtype=element_type(state.grad, layout.precision),
+                axis="dp",
+                ranks=p,
+                what="gradients, in reduce_bucket_size buckets during backward",
+                count=math.ceil(n / DS_REDUCE_BUCKET),
+                message_bytes=min(n, DS_REDUCE_BUCKET) * state.grad,
+                bus_bytes=allgather_bytes(grad_total, p),
+                overlappable=True,
+            )
+        )
+    return memory, comm
+
+
+# --- tensor and pipeline parallelism: accelbench.estimate.parallel ---------------------------------------
+
+
+def model_parallel_breakdown(
+    facts: WorkloadFacts, layout: RunShape, state: StateBytes, keeps_scores: bool, notes: Notes
+) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
+    """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate_parallel` (its memory for the first pipeline
+    rank, its communication by axis), with this module's state widths; FLOPs per device are the replica's divided
+    by tp x pp, and the bubble is the schedule's."""
+    mesh, shape = layout.dims, facts.transformer
+    if shape is None:
+        raise ConfigError(
+            f"strategy {layout.strategy!r}: the tensor/pipeline model needs a transformer's shape; workload "
+            f"{facts.workload!r} gives none"
+        )
+    result = estimate_parallel(
+        shape,
+        mesh,
+        layout.batch_size,
+        param_bytes=state.param,
+        grad_bytes=state.grad,
+        optimizer_bytes=state.optimizer,
+        activation_bytes=state.activation,
+    )
+    micro = layout.batch_size // max(1, mesh.microbatches) if mesh.pp > 1 else layout.batch_size
+    theirs = activation_bytes_per_layer(
+        micro, shape.sequence, shape.hidden, shape.heads, mesh.tp, mesh.sequence_parallel, state.activation
+    )
+    mine = layer_activation_bytes(shape, micro, state, keeps_scores, mesh.tp, mesh.sequence_parallel)
+    activations = result.activations_bytes * mine / theirs  # its layers and microbatches in flight, our count
+    note_activations(state, keeps_scores, notes)
+    autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
+    memory = MemoryBreakdown(
+        weights_bytes=result.weights_bytes,
+        master_weights_bytes=0.0,
+        gradients_bytes=result.gradients_bytes,
+        optimizer_bytes=result.optimizer_bytes,
+        activations_bytes=activations,
+        transient_bytes=autocast,
+    )
+    notes.cite(
+        "tensor/pipeline parallelism: accelbench.estimate.parallel.estimate_parallel (memory of the first pipeline "
+        "rank; Korthikanti et al. 2022 activations with t and sequence parallelism; Megatron's bubble)"
+    )
+    b, s, h = layout.batch_size, shape.sequence, shape.hidden
+    micro_bytes = b // max(1, mesh.microbatches) * s * h * state.activation
+    comm: list[CommOp] = []
+    bytes_by_axis = result.communication_bytes
+    layers_here = round(result.layers_per_stage * mesh.virtual_stages)
+    if mesh.tp > 1:
+        comm.append(
+            CommOp(
+                op="all_reduce",
+                dtype=element_type(state.activation, layout.precision),
+                axis="tp",
+                ranks=mesh.tp,
+                what="b s h activations, twice per layer in forward and twice in backward",
+                count=4 * layers_here * max(1, mesh.microbatches if mesh.pp > 1 else 1),
+                message_bytes=micro_bytes if mesh.pp > 1 else b * s * h * state.activation,
+                bus_bytes=bytes_by_axis["tp"],
+                overlappable=False,
+            )
+        )
+    if mesh.pp > 1:
+        comm.append(
+            CommOp(
+                op="sendrecv",
+                dtype=element_type(state.activation, layout.precision),
+                axis="pp",
+                ranks=mesh.pp,
+                what="b s h activations forward and their gradients back, per microbatch and stage",
+                count=2 * mesh.virtual_stages * mesh.microbatches,
+                message_bytes=micro_bytes,
+                bus_bytes=bytes_by_axis["pp"],
+                overlappable=False,
+            )
+        )
+    if mesh.dp > 1:
+        if mesh.data_parallel == Strategy.DDP:
+            comm.append(
+                CommOp(
+                    op="all_reduce",
+                    dtype=element_type(state.grad, layout.precision),
+                    axis="dp",
+                    ranks=mesh.dp,
+                    what="gradients",
+                    count=1,
+                    message_bytes=result.parameters_per_device * state.grad,
+                    bus_bytes=bytes_by_axis["dp"],
+                    overlappable=True,
+                )
+            )
+        else:
+            held = result.parameters_per_device * mesh.dp  # the stage's parameters before FSDP's sharding
+            comm += [
+                CommOp(
+                    op="all_gather",
+                    dtype=element_type(state.param, layout.precision),
+                    axis="dp",
+                    ranks=mesh.dp,
+                    what="parameters, in forward and again in backward",
+                    count=2,
+                    message_bytes=held * state.param,
+                    bus_bytes=allgather_bytes(2 * held * state.param, mesh.dp),
+                    overlappable=True,
+                ),
+                CommOp(
+                    op="reduce_scatter",
+                    dtype=element_type(state.grad, layout.precision),
+                    axis="dp",
+                    ranks=mesh.dp,
+                    what="gradients",
+                    count=1,
+                    message_bytes=held * state.grad,
+                    bus_bytes=allgather_bytes(held * state.grad, mesh.dp),
+                    overlappable=True,
+                ),
+            ]
+    flops = facts.flops_per_sample * layout.batch_size / (mesh.tp * mesh.pp)
+    bubble = pipeline_bubble(mesh.schedule, mesh.pp, mesh.microbatches, mesh.virtual_stages)
+    if mesh.pp > 1 and bubble is None:
+        notes.assume(f"pipeline schedule {mesh.schedule}: no closed-form bubble; taken as none (its ideal)")
+    return memory, comm, flops, bubble
