@@ -70,8 +70,8 @@ def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             "--collective-timeout: Input should be less than or equal to 1000000000",
         ),
         (["--batch-size", "0"], "--batch-size: Input should be greater than 0 (got 0)"),
-        # sizes no tensor can have: told, not a traceback from the model's construction
-        (["--embd", "99999999998"], "as configured cannot be built, even without memory"),
+        # sizes no model in use has: refused by the bound, before the model is built
+        (["--embd", "99999999998"], "--embd: Input should be less than or equal to 65536 (got 99999999998)"),
     ],
 )
 def test_numeric_flags_past_their_bounds_are_refused(
