@@ -12,6 +12,9 @@ class ExitCode(IntEnum):
         2  # refused before anything ran: bad input, unknown backend, unsupported precision; nothing written
     )
     OOM = 3  # out of memory (record written)
+    DIVERGED = (
+        4  # training diverged: a loss that is not finite (record written; its speed is no valid result)
+    )
     INTERRUPTED = 130  # Ctrl-C or SIGTERM (record written with the completed epochs)
     CLOSED_PIPE = (
         141  # the output's reader went away (as a program killed by SIGPIPE); nothing else is affected
@@ -20,4 +23,10 @@ class ExitCode(IntEnum):
     @classmethod
     def of_status(cls, status: str) -> ExitCode:
         """The exit code of a run that ended with record status ``status``."""
-        return {"ok": cls.OK, "error": cls.ERROR, "oom": cls.OOM, "interrupted": cls.INTERRUPTED}[status]
+        return {
+            "ok": cls.OK,
+            "error": cls.ERROR,
+            "oom": cls.OOM,
+            "interrupted": cls.INTERRUPTED,
+            "diverged": cls.DIVERGED,
+        }[status]

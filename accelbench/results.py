@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 SCHEMA_NAME = "accelbench.result"
 SCHEMA_VERSION = 2  # 2: workload options and identity, energy, host load, epochs from 1; v1 records are migrated on read (migrate)
 
-Status = Literal["ok", "oom", "error", "interrupted"]
+Status = Literal["ok", "oom", "error", "interrupted", "diverged"]  # diverged: a loss that is not finite
 
 
 class _Model(BaseModel):

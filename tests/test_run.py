@@ -444,3 +444,22 @@ def test_epoch_side_measurements_enclose_the_timed_steps_and_stay_outside_them(
     assert events == epoch * 2
     for e in record.metrics.epochs:
         assert e.cpu_s is not None and e.cpu_s >= 0
+
+
+def test_a_loss_that_is_not_finite_ends_the_run_as_diverged_naming_the_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learning rate of 10^30 makes the loss NaN within a few steps: the run stops after that epoch with status
+    ``diverged`` (exit code 4) naming the first bad step, and compare gives it no speed."""
+    code = main(["run", *TINY, "--epochs", "3", "--steps-per-epoch", "4", "--lr", "1e30",
+                 "--output-dir", str(tmp_path), "-q"])  # fmt: skip
+    assert code == 4
+    record = only_record(tmp_path)
+    assert record.outcome.status == "diverged"
+    assert "training diverged: the loss was nan at step " in record.outcome.message
+    assert "of epoch 1 " in record.outcome.message
+    assert len(record.metrics.epochs) == 1  # it stopped after the epoch that diverged
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path), "--format", "json"]) == 0
+    ((cell,),) = [group["cells"] for group in json.loads(capsys.readouterr().out)["groups"]]
+    assert cell["outcomes"] == {"diverged": 1} and cell["epoch_s"] is None

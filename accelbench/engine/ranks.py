@@ -150,6 +150,8 @@ def exchange(
     status: Status = (
         "oom"
         if "oom" in statuses_seen
+        else "diverged"
+        if "diverged" in statuses_seen and statuses_seen <= {"ok", "diverged", "interrupted"}
         else "interrupted"
         if statuses_seen <= {"ok", "interrupted"}
         else "error"

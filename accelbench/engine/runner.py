@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import math
 import os
 import signal
 import statistics
@@ -485,8 +486,10 @@ def measure(
                 log.epoch_wall_s.append(wall)
                 log.epoch_samples.append(samples)
                 log.epoch_steps.append(steps_done)
-                log.epoch_loss.append(torch.stack(losses).float().mean().item())
+                step_losses = torch.stack(losses).float()
+                log.epoch_loss.append(step_losses.mean().item())
                 progress.end_epoch(epoch_metrics(epoch, [log], job.tokens_per_sample))
+                check_finite(log.epoch_loss[-1], step_losses, epoch, steps)
                 if world.world_size > 1:
                     publish_progress(
                         world.rank, log
@@ -505,6 +508,8 @@ def measure(
                 profiling = False
     except ConfigError:
         raise
+    except TrainingDiverged as exc:
+        result.outcome = Outcome(status="diverged", message=str(exc))
     except (KeyboardInterrupt, RunInterrupted) as exc:
         what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         where = (
@@ -531,6 +536,25 @@ def measure(
         progress.close()
         executor.close()
     return result
+
+
+class TrainingDiverged(Exception):
+    """The loss stopped being a number: what trains from here trains nothing, and its speed is no result."""
+
+
+def check_finite(mean: float, step_losses: torch.Tensor, epoch: int, steps_per_epoch: int) -> None:
+    """After an epoch (outside its timed region; its mean loss is read already, so nothing more is synchronised
+    while it is finite): a loss that is NaN or infinite ends the run as ``diverged``, naming the first step that
+    had it."""
+    if math.isfinite(mean):
+        return
+    bad = int((~torch.isfinite(step_losses)).nonzero()[0, 0])
+    raise TrainingDiverged(
+        f"training diverged: the loss was {float(step_losses[bad])} at step {bad + 1} of epoch {epoch + 1} (step "
+        f"{epoch * steps_per_epoch + bad + 1} of the run); the run stopped at the end of that epoch, whose time "
+        "is kept with the others, and its speed is no valid result (a learning rate too high, a precision that "
+        "overflows, or a broken backend: compare its loss with an fp32 run's)"
+    )
 
 
 def profile_or_note(

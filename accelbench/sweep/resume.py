@@ -34,8 +34,9 @@ def same_point(point: RunConfig, recorded: RunConfig) -> bool:
 
 
 def point_done(outcomes: Sequence[str], repeats: int) -> bool:
-    """Done: it ran out of memory (an outcome, the same every time), or has ``repeats`` successful runs."""
-    return "oom" in outcomes or outcomes.count("ok") >= repeats
+    """Done: it ran out of memory or its training diverged (outcomes, the same every time with the same seed), or
+    it has ``repeats`` successful runs."""
+    return "oom" in outcomes or "diverged" in outcomes or outcomes.count("ok") >= repeats
 
 
 @dataclass

@@ -74,11 +74,11 @@ def run_sweep(
             attempt = _run_repeats(
                 sweep, point, output_dir, recorded, display, timeout_s, outcomes.count("ok")
             )
-            if attempt.status in ("ok", "oom"):
+            if attempt.status in ("ok", "oom", "diverged"):
                 summary.done += 1
                 if attempt.status == "oom":
                     fit.did_not_fit(point)
-                text = "out of memory" if attempt.status == "oom" else "ok"
+                text = {"oom": "out of memory", "diverged": "diverged (a loss not finite)"}.get(attempt.status, "ok")
                 display.finish(
                     point,
                     f"{text} ({attempt.seconds:.1f} s)",

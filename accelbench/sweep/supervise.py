@@ -39,7 +39,7 @@ class Attempt:
     """One run of one point: how it ended and where its record is (None: no record was written)."""
 
     status: (
-        str  # ok, oom, error, interrupted (from the record); refused, crashed, timeout, failed (no record)
+        str  # ok, oom, error, interrupted, diverged (from the record); refused, crashed, timeout, failed (no record)
     )
     exit_code: int
     seconds: float
