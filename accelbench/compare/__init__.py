@@ -15,6 +15,8 @@ Where things are:
 - :mod:`.stats`: median and range of measurements, the Mann-Whitney noise test.
 - :mod:`.cells`: building the comparison: cells, baselines, ratios, noise verdicts, scaling.
 - :mod:`.environment`: what differs between the systems' environments.
+- :mod:`.columns`: every column in one registry (header, formatting, when shown, its CSV and JSON fields, its
+  note): the table, Markdown, CSV, JSON and the report read it; adding a metric is one entry there.
 - :mod:`.render`: the comparison as a terminal table, Markdown, CSV or JSON.
 - :mod:`.command`: the command line (``compare`` and the selection options ``report`` shares).
 - :mod:`.bandwidth`: `accelbench comm` records (collective bandwidth) side by side: bus bandwidth per message size

@@ -61,6 +61,9 @@ class Scaling:
         return dict(self.__dict__)
 
 
+_UNSET = object()
+
+
 @dataclass
 class Cell:
     """One system running one workload at one device count (and one value of the axis compared along), with every
@@ -74,64 +77,74 @@ class Cell:
     key: WorkloadKey | None = None  # the workload of its runs
     value: Value = None  # its value on the axis compared along (``--vs``)
     vs_system: BaselineRatio | None = None  # along an axis: against the baseline system at the same value
+    _spreads: dict[str, Spread | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @cached_property
     def ok_runs(self) -> list[RunSummary]:
         return [r for r in self.runs if r.ok]
 
-    def _pooled(self, name: str) -> Spread | None:
-        # every steady epoch of every successful run is one measurement
-        return Spread.of(v for r in self.ok_runs for v in getattr(r.figures, name))
+    def spread(self, name: str) -> Spread | None:
+        """The figure ``name`` of :class:`~accelbench.compare.summary.RunFigures` over the successful runs: a value
+        per steady epoch (a tuple) pools every steady epoch of every run, one measurement each; a value per run
+        is one measurement per run. None where no run has it. Computed once per name."""
+        known = self._spreads.get(name, _UNSET)
+        if known is _UNSET:
+            values: list[Any] = []
+            for r in self.ok_runs:
+                value = getattr(r.figures, name)
+                if isinstance(value, tuple):
+                    values.extend(value)
+                else:
+                    values.append(value)
+            known = self._spreads[name] = Spread.of(values)
+        return known  # type: ignore[return-value]
 
-    def _per_run(self, name: str) -> Spread | None:
-        return Spread.of(getattr(r.figures, name) for r in self.ok_runs)
-
-    @cached_property
+    @property
     def epoch_s(self) -> Spread | None:
-        return self._pooled("epoch_s")
+        return self.spread("epoch_s")
 
-    @cached_property
+    @property
     def samples_per_s(self) -> Spread | None:
-        return self._pooled("samples_per_s")
+        return self.spread("samples_per_s")
 
-    @cached_property
+    @property
     def tokens_per_s(self) -> Spread | None:
-        return self._pooled("tokens_per_s")
+        return self.spread("tokens_per_s")
 
-    @cached_property
+    @property
     def joules_per_sample(self) -> Spread | None:
         """Energy per sample over the steady epochs; None unless the devices' energy counters were read."""
-        return self._pooled("joules_per_sample")
+        return self.spread("joules_per_sample")
 
-    @cached_property
+    @property
     def peak_memory_bytes(self) -> Spread | None:
-        return self._per_run("peak_memory_bytes")
+        return self.spread("peak_memory_bytes")
 
-    @cached_property
+    @property
     def mfu(self) -> Spread | None:
-        return self._per_run("mfu")
+        return self.spread("mfu")
 
-    @cached_property
+    @property
     def compile_s(self) -> Spread | None:
-        return self._per_run("compile_s")
+        return self.spread("compile_s")
 
-    @cached_property
+    @property
     def megatron_tflops_per_device(self) -> Spread | None:
         """Achieved TFLOP/s per device by Megatron's count (transformer workloads), per run."""
-        return self._per_run("megatron_tflops_per_device")
+        return self.spread("megatron_tflops_per_device")
 
-    @cached_property
+    @property
     def bubble(self) -> Spread | None:
         """A pipeline's measured idle fraction per run; None without a pipeline."""
-        return self._per_run("bubble")
+        return self.spread("bubble")
 
-    @cached_property
+    @property
     def bubble_analytical(self) -> Spread | None:
-        return self._per_run("bubble_analytical")
+        return self.spread("bubble_analytical")
 
-    @cached_property
+    @property
     def warmup_s(self) -> Spread | None:
-        return self._per_run("warmup_s")
+        return self.spread("warmup_s")
 
     def status_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -139,23 +152,23 @@ class Cell:
             counts[r.status] = counts.get(r.status, 0) + 1
         return counts
 
-    @cached_property
+    @property
     def step_s(self) -> Spread | None:
         """Measured time per step (steady epochs), per run."""
-        return self._per_run("step_s")
+        return self.spread("step_s")
 
-    @cached_property
+    @property
     def predicted_step_s(self) -> Spread | None:
         """The analytical model's step time stored in the runs' records."""
-        return self._per_run("predicted_step_s")
+        return self.spread("predicted_step_s")
 
-    @cached_property
+    @property
     def predicted_comm_s(self) -> Spread | None:
-        return self._per_run("predicted_comm_s")
+        return self.spread("predicted_comm_s")
 
-    @cached_property
+    @property
     def predicted_peak_bytes(self) -> Spread | None:
-        return self._per_run("predicted_peak_bytes")
+        return self.spread("predicted_peak_bytes")
 
     @cached_property
     def step_split(self) -> dict[str, float] | None:
@@ -253,24 +266,23 @@ class Comparison:
     label_by: tuple[str, ...]
     axis: str | None = None  # the workload field compared along (``--vs``), or None
     cells: list[Cell] = field(init=False, repr=False)
+    _has: dict[str, bool] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.cells = [c for g in self.groups for c in g.cells]
 
-    @cached_property
-    def has_megatron(self) -> bool:
-        """Whether any cell has Megatron's TFLOP/s per device (tensor/pipeline-parallel runs record it)."""
-        return any(c.megatron_tflops_per_device is not None for c in self.cells)
+    def any_cell_has(self, name: str) -> bool:
+        """Whether any cell has the figure ``name`` (:meth:`Cell.spread`): a column such as J/sample, the bubble
+        or TFLOP/s per device is shown only then."""
+        known = self._has.get(name)
+        if known is None:
+            known = self._has[name] = any(c.spread(name) is not None for c in self.cells)
+        return known
 
-    @cached_property
-    def has_bubble(self) -> bool:
-        """Whether any cell ran a pipeline (its measured bubble is shown only then)."""
-        return any(c.bubble is not None for c in self.cells)
-
-    @cached_property
+    @property
     def has_energy(self) -> bool:
-        """Whether any cell has an energy figure: the J/sample column is shown only then."""
-        return any(c.joules_per_sample is not None for c in self.cells)
+        """Whether any cell has an energy figure (``any_cell_has("joules_per_sample")``)."""
+        return self.any_cell_has("joules_per_sample")
 
 
 def choose_baseline(systems: Sequence[str], wanted: str | None) -> str:

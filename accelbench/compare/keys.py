@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from accelbench.contract import PRECISIONS
+from accelbench.contract import PRECISIONS, STRATEGIES
 from accelbench.errors import AccelbenchError
 
 if TYPE_CHECKING:
@@ -217,10 +217,7 @@ _AXIS_ALIASES = {"lr": "learning_rate", "batch": "batch_size", "steps": "steps_p
 # the order a reader expects the values of an axis in, where it is not the natural (numeric, alphabetical) one
 _KNOWN_ORDER: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
-    "strategy": (
-        *("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"),
-        *("tp", "pp", "mesh"),
-    ),
+    "strategy": STRATEGIES,  # the core's, as contract.strategies lists them: single, data, model parallel
 }
 
 

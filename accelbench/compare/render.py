@@ -1,7 +1,8 @@
 """The comparison as text: terminal tables, Markdown, CSV and JSON.
 
 The text formats (table, Markdown, the report's HTML) show the same columns (:func:`columns`, :func:`cell_row`);
-CSV and JSON carry every figure as a number, unknown ones empty (CSV) or null (JSON), never 0.
+CSV and JSON carry every figure as a number, unknown ones empty (CSV) or null (JSON), never 0. Every column, what
+it shows and when, is one entry of :data:`accelbench.compare.columns.REGISTRY`; adding a metric is one entry there.
 """
 
 from __future__ import annotations
@@ -16,151 +17,39 @@ from rich.table import Table
 from rich.text import Text
 
 from accelbench.compare.cells import Cell, Comparison, WorkloadGroup
+from accelbench.compare.columns import (
+    FIGURES,
+    REGISTRY,
+    column,
+    drop_order,
+    figure_csv,
+    figure_json,
+    headers,
+    shown,
+)
+from accelbench.compare.columns import notes as column_notes
 from accelbench.compare.keys import CORE_AXES, format_value
 from accelbench.compare.stats import Spread
-from accelbench.display import fmt_bytes
 from accelbench.errors import AccelbenchError
 
 FORMATS = ("table", "markdown", "csv", "json")
 
 # --------------------------------------------------------------------------------------------------------------
-# Cells as text
+# Cells as text: the columns of the registry (accelbench.compare.columns)
 # --------------------------------------------------------------------------------------------------------------
 
-
-def fmt_spread(spread: Spread | None, unit: str = "", digits: int = 3) -> str:
-    if spread is None:
-        return "-"
-    text = f"{spread.median:.{digits}f}{unit}"
-    if spread.n > 1:
-        text += f" ±{spread.relative_half_range:.1%}"
-    return text
-
-
-def fmt_rate(spread: Spread | None) -> str:
-    return "-" if spread is None else f"{spread.median:,.1f}"
-
-
-def fmt_memory(spread: Spread | None) -> str:
-    return "-" if spread is None else fmt_bytes(spread.median)
-
-
-def fmt_energy(spread: Spread | None) -> str:
-    """Joules per sample, three significant digits (a small model's figure is a few millijoules)."""
-    if spread is None:
-        return "-"
-    text = f"{spread.median:.3g}"
-    return text + (f" ±{spread.relative_half_range:.1%}" if spread.n > 1 else "")
-
-
-def fmt_mfu(cell: Cell) -> str:
-    if not cell.ok_runs:
-        return "-"
-    return "unknown" if cell.mfu is None else f"{cell.mfu.median:.1%}"
-
-
-def fmt_vs_baseline(cell: Cell, comparison: Comparison, group: WorkloadGroup) -> str:
-    is_baseline = cell.value == group.baseline_value if group.axis else cell.system == group.baseline_system
-    if is_baseline:
-        return "baseline"
-    return "-" if cell.baseline is None else f"×{cell.baseline.speedup:.2f}"
-
-
-def fmt_vs_system(cell: Cell, group: WorkloadGroup) -> str:
-    if cell.system == group.baseline_system:
-        return "baseline"
-    return "-" if cell.vs_system is None else f"×{cell.vs_system.speedup:.2f}"
-
-
-def fmt_noise(cell: Cell) -> str:
-    r = cell.baseline
-    if r is None:
-        return "-"
-    if r.verdict == "too few measurements":
-        return f"can't tell ({r.measurements[0]} vs {r.measurements[1]} epochs)"
-    return f"{'yes' if r.verdict == 'beyond noise' else 'no'} (p={r.p_value:.2g})"
-
-
-def fmt_bubble(cell: Cell) -> str:
-    """A pipeline's measured idle fraction, with the schedule's analytical bubble beside it where known."""
-    if cell.bubble is None:
-        return "-"
-    model = f" (model {cell.bubble_analytical.median:.0%})" if cell.bubble_analytical else ""
-    return f"{cell.bubble.median:.0%}{model}"
-
-
-def fmt_scaling(cell: Cell) -> str:
-    s = cell.scaling
-    if s is None:
-        return "-"
-    return f"×{s.speedup:.2f} vs {s.base_devices} dev, eff {s.efficiency:.0%}"
-
-
-COLUMNS = (
-    "system",
-    "devices",
-    "runs",
-    "steady epoch s",
-    "samples/s",
-    "peak memory",
-    "MFU",
-    "compile s",
-    "speed ×",
-    "memory ×",
-    "beyond noise?",
-    "scaling",
-)
-ENERGY_COLUMN = "J/sample"
-VS_SYSTEM_COLUMN = "vs baseline system"
-MEGATRON_COLUMN = "TFLOP/s/dev"
-BUBBLE_COLUMN = "bubble"
+# the columns every comparison shows (others: the axis compared along, and those shown only when some cell has them)
+COLUMNS = tuple(str(c.header) for c in REGISTRY if c.header and not (c.optional or c.axis_only))
 
 
 def columns(comparison: Comparison) -> list[str]:
-    """The columns the text formats show: :data:`COLUMNS`, with the axis compared along after the device count,
-    energy per sample when any run has it, and, along an axis with several systems, the ratio against the
-    baseline system."""
-    out = list(COLUMNS)
-    if comparison.axis:
-        out.insert(out.index("devices") + 1, comparison.axis)
-        if len(comparison.systems) > 1:
-            out.insert(out.index("beyond noise?") + 1, VS_SYSTEM_COLUMN)
-    if comparison.has_energy:
-        out.insert(out.index("MFU") + 1, ENERGY_COLUMN)
-    if comparison.has_megatron:
-        out.insert(out.index("MFU") + 1, MEGATRON_COLUMN)
-    if comparison.has_bubble:
-        out.insert(out.index("MFU") + 1, BUBBLE_COLUMN)
-    return out
+    """The headers of the columns the text formats show (:func:`accelbench.compare.columns.shown`)."""
+    return headers(shown(comparison), comparison)
 
 
 def cell_row(cell: Cell, comparison: Comparison, group: WorkloadGroup) -> list[str]:
     """A cell as the strings every text format shows, in :func:`columns` order."""
-    memory_ratio = cell.baseline.memory_ratio if cell.baseline else None
-    text = {
-        "system": cell.system,
-        "devices": str(cell.devices),
-        "runs": cell.outcome_text(),
-        "steady epoch s": cell.failure()
-        or fmt_spread(cell.epoch_s, " s") + (" ⚠" if cell.contended_runs else ""),
-        "samples/s": fmt_rate(cell.samples_per_s),
-        "peak memory": fmt_memory(cell.peak_memory_bytes),
-        "MFU": fmt_mfu(cell),
-        ENERGY_COLUMN: fmt_energy(cell.joules_per_sample),
-        MEGATRON_COLUMN: "-"
-        if cell.megatron_tflops_per_device is None
-        else f"{cell.megatron_tflops_per_device.median:.3g}",
-        BUBBLE_COLUMN: fmt_bubble(cell),
-        "compile s": fmt_spread(cell.compile_s, " s", 2) if cell.compile_s else "-",
-        "speed ×": fmt_vs_baseline(cell, comparison, group),
-        "memory ×": f"×{memory_ratio:.2f}" if memory_ratio is not None else "-",
-        "beyond noise?": fmt_noise(cell),
-        VS_SYSTEM_COLUMN: fmt_vs_system(cell, group),
-        "scaling": fmt_scaling(cell),
-    }
-    if comparison.axis:
-        text[comparison.axis] = format_value(cell.value, comparison.axis)
-    return [text[name] for name in columns(comparison)]
+    return [c.show(cell, group) for c in shown(comparison)]
 
 
 SPLIT_CATEGORIES = ("data", "optimizer", "communication", "kernel", "intra-op dispatch", "inter-op dispatch")
@@ -262,7 +151,9 @@ def notes(comparison: Comparison) -> list[str]:
             "baseline's."
         )
         if len(comparison.systems) > 1:
-            against += f" {VS_SYSTEM_COLUMN} = the same against {comparison.baseline} at the same {axis}."
+            against += (
+                f" {column('vs_system').header} = the same against {comparison.baseline} at the same {axis}."
+            )
     else:
         against = (
             f"baseline: {comparison.baseline}. speed ×N = baseline epoch time / this epoch time (>1 is faster); "
@@ -280,20 +171,7 @@ def notes(comparison: Comparison) -> list[str]:
         f"p < {comparison.alpha:g}; can't tell when so few epochs could never reach that (run more epochs or "
         "--repeats).",
     ]
-    if comparison.has_energy:
-        out.append(
-            f"{ENERGY_COLUMN} = joules per sample over the steady epochs, from the devices' energy counters."
-        )
-    if comparison.has_megatron:
-        out.append(
-            f"{MEGATRON_COLUMN} = achieved TFLOP/s per device by Megatron's FLOP count (72 B s l h^2 (1 + s/6h + "
-            "V/12lh) per iteration), as seed 003 reports it."
-        )
-    if comparison.has_bubble:
-        out.append(
-            f"{BUBBLE_COLUMN} = the pipeline's measured idle fraction of a step (bubble plus unhidden "
-            "communication), with the schedule's analytical (p-1)/(v m + p-1) beside it."
-        )
+    out += column_notes(comparison)
     if any(c.contended_runs for c in comparison.cells):
         out.append(
             "⚠ / contended = the host was busy while a run measured (its threads waited for a core 10% or more "
@@ -306,35 +184,16 @@ def notes(comparison: Comparison) -> list[str]:
 # Terminal and Markdown
 # --------------------------------------------------------------------------------------------------------------
 
-_LEFT = ("system", "runs", "beyond noise?")
-_WRAPPING = {
-    "system": 16,
-    "runs": 8,
-    "beyond noise?": 12,
-}  # columns that may wrap, and how narrow they may get
-# what goes first when a table is wider than the terminal: the least asked-for figures; the ratios, the verdict
-# and the epoch time stay (a ratio is never cut, wrapped or dropped)
-DROP_ORDER = (
-    "scaling",
-    "compile s",
-    ENERGY_COLUMN,
-    BUBBLE_COLUMN,
-    "memory ×",
-    "MFU",
-    MEGATRON_COLUMN,
-    "peak memory",
-    "runs",
-    "devices",
-)
 
-
-def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> list[str]:
+def fitting_columns(
+    header: list[str], rows: list[list[str]], width: int, wrapping: dict[str, int], drop: list[str]
+) -> list[str]:
     """The columns that fit ``width`` terminal columns: all of them if they fit (wrapping the columns that may
-    wrap), else without the first of :data:`DROP_ORDER` until they do."""
+    wrap, down to their ``wrapping`` width), else without the first of ``drop`` until they do."""
     natural = {h: max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)}
-    least = {h: min(natural[h], _WRAPPING[h]) if h in _WRAPPING else natural[h] for h in header}
+    least = {h: min(natural[h], wrapping[h]) if h in wrapping else natural[h] for h in header}
     kept = list(header)
-    for name in DROP_ORDER:
+    for name in drop:
         if sum(least[h] + 3 for h in kept) + 1 <= width:
             break
         if name in kept:
@@ -345,10 +204,14 @@ def fitting_columns(header: list[str], rows: list[list[str]], width: int) -> lis
 def render_table(comparison: Comparison, console: Console, wide: bool = False) -> None:
     """Terminal tables (rich): one per workload, then the environment differences. The tables fit the console's
     width by leaving out the least asked-for columns (said under them); ``wide`` keeps every column."""
-    header = columns(comparison)
+    cols = shown(comparison)
+    header = headers(cols, comparison)
+    by_header = dict(zip(header, cols, strict=True))
+    wrapping = {h: c.wrap for h, c in by_header.items() if c.wrap is not None}
     rows = {id(g): [cell_row(c, comparison, g) for c in g.cells] for g in comparison.groups}
     every_row = [row for group_rows in rows.values() for row in group_rows]
-    kept = header if wide else fitting_columns(header, every_row, console.width)
+    drop = drop_order(cols, comparison)
+    kept = header if wide else fitting_columns(header, every_row, console.width, wrapping, drop)
     needed = sum(max([len(h), *(len(r[i]) for r in every_row)]) + 3 for i, h in enumerate(header)) + 1
     if wide and needed > console.width:  # every column at full width, however wide the terminal is
         console = Console(file=console.file, width=needed, force_terminal=console.is_terminal)
@@ -363,8 +226,8 @@ def render_table(comparison: Comparison, console: Console, wide: bool = False) -
         for name in kept:
             table.add_column(
                 name,
-                justify="left" if name in _LEFT or name == comparison.axis else "right",
-                no_wrap=name not in _WRAPPING,
+                justify=by_header[name].align,
+                no_wrap=name not in wrapping,
                 overflow="fold",
             )
         for row in rows[id(group)]:
@@ -463,7 +326,7 @@ def to_markdown(comparison: Comparison) -> str:
 # CSV and JSON
 # --------------------------------------------------------------------------------------------------------------
 
-CSV_FIELDS = (
+_CSV_HEAD = (
     *CORE_AXES,
     "identity",
     "system",
@@ -475,20 +338,8 @@ CSV_FIELDS = (
     "runs_error",
     "runs_interrupted",
     "runs_contended",
-    "epoch_s_median",
-    "epoch_s_min",
-    "epoch_s_max",
-    "epochs_measured",
-    "samples_per_s",
-    "tokens_per_s",
-    "peak_memory_bytes",
-    "mfu",
-    "joules_per_sample",
-    "megatron_tflops_per_device",
-    "bubble",
-    "bubble_analytical",
-    "compile_s",
-    "warmup_s",
+)
+_CSV_TAIL = (
     "baseline",
     "speedup_vs_baseline",
     "throughput_ratio_vs_baseline",
@@ -504,6 +355,8 @@ CSV_FIELDS = (
     "predicted_peak_memory_bytes",
     "predicted_scaling_speedup",
 )
+# the cell's identification, its figures (the registry's, in its order), then its ratios and predictions
+CSV_FIELDS = (*_CSV_HEAD, *(name for c in FIGURES for name in c.csv(c.name, None)), *_CSV_TAIL)
 
 
 def baseline_of(comparison: Comparison, group: WorkloadGroup) -> str:
@@ -520,7 +373,6 @@ def _median(s: Spread | None) -> float | None:
 def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dict[str, Any]:
     """A cell as flat machine-readable fields (CSV columns); unknown figures are None."""
     counts = cell.status_counts()
-    epoch = cell.epoch_s
     ratio, scaling = cell.baseline, cell.scaling
     key = cell.key or group.key
     return {
@@ -534,20 +386,7 @@ def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dic
         "runs_error": counts.get("error", 0),
         "runs_interrupted": counts.get("interrupted", 0),
         "runs_contended": cell.contended_runs,
-        "epoch_s_median": _median(epoch),
-        "epoch_s_min": epoch.low if epoch else None,
-        "epoch_s_max": epoch.high if epoch else None,
-        "epochs_measured": epoch.n if epoch else 0,
-        "samples_per_s": _median(cell.samples_per_s),
-        "tokens_per_s": _median(cell.tokens_per_s),
-        "peak_memory_bytes": _median(cell.peak_memory_bytes),
-        "mfu": _median(cell.mfu),
-        "joules_per_sample": _median(cell.joules_per_sample),
-        "megatron_tflops_per_device": _median(cell.megatron_tflops_per_device),
-        "bubble": _median(cell.bubble),
-        "bubble_analytical": _median(cell.bubble_analytical),
-        "compile_s": _median(cell.compile_s),
-        "warmup_s": _median(cell.warmup_s),
+        **figure_csv(cell),
         "baseline": baseline_of(comparison, group),
         "speedup_vs_baseline": ratio.speedup if ratio else None,
         "throughput_ratio_vs_baseline": ratio.throughput_ratio if ratio else None,
@@ -598,17 +437,7 @@ def cell_json(cell: Cell) -> dict[str, Any]:
         if cell.predicted_step_s or cell.predicted_peak_bytes
         else None,
         "failure": cell.failure(),
-        "epoch_s": _spread(cell.epoch_s),
-        "samples_per_s": _spread(cell.samples_per_s),
-        "tokens_per_s": _spread(cell.tokens_per_s),
-        "peak_memory_bytes": _spread(cell.peak_memory_bytes),
-        "mfu": _spread(cell.mfu),
-        "joules_per_sample": _spread(cell.joules_per_sample),
-        "megatron_tflops_per_device": _spread(cell.megatron_tflops_per_device),
-        "bubble": _spread(cell.bubble),
-        "bubble_analytical": _spread(cell.bubble_analytical),
-        "compile_s": _spread(cell.compile_s),
-        "warmup_s": _spread(cell.warmup_s),
+        **figure_json(cell),
         "vs_baseline": cell.baseline.as_dict() if cell.baseline else None,
         "vs_baseline_system": cell.vs_system.as_dict() if cell.vs_system else None,
         "scaling": cell.scaling.as_dict() if cell.scaling else None,

@@ -9,9 +9,13 @@ from datetime import datetime
 from typing import Any
 
 from accelbench.compare import Cell, Comparison, WorkloadKey
+from accelbench.contract.strategies import Strategy
 
 _GIB = 2**30
-SINGLE_DEVICE_STRATEGIES = ("single", "ddp")  # the seed study's single-accelerator runs used DDP on one GPU
+SINGLE_DEVICE_STRATEGIES = (
+    Strategy.SINGLE,
+    Strategy.DDP,
+)  # the seed study's single-accelerator runs used DDP on one GPU
 
 
 @dataclass(frozen=True)

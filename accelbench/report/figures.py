@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from accelbench.compare import Comparison, Spread
 from accelbench.compare.keys import format_value
 from accelbench.contract import PRECISIONS
+from accelbench.contract.strategies import Strategy
 from accelbench.display import fmt_bytes
 from accelbench.report.drawing import (
     ReportFigure,
@@ -555,7 +556,7 @@ def mesh_label(e: Entry) -> str | None:
     its devices (``fsdp=4``); None for other runs."""
     if e.key.mesh is not None:
         return e.key.mesh
-    if e.key.strategy in ("ddp", "fsdp") and e.cell.devices > 1:
+    if e.key.strategy in (Strategy.DDP, Strategy.FSDP) and e.cell.devices > 1:
         return f"{e.key.strategy}={e.cell.devices}"
     return None
 
@@ -575,7 +576,7 @@ def _mesh_order(label: str) -> tuple[int, int, int, str]:
 def _data_parallel_kind(e: Entry) -> str | None:
     """What runs on the data axis (``fsdp``, ``ddp``), where there is one."""
     axis = str(mesh_label(e)).split(" ")[0].split(",")[0].split("=")[0]
-    return axis if axis in ("fsdp", "ddp") else None
+    return axis if axis in (Strategy.FSDP, Strategy.DDP) else None
 
 
 def _tflops(e: Entry) -> float | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from accelbench import __version__
 from accelbench.compare import Comparison, RunSummary, cell_row, columns
 from accelbench.compare.bandwidth import CommComparison, table_rows
+from accelbench.compare.columns import captions as column_captions
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.report.bandwidth import bandwidth_figures
 from accelbench.report.breakdown import breakdown_figures
@@ -229,7 +230,7 @@ def build_report(
                     "Predicted vs measured",
                 )
             )
-        if comparison.has_energy:
+        if comparison.any_cell_has("joules_per_sample"):
             views.append(
                 View(
                     "energy",
@@ -346,13 +347,11 @@ def _comparison_caption(comparison: Comparison) -> str:
         )
     else:
         against = f"speed ×N = epoch time of the baseline ({comparison.baseline}) over this epoch time (>1 is faster)."
-    energy = (
-        " J/sample: joules per sample from the devices' energy counters." if comparison.has_energy else ""
-    )
+    shown = "".join(f" {caption}" for caption in column_captions(comparison))
     return (
         f"{against} Epoch time: median of the steady epochs (after the warm-up) of all successful runs, ± half "
         "their range. Beyond noise: two-sided Mann-Whitney test of the steady epoch times against the baseline's "
-        f"at α = {comparison.alpha:g}.{energy}"
+        f"at α = {comparison.alpha:g}.{shown}"
     )
 
 

@@ -13,6 +13,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
+from accelbench.contract.strategies import Strategy
+
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision deficiency
 _OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 _MORE = ("#7F7F7F", "#8C564B", "#17BECF", "#BCBD22", "#9467BD", "#393B79", "#637939", "#843C39")
@@ -24,15 +26,16 @@ PRECISION_COLOURS = {
     "bf16-true": "#CC79A7",  # purple
 }
 STRATEGY_COLOURS = {
-    "single": "#7F7F7F",
-    "ddp": "#0072B2",
-    "fsdp": "#D55E00",
-    "deepspeed-zero1": "#56B4E9",
-    "deepspeed-zero2": "#009E73",
-    "deepspeed-zero3": "#E69F00",
-    "tp": "#CC79A7",
-    "pp": "#8C564B",
-    "mesh": "#000000",
+    # the core's strategies (contract.strategies), then the IPU plugin's
+    Strategy.SINGLE.value: "#7F7F7F",
+    Strategy.DDP.value: "#0072B2",
+    Strategy.FSDP.value: "#D55E00",
+    Strategy.ZERO1.value: "#56B4E9",
+    Strategy.ZERO2.value: "#009E73",
+    Strategy.ZERO3.value: "#E69F00",
+    Strategy.TP.value: "#CC79A7",
+    Strategy.PP.value: "#8C564B",
+    Strategy.MESH.value: "#000000",
     "pipelined": "#0072B2",
     "sharded": "#D55E00",
     "serial-phased": "#009E73",
