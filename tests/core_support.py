@@ -1,14 +1,17 @@
-"""Helpers for the core tests: real installed test distributions, and running the CLI as a user does.
+"""Helpers for the core tests: real installed test distributions, running the CLI as a user does, and copies of
+real records changed for what one machine cannot produce.
 
 A module of its own (not conftest.py) so that test modules import it by a name no plugin's tests share.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +58,17 @@ def accelbench(
         cwd=cwd,
         timeout=timeout,
     )
+
+
+def derived(record: dict, **changes: object) -> dict:
+    """A copy of a real record with some fields changed (dotted paths) and a new run id: for logic a CPU cannot
+    produce (several device counts, a GPU's precision plan). Never used as a measurement."""
+    copy = json.loads(json.dumps(record))
+    copy["run_id"] = uuid.uuid4().hex
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        target = copy
+        for name in parents:
+            target = target[name]
+        target[last] = value
+    return copy

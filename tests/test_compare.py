@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
+from core_support import TINY, accelbench, derived
 
 from accelbench.cli import main
 from accelbench.compare import (
@@ -202,20 +202,6 @@ def test_bad_files_are_named_and_skipped_or_fatal_with_strict(
     assert "foreign.json: not an accelbench result record" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "nowhere")]) == 2
     assert "nowhere: no such file or directory" in capsys.readouterr().err
-
-
-def derived(record: dict, **changes: object) -> dict:
-    """A copy of a real record with some fields changed (dotted paths) and a new run id: for logic a CPU cannot
-    produce (several device counts, a GPU's precision plan). Never used as a measurement."""
-    copy = json.loads(json.dumps(record))
-    copy["run_id"] = uuid.uuid4().hex
-    for dotted, value in changes.items():
-        *parents, last = dotted.split("__")
-        target = copy
-        for name in parents:
-            target = target[name]
-        target[last] = value
-    return copy
 
 
 def test_scaling_and_out_of_memory_cells(nodes: dict[str, Path], tmp_path: Path) -> None:

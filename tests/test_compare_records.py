@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
-from test_compare import derived
+from core_support import TINY, accelbench, derived
 
 from accelbench.compare import WorkloadKey, compare, load_records
 from accelbench.errors import ResultFileError

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
-from test_compare import derived
+from core_support import TINY, accelbench, derived
 
 from accelbench.cli import main
 from accelbench.compare import compare, load_records

@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from core_support import accelbench
-from test_compare import derived
+from core_support import accelbench, derived
 
 from accelbench.compare import compare, load_records
 from accelbench.sweep import builtin_suites, load_sweep
