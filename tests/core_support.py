@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,31 @@ def accelbench(
         cwd=cwd,
         timeout=timeout,
     )
+
+
+class RealRuns:
+    """Real short runs of ``accelbench run`` on this CPU, in a fresh interpreter as a user runs it; each folder of
+    records is made once a session, and every test module that asks for the same runs shares it."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._folders: dict[tuple[str, tuple[tuple[str, ...], ...]], Path] = {}
+
+    def folder(self, *runs: Sequence[str], name: str = "real") -> Path:
+        """A folder named ``name`` holding the records of ``accelbench run ARGS -q`` for each ARGS in ``runs``."""
+        key = (name, tuple(tuple(args) for args in runs))
+        if key not in self._folders:
+            folder = self._root / str(len(self._folders)) / name
+            for args in runs:
+                proc = accelbench("run", *args, "--output-dir", str(folder), "-q")
+                assert proc.returncode == 0, proc.stderr[-3000:]
+            self._folders[key] = folder
+        return self._folders[key]
+
+    def record(self, *args: str) -> Path:
+        """The one record of ``accelbench run ARGS -q``."""
+        (path,) = self.folder(args).glob("*.json")
+        return path
 
 
 def derived(record: dict, **changes: object) -> dict:

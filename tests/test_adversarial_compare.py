@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from core_support import TINY
 
 from accelbench.cli import main
+from accelbench.results import ResultRecord
 
 # name -> (content, the reason compare gives when it skips the file). Made from a real record (``good``) where the
 # file must look like one.
@@ -158,15 +158,9 @@ def listing(folder: Path) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real record: a tiny run, 2 epochs of 2 steps, in this process."""
-    folder = tmp_path_factory.mktemp("good")
-    assert (
-        main(["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--output-dir", str(folder), "-q"])
-        == 0
-    )
-    (path,) = folder.glob("*.json")
-    return path
+def good(tiny_run: tuple[ResultRecord, Path]) -> Path:
+    """One real record: a tiny run, 2 epochs of 2 steps, in this process (conftest's, shared)."""
+    return tiny_run[1]
 
 
 @pytest.fixture

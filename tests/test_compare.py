@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench, derived
+from core_support import TINY, RealRuns, derived
 
 from accelbench.cli import main
 from accelbench.compare import (
@@ -30,28 +30,15 @@ STEADY_EPOCHS = 4  # with 4 vs 4 epochs the test can reach p = 2/70 < 0.05
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def nodes(real_runs: RealRuns) -> dict[str, Path]:
     """Two folders of real records, as copied from two nodes: node-a ran with 1 thread, node-b with 2."""
-    root = tmp_path_factory.mktemp("results")
-    folders = {}
-    for name, threads in (("node-a", "1"), ("node-b", "2")):
-        folder = root / name
-        proc = accelbench(
-            "run",
-            *TINY,
-            "--epochs",
-            str(STEADY_EPOCHS + 1),
-            "--steps-per-epoch",
-            "3",
-            "--threads",
-            threads,
-            "--output-dir",
-            str(folder),
-            "-q",
+    return {
+        name: real_runs.folder(
+            [*TINY, "--epochs", str(STEADY_EPOCHS + 1), "--steps-per-epoch", "3", "--threads", threads],
+            name=name,
         )
-        assert proc.returncode == 0, proc.stderr
-        folders[name] = folder
-    return folders
+        for name, threads in (("node-a", "1"), ("node-b", "2"))
+    }
 
 
 def only_json(folder: Path) -> dict:
