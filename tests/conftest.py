@@ -1,11 +1,15 @@
 """Fixtures for the core tests (helpers live in core_support.py).
 
+Tests that need a vendor plugin installed carry ``@pytest.mark.needs_plugin(DISTRIBUTION, ..., why=...)`` and are
+skipped, saying so, where it is not (:func:`pytest_runtest_setup`).
+
 The real records several test modules read are made here, once a session (:func:`real_runs`, :func:`tiny_run`):
 read them, and copy a record before changing it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +18,26 @@ from core_support import RealRuns, Site
 
 if TYPE_CHECKING:
     from accelbench.results import ResultRecord
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``needs_plugin("accelbench-cuda", why=...)`` reads what a vendor plugin brings (its peak table,
+    its backend's refusals): where that plugin is not installed it is skipped, naming the plugin and why, so the core
+    suite runs with the core alone."""
+    for mark in item.iter_markers("needs_plugin"):
+        missing = [name for name in mark.args if not _installed(name)]
+        if missing:
+            plugins = f"plugin{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+            paths = " ".join(f"./plugins/{name.removeprefix('accelbench-')}" for name in missing)
+            pytest.skip(f"needs the vendor {plugins} installed ({mark.kwargs['why']}): pip install {paths}")
 
 
 @pytest.fixture
