@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from core_support import TINY
-from test_adversarial_compare import comm_record_text, hostile_files
+from hostile_support import comm_record_text, hostile_files
 
 from accelbench.cli import main
 from accelbench.estimate.command import MAX_BUS_GBPS, MAX_RUNTIME_MIB, MAX_SCALE_TO

@@ -1,5 +1,5 @@
 """`accelbench report` fed the odd and the hostile: the malformed and hand-made records `compare` is fed
-(test_adversarial_compare.hostile_files), comm records whose figures no measurement gives, a hostile title, and
+(hostile_support.hostile_files), comm records whose figures no measurement gives, a hostile title, and
 places a report cannot go. A report is written whole or not at all, and nothing read is changed.
 """
 
@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_adversarial_compare import HOSTILE_REASONS, comm_record_text, hostile_files, listing
+from hostile_support import HOSTILE_REASONS, comm_record_text, hostile_files, listing
 
 from accelbench.cli import main
 from accelbench.results import ResultRecord
