@@ -104,7 +104,7 @@ class OperatorTime(_Model):
 
 class StepProfile(_Model):
     """Where a step's time goes (``run --profile``): a window of steps profiled after the timed epochs, split into
-    categories that sum to the step (definitions: accelbench/engine/profile.py and docs/profile.md)."""
+    categories that sum to the step (definitions: accelbench/engine/profile/analysis.py and docs/profile.md)."""
 
     steps: int = Field(description="Steps analysed (after the profiler's own warm-up steps).")
     window: str = Field(description="Which steps were profiled, in words.")

@@ -1,11 +1,43 @@
-"""Fixtures for the core tests (helpers live in core_support.py)."""
+"""Fixtures for the core tests (helpers live in core_support.py).
+
+Tests that need a vendor plugin installed carry ``@pytest.mark.needs_plugin(DISTRIBUTION, ..., why=...)`` and are
+skipped, saying so, where it is not (:func:`pytest_runtest_setup`).
+
+The real records several test modules read are made here, once a session (:func:`real_runs`, :func:`tiny_run`):
+read them, and copy a record before changing it.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from core_support import Site
+from core_support import RealRuns, Site
+
+if TYPE_CHECKING:
+    from accelbench.results import ResultRecord
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``needs_plugin("accelbench-cuda", why=...)`` reads what a vendor plugin brings (its peak table,
+    its backend's refusals): where that plugin is not installed it is skipped, naming the plugin and why, so the core
+    suite runs with the core alone."""
+    for mark in item.iter_markers("needs_plugin"):
+        missing = [name for name in mark.args if not _installed(name)]
+        if missing:
+            plugins = f"plugin{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+            paths = " ".join(f"./plugins/{name.removeprefix('accelbench-')}" for name in missing)
+            pytest.skip(f"needs the vendor {plugins} installed ({mark.kwargs['why']}): pip install {paths}")
 
 
 @pytest.fixture
@@ -13,3 +45,21 @@ def site(tmp_path: Path) -> Site:
     path = tmp_path / "site"
     path.mkdir()
     return Site(path)
+
+
+@pytest.fixture(scope="session")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> RealRuns:
+    return RealRuns(tmp_path_factory.mktemp("real-runs"))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ResultRecord, Path]:
+    """One real record, in this process: the conformance kit's tiny model, 2 epochs of 2 steps; the record as the
+    run returned it, and its file."""
+    from accelbench.engine.runner import run
+    from accelbench.plugins import get_host
+    from accelbench.testing import tiny_config
+
+    out = tmp_path_factory.mktemp("tiny-run")
+    record, path, _ = run(tiny_config(epochs=2, steps_per_epoch=2, output_dir=out), get_host())
+    return record, path

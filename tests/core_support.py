@@ -1,14 +1,18 @@
-"""Helpers for the core tests: real installed test distributions, and running the CLI as a user does.
+"""Helpers for the core tests: real installed test distributions, running the CLI as a user does, and copies of
+real records changed for what one machine cannot produce.
 
 A module of its own (not conftest.py) so that test modules import it by a name no plugin's tests share.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +59,42 @@ def accelbench(
         cwd=cwd,
         timeout=timeout,
     )
+
+
+class RealRuns:
+    """Real short runs of ``accelbench run`` on this CPU, in a fresh interpreter as a user runs it; each folder of
+    records is made once a session, and every test module that asks for the same runs shares it."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._folders: dict[tuple[str, tuple[tuple[str, ...], ...]], Path] = {}
+
+    def folder(self, *runs: Sequence[str], name: str = "real") -> Path:
+        """A folder named ``name`` holding the records of ``accelbench run ARGS -q`` for each ARGS in ``runs``."""
+        key = (name, tuple(tuple(args) for args in runs))
+        if key not in self._folders:
+            folder = self._root / str(len(self._folders)) / name
+            for args in runs:
+                proc = accelbench("run", *args, "--output-dir", str(folder), "-q")
+                assert proc.returncode == 0, proc.stderr[-3000:]
+            self._folders[key] = folder
+        return self._folders[key]
+
+    def record(self, *args: str) -> Path:
+        """The one record of ``accelbench run ARGS -q``."""
+        (path,) = self.folder(args).glob("*.json")
+        return path
+
+
+def derived(record: dict, **changes: object) -> dict:
+    """A copy of a real record with some fields changed (dotted paths) and a new run id: for logic a CPU cannot
+    produce (several device counts, a GPU's precision plan). Never used as a measurement."""
+    copy = json.loads(json.dumps(record))
+    copy["run_id"] = uuid.uuid4().hex
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        target = copy
+        for name in parents:
+            target = target[name]
+        target[last] = value
+    return copy

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from core_support import TINY
-from test_adversarial_compare import comm_record_text, hostile_files
+from hostile_support import comm_record_text, hostile_files
 
 from accelbench.cli import main
 from accelbench.estimate.command import MAX_BUS_GBPS, MAX_RUNTIME_MIB, MAX_SCALE_TO
+from accelbench.results import ResultRecord
 
 
 def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -90,12 +91,8 @@ def test_values_at_the_bounds_are_predicted(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("run")
-    assert (
-        main(["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--output-dir", str(run), "-q"]) == 0
-    )
-    (good,) = run.glob("*.json")
+def hostile(tiny_run: tuple[ResultRecord, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    good = tiny_run[1]
     folder = tmp_path_factory.mktemp("hostile") / "records"
     hostile_files(folder, good)
     return folder

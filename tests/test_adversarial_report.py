@@ -1,5 +1,5 @@
 """`accelbench report` fed the odd and the hostile: the malformed and hand-made records `compare` is fed
-(test_adversarial_compare.hostile_files), comm records whose figures no measurement gives, a hostile title, and
+(hostile_support.hostile_files), comm records whose figures no measurement gives, a hostile title, and
 places a report cannot go. A report is written whole or not at all, and nothing read is changed.
 """
 
@@ -12,20 +12,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from core_support import TINY
-from test_adversarial_compare import HOSTILE_REASONS, comm_record_text, hostile_files, listing
+from hostile_support import HOSTILE_REASONS, comm_record_text, hostile_files, listing
 
 from accelbench.cli import main
+from accelbench.results import ResultRecord
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real record (a tiny run in this process) among every kind of bad file."""
-    run = tmp_path_factory.mktemp("run")
-    assert (
-        main(["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--output-dir", str(run), "-q"]) == 0
-    )
-    (good,) = run.glob("*.json")
+def records(tiny_run: tuple[ResultRecord, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real record (conftest's tiny run, in this process) among every kind of bad file."""
+    good = tiny_run[1]
     folder = tmp_path_factory.mktemp("hostile") / "records"
     hostile_files(folder, good)
     return folder

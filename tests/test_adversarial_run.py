@@ -22,7 +22,7 @@ import psutil
 import pytest
 from core_support import TINY
 
-import accelbench.engine.profile as profile_module
+import accelbench.engine.profile.capture as profile_capture
 import accelbench.engine.runner as runner
 from accelbench.cli import main
 from accelbench.engine.profile import MAX_PROFILE_STEPS, MIN_EVENTS_PER_STEP, PROFILE_BYTES_PER_EVENT
@@ -268,7 +268,7 @@ def test_a_window_the_memory_cannot_hold_is_cut_with_the_reason_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A step of 1000 events; memory for 3 of them (the window takes half of what is available): 8 asked, 3 run."""
-    monkeypatch.setattr(profile_module, "_step_events", lambda *args: 1000)
+    monkeypatch.setattr(profile_capture, "_step_events", lambda *args: 1000)
     monkeypatch.setattr(runner, "_available_memory", lambda: 2 * 3 * 1000 * PROFILE_BYTES_PER_EVENT)
     out = tmp_path / "out"
     assert main(["run", *RUN, "--profile", "--profile-steps", "8", "--output-dir", str(out), "-q"]) == 0
@@ -282,7 +282,7 @@ def test_a_window_the_memory_cannot_hold_is_cut_with_the_reason_recorded(
 def test_a_window_of_which_not_one_step_fits_is_skipped_with_a_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(profile_module, "_step_events", lambda *args: 1000)
+    monkeypatch.setattr(profile_capture, "_step_events", lambda *args: 1000)
     monkeypatch.setattr(runner, "_available_memory", lambda: 1000 * PROFILE_BYTES_PER_EVENT)
     out = tmp_path / "out"
     assert main(["run", *RUN, "--profile", "--output-dir", str(out), "-q"]) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from core_support import TINY
-from test_adversarial_compare import hostile_files, listing
+from hostile_support import hostile_files, listing
 
 from accelbench.cli import main
 from accelbench.sweep.spec import MAX_POINTS, MAX_REPEATS, MAX_SWEEP_FILE_BYTES

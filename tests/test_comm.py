@@ -247,7 +247,11 @@ def test_message_sizes_as_people_write_them() -> None:
         ),
         (["--iters", "0"], "--iters 0: at least 1 timed iteration"),
         (["--devices", "1"], "collective bandwidth needs 2 or more ranks, and this job has 1"),
-        (["--backend", "ipu"], "backend 'ipu' has no torch.distributed collective backend"),
+        pytest.param(
+            ["--backend", "ipu"],
+            "backend 'ipu' has no torch.distributed collective backend",
+            marks=pytest.mark.needs_plugin("accelbench-ipu", why="the refusal is of its backend"),
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
+from core_support import TINY, RealRuns, derived
 
 from accelbench.cli import main
 from accelbench.compare import (
@@ -30,28 +30,15 @@ STEADY_EPOCHS = 4  # with 4 vs 4 epochs the test can reach p = 2/70 < 0.05
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def nodes(real_runs: RealRuns) -> dict[str, Path]:
     """Two folders of real records, as copied from two nodes: node-a ran with 1 thread, node-b with 2."""
-    root = tmp_path_factory.mktemp("results")
-    folders = {}
-    for name, threads in (("node-a", "1"), ("node-b", "2")):
-        folder = root / name
-        proc = accelbench(
-            "run",
-            *TINY,
-            "--epochs",
-            str(STEADY_EPOCHS + 1),
-            "--steps-per-epoch",
-            "3",
-            "--threads",
-            threads,
-            "--output-dir",
-            str(folder),
-            "-q",
+    return {
+        name: real_runs.folder(
+            [*TINY, "--epochs", str(STEADY_EPOCHS + 1), "--steps-per-epoch", "3", "--threads", threads],
+            name=name,
         )
-        assert proc.returncode == 0, proc.stderr
-        folders[name] = folder
-    return folders
+        for name, threads in (("node-a", "1"), ("node-b", "2"))
+    }
 
 
 def only_json(folder: Path) -> dict:
@@ -202,20 +189,6 @@ def test_bad_files_are_named_and_skipped_or_fatal_with_strict(
     assert "foreign.json: not an accelbench result record" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "nowhere")]) == 2
     assert "nowhere: no such file or directory" in capsys.readouterr().err
-
-
-def derived(record: dict, **changes: object) -> dict:
-    """A copy of a real record with some fields changed (dotted paths) and a new run id: for logic a CPU cannot
-    produce (several device counts, a GPU's precision plan). Never used as a measurement."""
-    copy = json.loads(json.dumps(record))
-    copy["run_id"] = uuid.uuid4().hex
-    for dotted, value in changes.items():
-        *parents, last = dotted.split("__")
-        target = copy
-        for name in parents:
-            target = target[name]
-        target[last] = value
-    return copy
 
 
 def test_scaling_and_out_of_memory_cells(nodes: dict[str, Path], tmp_path: Path) -> None:

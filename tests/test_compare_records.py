@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
-from test_compare import derived
+from core_support import TINY, RealRuns, derived
 
 from accelbench.compare import WorkloadKey, compare, load_records
 from accelbench.errors import ResultFileError
@@ -19,14 +18,8 @@ from accelbench.results import read_record
 
 
 @pytest.fixture(scope="module")
-def record_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("records") / "real"
-    proc = accelbench(
-        "run", *TINY, "--epochs", "3", "--steps-per-epoch", "2", "--output-dir", str(folder), "-q"
-    )
-    assert proc.returncode == 0, proc.stderr
-    (path,) = folder.glob("*.json")
-    return path
+def record_file(real_runs: RealRuns) -> Path:
+    return real_runs.record(*TINY, "--epochs", "3", "--steps-per-epoch", "2")
 
 
 def test_the_summary_agrees_with_the_fully_validated_record(record_file: Path) -> None:

@@ -10,8 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
-from test_compare import derived
+from core_support import TINY, RealRuns, accelbench, derived
 
 from accelbench.cli import main
 from accelbench.compare import compare, load_records
@@ -21,25 +20,14 @@ PRECISIONS = ("fp32", "bf16-mixed")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def runs(real_runs: RealRuns) -> Path:
     """Two real runs of one workload on this CPU, in fp32 and in bf16-mixed."""
-    folder = tmp_path_factory.mktemp("vs") / "real"
-    for precision in PRECISIONS:
-        proc = accelbench(
-            "run",
-            *TINY,
-            "--precision",
-            precision,
-            "--epochs",
-            "4",
-            "--steps-per-epoch",
-            "2",
-            "--output-dir",
-            str(folder),
-            "-q",
+    return real_runs.folder(
+        *(
+            [*TINY, "--precision", precision, "--epochs", "4", "--steps-per-epoch", "2"]
+            for precision in PRECISIONS
         )
-        assert proc.returncode == 0, proc.stderr
-    return folder
+    )
 
 
 def record_of(folder: Path, precision: str) -> dict:

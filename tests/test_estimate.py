@@ -251,6 +251,9 @@ def test_a_peak_measured_on_a_busy_host_is_measured_again_and_the_higher_rate_ke
     assert measure() == quiet  # a quiet measurement is trusted: no fourth timing (rates would run out)
 
 
+@pytest.mark.needs_plugin(
+    "accelbench-cuda", "accelbench-rocm", why="H100 and the MI2xx devices come from their peak tables"
+)
 def test_devices_by_name_and_unknown_names() -> None:
     host = get_host()
     h100 = find_device(host, "h100")
@@ -332,6 +335,7 @@ def test_comm_records_give_bandwidth_by_size(tmp_path: Path) -> None:
         load_bus_bandwidth([tmp_path / "other.json"])
 
 
+@pytest.mark.needs_plugin("accelbench-cuda", why="--device H100 comes from its peak table")
 def test_command_line_json_validates_and_refusals_exit_2(tmp_path: Path) -> None:
     args = ["estimate", "--model", "gpt2", "--batch-size", "16", "--precision", "bf16-mixed", "--strategy", "fsdp",
             "--devices", "8", "--device", "H100", "--bus-bandwidth", "450", "--scale-to", "16"]  # fmt: skip

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
-from test_compare import derived
+from core_support import TINY, RealRuns, accelbench, derived
 
 from accelbench.cli import main
 from accelbench.compare import compare, load_records
@@ -124,13 +123,8 @@ def _render(table: object, width: int = 100) -> str:
 
 
 @pytest.fixture(scope="module")
-def record_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("legible")
-    proc = accelbench(
-        "run", *TINY, "--epochs", "5", "--steps-per-epoch", "2", "--output-dir", str(folder), "-q"
-    )
-    assert proc.returncode == 0, proc.stderr
-    return next(folder.glob("*.json"))
+def record_file(real_runs: RealRuns) -> Path:
+    return real_runs.record(*TINY, "--epochs", "5", "--steps-per-epoch", "2")
 
 
 def test_the_summary_names_the_strategy_world_size_and_a_short_formula(record_file: Path) -> None:

@@ -181,12 +181,12 @@ def test_importing_hta_leaves_the_process_logging_alone(tmp_path: Path) -> None:
 
 
 def test_without_hta_the_hint_is_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import accelbench.engine.profile as profile
+    import accelbench.engine.profile.hta as profile_hta
 
     def absent() -> None:
         raise ImportError("No module named 'hta'")
 
-    monkeypatch.setattr(profile, "_import_hta", absent)
+    monkeypatch.setattr(profile_hta, "_import_hta", absent)
     figures, source = hta_device_timeline(tmp_path / "t.json.gz")
     assert figures is None and HTA_HINT in source and "not installed" in source
 

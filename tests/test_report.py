@@ -11,8 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from core_support import TINY, accelbench
-from test_compare import derived
+from core_support import TINY, RealRuns, derived
 
 from accelbench.cli import main
 from accelbench.compare import compare, load_records
@@ -27,24 +26,14 @@ HOSTILE_HOST = '<script>alert("host")</script> $x_1$ & co'
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def results(real_runs: RealRuns, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real records of two precisions on this CPU, plus derived records for the views a CPU cannot fill."""
     root = tmp_path_factory.mktemp("report-results")
-    for precision in ("fp32", "bf16-mixed"):
-        proc = accelbench(
-            "run",
-            *TINY,
-            "--precision",
-            precision,
-            "--epochs",
-            "3",
-            "--steps-per-epoch",
-            "3",
-            "--output-dir",
-            str(root / "real"),
-            "-q",
-        )
-        assert proc.returncode == 0, proc.stderr
+    real = real_runs.folder(
+        *([*TINY, "--precision", precision, "--epochs", "3", "--steps-per-epoch", "3"]
+          for precision in ("fp32", "bf16-mixed"))
+    )  # fmt: skip
+    shutil.copytree(real, root / "real")
     fp32 = next(
         json.loads(p.read_text())
         for p in (root / "real").glob("*.json")

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from accelbench.engine.runner import run
 from accelbench.errors import ResultFileError
-from accelbench.plugins import get_host
 from accelbench.results import (
     SCHEMA_VERSION,
     RecordNotSaved,
@@ -19,15 +17,12 @@ from accelbench.results import (
     read_record,
     write_record,
 )
-from accelbench.testing import tiny_config
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> tuple[ResultRecord, Path]:
-    out = tmp_path_factory.mktemp("records")
-    config = tiny_config(epochs=2, steps_per_epoch=2, output_dir=out)
-    record, path, _ = run(config, get_host())
-    return record, path
+def recorded(tiny_run: tuple[ResultRecord, Path]) -> tuple[ResultRecord, Path]:
+    """A real run's record as the run returned it, and its file (conftest's tiny run, shared)."""
+    return tiny_run
 
 
 def test_round_trip_is_lossless(recorded) -> None:

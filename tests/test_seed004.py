@@ -5,11 +5,11 @@ epochs) drawn from real BERT records of this CPU and copies of them for what one
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from core_support import accelbench
-from test_compare import derived
+from core_support import RealRuns, accelbench, derived
 
 from accelbench.compare import compare, load_records
 from accelbench.sweep import builtin_suites, load_sweep
@@ -49,15 +49,15 @@ def test_seed004_suites_at_both_scales() -> None:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def records(real_runs: RealRuns, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two real bert-tiny runs (host pipeline and batches made on the device), and copies of the host run at other
     batch sizes on two systems."""
     root = tmp_path_factory.mktemp("seed004")
-    for synthetic in ("host", "device"):
-        proc = accelbench("run", "--workload", "bert", "--model", "bert-tiny", "--seq-len", "32", "--batch-size", "4",
-                          "--epochs", "3", "--steps-per-epoch", "3", "--data-workers", "0", "--synthetic", synthetic,
-                          "-q", "--output-dir", str(root / "real"))  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    real = real_runs.folder(
+        *(["--workload", "bert", "--model", "bert-tiny", "--seq-len", "32", "--batch-size", "4", "--epochs", "3",
+           "--steps-per-epoch", "3", "--data-workers", "0", "--synthetic", synthetic] for synthetic in ("host", "device"))
+    )  # fmt: skip
+    shutil.copytree(real, root / "real")
     host = next(
         r
         for p in (root / "real").glob("*.json")
