@@ -427,3 +427,53 @@ def test_unreadable_comm_records_are_refused_before_a_run(what: str, tmp_path: P
     assert code == 2  # refused before anything ran: no record
     assert "--comm-records" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_named_device_applies_the_backends_run_options_to_its_precision_plan(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`estimate --device A100 --tf32 on` predicts TF32 math at the TF32 peak, and says so; an option of another
+    backend is refused, never dropped (issue 22)."""
+    from accelbench.cli import main
+
+    monkeypatch.delenv("ACCELBENCH_TF32", raising=False)
+
+    def estimate(*args: str) -> Prediction:
+        assert main(["estimate", "--device", "A100", *args, "--json"]) == 0
+        return Prediction.model_validate_json(capsys.readouterr().out)
+
+    on, off = estimate("--tf32", "on"), estimate("--tf32", "off")
+    assert on.peak_flops_per_s == 156e12 and "tf32" in (on.peak_source or "") and on.matmul_math == "tf32"
+    assert off.peak_flops_per_s == 19.5e12 and off.matmul_math == "ieee-fp32"
+    assert on.step_time_s and off.step_time_s and on.step_time_s < off.step_time_s
+    assert any("TF32 policy on" in line for line in on.assumptions)
+    monkeypatch.setenv("ACCELBENCH_TF32", "on")  # the policy's environment variable, as a run reads it
+    assert estimate().matmul_math == "tf32"
+    assert main(["estimate", "--device", "A100", "--tf32", "on"]) == 0
+    assert "matmul math: tf32" in capsys.readouterr().out
+    assert main(["estimate", "--device", "GC200", "--tf32", "on"]) == 2
+    assert "--tf32 is an option of backend 'cuda', not of 'ipu'" in capsys.readouterr().err
+
+
+def test_a_plugin_that_needs_its_device_for_the_plan_refuses_options_it_cannot_apply() -> None:
+    """A catalogue device whose plugin makes its plan only with the device present: the standard plan, said so,
+    when no backend option was given; a refusal naming the options when some were (never silently dropped)."""
+    from accelbench.contract import Backend
+    from accelbench.errors import BackendError
+    from accelbench.estimate.catalog import KnownDevice
+    from accelbench.estimate.command import _catalogue_plan
+
+    class NeedsItsDevice(Backend):
+        info = BackendInfo(name="needy", device_type="cpu", device_unit="a device")
+
+        def precision_plan(self, precision, device, options):  # type: ignore[no-untyped-def]
+            raise BackendError("no device to ask")
+
+    known = KnownDevice(NeedsItsDevice(), DeviceInfo(index=0, name="Needy 1"))
+    config = RunConfig(precision="fp32")
+    plan, note = _catalogue_plan(known, config, "cpu")
+    assert plan.matmul_math == "ieee-fp32" and note and "only with the device present" in note
+    with pytest.raises(
+        ConfigError, match=r"--fast-math on: the needy plugin makes its precision plan only with"
+    ):
+        _catalogue_plan(known, config.model_copy(update={"backend_options": {"fast_math": "on"}}), "cpu")

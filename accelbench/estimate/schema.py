@@ -114,6 +114,11 @@ class Prediction(_Model):
     batch_size: int = Field(description="Samples per device (per replica for tp/pp/mesh) per step.")
     device: str = Field(description="The device the prediction is for, and where its figures come from.")
     device_memory_bytes: int | None = None
+    matmul_math: str | None = Field(
+        default=None,
+        description="The math the matmuls run in by the backend's precision plan, its run options applied "
+        "(ieee-fp32, tf32, an IPU AMP mode, ...); None where no plan was made.",
+    )
     parameters: int = Field(description="The workload's parameter count.")
     stored_parameters: int = Field(description="Parameter elements allocated (padding included, tied once).")
     flops_per_step: float = Field(
