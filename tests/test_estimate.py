@@ -477,3 +477,27 @@ def test_a_plugin_that_needs_its_device_for_the_plan_refuses_options_it_cannot_a
         ConfigError, match=r"--fast-math on: the needy plugin makes its precision plan only with"
     ):
         _catalogue_plan(known, config.model_copy(update={"backend_options": {"fast_math": "on"}}), "cpu")
+
+
+def test_a_named_ipu_applies_the_partials_option_and_refuses_what_a_run_would(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`estimate --device GC200 --partials half|float`: the AMP mode the option selects (FP16.16 at its 250 TFLOP/s,
+    FP16.32 with no published peak), stated; --partials half with fp32 is refused with the plugin's own message,
+    as a run is, never replaced by the standard fp32 plan (issue 22)."""
+    from accelbench.cli import main
+
+    def estimate(*args: str) -> Prediction:
+        assert main(["estimate", "--device", "GC200", "--precision", "fp16-mixed", *args, "--json"]) == 0
+        return Prediction.model_validate_json(capsys.readouterr().out)
+
+    half, single = estimate("--partials", "half"), estimate("--partials", "float")
+    assert half.peak_flops_per_s == 250e12 and (half.matmul_math or "").startswith("FP16.16")
+    assert single.peak_flops_per_s is None and (single.matmul_math or "").startswith("FP16.32")
+    assert (estimate().matmul_math or "").startswith("FP16.32")  # PopTorch's default: float partials
+    assert main(["estimate", "--device", "GC200", "--precision", "fp32", "--partials", "half"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --partials half applies to fp16 matmuls, but --precision is fp32"), err
+    assert "only with the device present" not in err
+    assert main(["estimate", "--device", "GC200", "--precision", "fp16-mixed", "--partials", "double"]) == 2
+    assert "--partials" in capsys.readouterr().err

@@ -285,15 +285,24 @@ def _catalogue_plan(known: KnownDevice, config: RunConfig, kind: Any) -> tuple[P
     catalogue entry (:class:`~accelbench.estimate.catalog.CataloguePlanner`) where the plugin can, else by its
     ``precision_plan`` where that needs no device. A plugin that can do neither gets the standard plan (fp32
     matmuls as IEEE fp32, said in the note returned), unless backend options were given: they would be ignored, so
-    that is refused."""
+    that is refused. A ConfigError of the plugin's (a precision it does not run, options that cannot work together)
+    is raised as it is, as a run raises it."""
     from accelbench.estimate.catalog import CataloguePlanner
 
     backend = known.backend
     options = config.backend_options
     if isinstance(backend, CataloguePlanner):
         return backend.catalogue_precision_plan(config.precision, known.device, options), None
+    try:  # a precision the backend does not run is refused, as before a run
+        backend.check_precision(config.precision, kind)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001, S110 - it asks the absent device which precisions it runs: the plan decides
+        pass
     try:
         return backend.precision_plan(config.precision, kind, options), None
+    except ConfigError:  # the plugin refuses the options as a run would (--partials half with fp32)
+        raise
     except Exception as exc:  # noqa: BLE001 - a plugin asking its absent device
         if options:
             flags = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in options.items())
