@@ -501,3 +501,34 @@ def test_a_named_ipu_applies_the_partials_option_and_refuses_what_a_run_would(
     assert "only with the device present" not in err
     assert main(["estimate", "--device", "GC200", "--precision", "fp16-mixed", "--partials", "double"]) == 2
     assert "--partials" in capsys.readouterr().err
+
+
+def test_megatron_flops_in_both_forms_each_labelled_as_what_it_is() -> None:
+    """Issue 22: seed 002's formula (Narayanan et al. 2021) is 96 B s l h^2 (1 + s/6h + V/16lh), with full activation
+    recomputation (4 passes); the 72 B s l h^2 (1 + s/6h + V/12lh) form is without it. GPT-2 small's shape, one
+    sequence, summed term by term: 72 s l h^2 = 521,838,526,464, 12 s^2 l h = 115,964,116,992, 6 s h V (V 50,257) =
+    237,142,278,144; with recomputation 96 s l h^2 = 695,784,701,952, 16 s^2 l h = 154,618,822,656, the same 6 s h V."""
+    from rich.console import Console
+
+    from accelbench.estimate.command import show
+    from accelbench.estimate.parallel import megatron_flops_per_iteration
+
+    assert megatron_flops_per_iteration(1, 1024, 12, 768, 50_257) == pytest.approx(874_944_921_600)
+    assert megatron_flops_per_iteration(1, 1024, 12, 768, 50_257, recompute=True) == pytest.approx(
+        1_087_545_802_752
+    )
+    # gpt2 at context 1024 on the character corpus (V = 65: 6 s h V = 306,708,480), batch 2
+    config, facts = facts_for(model="gpt2", batch_size=2, workload_options={"block_size": 1024})
+    p = predict(config, facts, device_type="cuda")
+    assert p.megatron_flops_per_step == pytest.approx(2 * 638_109_351_936)
+    assert p.megatron_recompute_flops_per_step == pytest.approx(2 * 850_710_233_088)
+    seventy_two = [s for s in p.sources if "72 B s l h^2" in s]
+    ninety_six = [s for s in p.sources if "96 B s l h^2" in s]
+    assert len(seventy_two) == 1 and "without activation recomputation" in seventy_two[0]
+    assert len(ninety_six) == 1 and "full activation recomputation" in ninety_six[0]
+    assert "seed 002's formula" in ninety_six[0] and "seed 002's formula" not in seventy_two[0]
+    out = Console(record=True, width=200)
+    show(p, out)
+    text = out.export_text()
+    assert "FLOPs per device (Megatron-LM 72-form, no recompute)" in text and "1.276e+12" in text
+    assert "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)" in text and "1.701e+12" in text

@@ -441,8 +441,15 @@ def show(prediction: Prediction, out: Console) -> None:
     timing.add_column("what")
     timing.add_column("value", justify="right")
     timing.add_row("FLOPs per device (workload's formula)", f"{p.flops_per_step:.4g}")
-    if p.megatron_flops_per_step:
-        timing.add_row("FLOPs per device (Megatron-LM's count)", f"{p.megatron_flops_per_step:.4g}")
+    if p.megatron_flops_per_step:  # the two forms' formulas are in the sources
+        timing.add_row(
+            "FLOPs per device (Megatron-LM 72-form, no recompute)", f"{p.megatron_flops_per_step:.4g}"
+        )
+    if p.megatron_recompute_flops_per_step:
+        timing.add_row(
+            "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)",
+            f"{p.megatron_recompute_flops_per_step:.4g}",
+        )
     peak = f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
     timing.add_row("peak x efficiency", peak)
     timing.add_row("compute", _seconds(p.compute_s))
