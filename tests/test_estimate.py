@@ -532,3 +532,19 @@ def test_megatron_flops_in_both_forms_each_labelled_as_what_it_is() -> None:
     text = out.export_text()
     assert "FLOPs per device (Megatron-LM 72-form, no recompute)" in text and "1.276e+12" in text
     assert "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)" in text and "1.701e+12" in text
+
+
+def test_the_table_states_the_parameter_count() -> None:
+    """Issue 22: the human-readable estimate says how many parameters the model has (the workload's count, and the
+    stored elements where padding makes them differ)."""
+    from rich.console import Console
+
+    from accelbench.estimate.command import show
+
+    config, facts = facts_for(**A, strategy="ddp")
+    out = Console(record=True, width=200)
+    show(predict(config, facts, device_type="cuda"), out)
+    assert "parameters: 106.3 k (106,304; 110,336 stored, padding included, tied once)" in out.export_text()
+    from accelbench.estimate.command import _count
+
+    assert (_count(124_439_808), _count(1_557_611_200), _count(999)) == ("124.4 M", "1.6 B", "999")

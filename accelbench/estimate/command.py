@@ -374,6 +374,14 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1e6:.3g} µs"
 
 
+def _count(n: int) -> str:
+    """A count in thousands (k), millions (M) or billions (B), one decimal: 124.4 M."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return str(n)
+
+
 def show(prediction: Prediction, out: Console) -> None:
     """The prediction as tables: memory per device, communication per step, time, scaling, assumptions."""
     from rich.markup import escape
@@ -390,6 +398,14 @@ def show(prediction: Prediction, out: Console) -> None:
     out.print(f"device: {escape(p.device)}", highlight=False, soft_wrap=True)
     if p.matmul_math:
         out.print(f"matmul math: {escape(p.matmul_math)}", highlight=False, soft_wrap=True)
+    stored = (
+        f"; {p.stored_parameters:,} stored, padding included, tied once"
+        if p.stored_parameters != p.parameters
+        else ""
+    )
+    out.print(
+        f"parameters: {_count(p.parameters)} ({p.parameters:,}{stored})", highlight=False, soft_wrap=True
+    )
     capacity = p.device_memory_bytes
     memory = Table(title="memory per device (predicted peak)")
     for column in ("kind", "bytes", "share"):
