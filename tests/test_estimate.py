@@ -431,3 +431,124 @@ def test_unreadable_comm_records_are_refused_before_a_run(what: str, tmp_path: P
     assert code == 2  # refused before anything ran: no record
     assert "--comm-records" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_named_device_applies_the_backends_run_options_to_its_precision_plan(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`estimate --device A100 --tf32 on` predicts TF32 math at the TF32 peak, and says so; an option of another
+    backend is refused, never dropped (issue 22)."""
+    from accelbench.cli import main
+
+    monkeypatch.delenv("ACCELBENCH_TF32", raising=False)
+
+    def estimate(*args: str) -> Prediction:
+        assert main(["estimate", "--device", "A100", *args, "--json"]) == 0
+        return Prediction.model_validate_json(capsys.readouterr().out)
+
+    on, off = estimate("--tf32", "on"), estimate("--tf32", "off")
+    assert on.peak_flops_per_s == 156e12 and "tf32" in (on.peak_source or "") and on.matmul_math == "tf32"
+    assert off.peak_flops_per_s == 19.5e12 and off.matmul_math == "ieee-fp32"
+    assert on.step_time_s and off.step_time_s and on.step_time_s < off.step_time_s
+    assert any("TF32 policy on" in line for line in on.assumptions)
+    monkeypatch.setenv("ACCELBENCH_TF32", "on")  # the policy's environment variable, as a run reads it
+    assert estimate().matmul_math == "tf32"
+    assert main(["estimate", "--device", "A100", "--tf32", "on"]) == 0
+    assert "matmul math: tf32" in capsys.readouterr().out
+    assert main(["estimate", "--device", "GC200", "--tf32", "on"]) == 2
+    assert "--tf32 is an option of backend 'cuda', not of 'ipu'" in capsys.readouterr().err
+
+
+def test_a_plugin_that_needs_its_device_for_the_plan_refuses_options_it_cannot_apply() -> None:
+    """A catalogue device whose plugin makes its plan only with the device present: the standard plan, said so,
+    when no backend option was given; a refusal naming the options when some were (never silently dropped)."""
+    from accelbench.contract import Backend
+    from accelbench.errors import BackendError
+    from accelbench.estimate.catalog import KnownDevice
+    from accelbench.estimate.command import _catalogue_plan
+
+    class NeedsItsDevice(Backend):
+        info = BackendInfo(name="needy", device_type="cpu", device_unit="a device")
+
+        def precision_plan(self, precision, device, options):  # type: ignore[no-untyped-def]
+            raise BackendError("no device to ask")
+
+    known = KnownDevice(NeedsItsDevice(), DeviceInfo(index=0, name="Needy 1"))
+    config = RunConfig(precision="fp32")
+    plan, note = _catalogue_plan(known, config, "cpu")
+    assert plan.matmul_math == "ieee-fp32" and note and "only with the device present" in note
+    with pytest.raises(
+        ConfigError, match=r"--fast-math on: the needy plugin makes its precision plan only with"
+    ):
+        _catalogue_plan(known, config.model_copy(update={"backend_options": {"fast_math": "on"}}), "cpu")
+
+
+def test_a_named_ipu_applies_the_partials_option_and_refuses_what_a_run_would(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`estimate --device GC200 --partials half|float`: the AMP mode the option selects (FP16.16 at its 250 TFLOP/s,
+    FP16.32 with no published peak), stated; --partials half with fp32 is refused with the plugin's own message,
+    as a run is, never replaced by the standard fp32 plan (issue 22)."""
+    from accelbench.cli import main
+
+    def estimate(*args: str) -> Prediction:
+        assert main(["estimate", "--device", "GC200", "--precision", "fp16-mixed", *args, "--json"]) == 0
+        return Prediction.model_validate_json(capsys.readouterr().out)
+
+    half, single = estimate("--partials", "half"), estimate("--partials", "float")
+    assert half.peak_flops_per_s == 250e12 and (half.matmul_math or "").startswith("FP16.16")
+    assert single.peak_flops_per_s is None and (single.matmul_math or "").startswith("FP16.32")
+    assert (estimate().matmul_math or "").startswith("FP16.32")  # PopTorch's default: float partials
+    assert main(["estimate", "--device", "GC200", "--precision", "fp32", "--partials", "half"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --partials half applies to fp16 matmuls, but --precision is fp32"), err
+    assert "only with the device present" not in err
+    assert main(["estimate", "--device", "GC200", "--precision", "fp16-mixed", "--partials", "double"]) == 2
+    assert "--partials" in capsys.readouterr().err
+
+
+def test_megatron_flops_in_both_forms_each_labelled_as_what_it_is() -> None:
+    """Issue 22: seed 002's formula (Narayanan et al. 2021) is 96 B s l h^2 (1 + s/6h + V/16lh), with full activation
+    recomputation (4 passes); the 72 B s l h^2 (1 + s/6h + V/12lh) form is without it. GPT-2 small's shape, one
+    sequence, summed term by term: 72 s l h^2 = 521,838,526,464, 12 s^2 l h = 115,964,116,992, 6 s h V (V 50,257) =
+    237,142,278,144; with recomputation 96 s l h^2 = 695,784,701,952, 16 s^2 l h = 154,618,822,656, the same 6 s h V."""
+    from rich.console import Console
+
+    from accelbench.estimate.command import show
+    from accelbench.estimate.parallel import megatron_flops_per_iteration
+
+    assert megatron_flops_per_iteration(1, 1024, 12, 768, 50_257) == pytest.approx(874_944_921_600)
+    assert megatron_flops_per_iteration(1, 1024, 12, 768, 50_257, recompute=True) == pytest.approx(
+        1_087_545_802_752
+    )
+    # gpt2 at context 1024 on the character corpus (V = 65: 6 s h V = 306,708,480), batch 2
+    config, facts = facts_for(model="gpt2", batch_size=2, workload_options={"block_size": 1024})
+    p = predict(config, facts, device_type="cuda")
+    assert p.megatron_flops_per_step == pytest.approx(2 * 638_109_351_936)
+    assert p.megatron_recompute_flops_per_step == pytest.approx(2 * 850_710_233_088)
+    seventy_two = [s for s in p.sources if "72 B s l h^2" in s]
+    ninety_six = [s for s in p.sources if "96 B s l h^2" in s]
+    assert len(seventy_two) == 1 and "without activation recomputation" in seventy_two[0]
+    assert len(ninety_six) == 1 and "full activation recomputation" in ninety_six[0]
+    assert "seed 002's formula" in ninety_six[0] and "seed 002's formula" not in seventy_two[0]
+    out = Console(record=True, width=200)
+    show(p, out)
+    text = out.export_text()
+    assert "FLOPs per device (Megatron-LM 72-form, no recompute)" in text and "1.276e+12" in text
+    assert "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)" in text and "1.701e+12" in text
+
+
+def test_the_table_states_the_parameter_count() -> None:
+    """Issue 22: the human-readable estimate says how many parameters the model has (the workload's count, and the
+    stored elements where padding makes them differ)."""
+    from rich.console import Console
+
+    from accelbench.estimate.command import show
+
+    config, facts = facts_for(**A, strategy="ddp")
+    out = Console(record=True, width=200)
+    show(predict(config, facts, device_type="cuda"), out)
+    assert "parameters: 106.3 k (106,304; 110,336 stored, padding included, tied once)" in out.export_text()
+    from accelbench.estimate.command import _count
+
+    assert (_count(124_439_808), _count(1_557_611_200), _count(999)) == ("124.4 M", "1.6 B", "999")

@@ -4,20 +4,37 @@ Each backend plugin lists the devices its table knows through ``accelbench_known
 report them (so its ``accelbench_peak_figures`` answers for them), with their datasheet memory, a label and short
 names. A name matches when it equals, ignoring case, spaces and punctuation, a device's reported name, label or
 one of its short names; failing that, when it is part of exactly one device's names.
+
+A device from a catalogue is not here, so a backend whose ``precision_plan`` asks the device (the CUDA plugin reads
+its compute capability) cannot make the plan for it that way. Such a backend also implements
+:class:`CataloguePlanner`: the plan for one of its catalogue's devices, made from what the catalogue says of it
+(its architecture) and the run's backend options (a TF32 policy), setting no switch (nothing runs).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from accelbench.contract import DeviceInfo
+from accelbench.contract import DeviceInfo, PrecisionPlan, Scalar
 from accelbench.errors import ConfigError
 
 if TYPE_CHECKING:
     from accelbench.contract import Backend
     from accelbench.plugins import PluginHost
+
+
+@runtime_checkable
+class CataloguePlanner(Protocol):
+    """A backend that makes its precision plan for a device of its catalogue without the device (``accelbench
+    estimate --device NAME``): the plan ``precision_plan`` would make on that device with these backend options
+    (TF32 math and all), without applying any global switch. ConfigError for options that cannot work."""
+
+    def catalogue_precision_plan(
+        self, precision: str, device: DeviceInfo, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan: ...
 
 
 @dataclass(frozen=True)

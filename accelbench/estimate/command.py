@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from accelbench.contract import Backend
+    from accelbench.estimate.catalog import KnownDevice
     from accelbench.plugins import PluginHost
 
 
@@ -79,6 +80,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         raise ConfigError(f"cannot predict this configuration: {_first_line(exc)}") from None
     prediction = prediction.model_copy(
         update={
+            "matmul_math": target.plan.matmul_math,
             "measured_peaks": target.measured,
             "scaling": scaling,
             "assumptions": [*target.notes, *prediction.assumptions],
@@ -200,13 +202,15 @@ class _Target:
         peak: PeakFigures | None,
         measured: dict[str, PeakFigures],
         notes: list[str],
+        plan: PrecisionPlan,
     ) -> None:
-        self.device_type, self.device, self.peak, self.measured, self.notes = (
+        self.device_type, self.device, self.peak, self.measured, self.notes, self.plan = (
             device_type,
             device,
             peak,
             measured,
             notes,
+            plan,
         )
 
 
@@ -222,11 +226,13 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
         from accelbench.estimate.catalog import find_device
 
         known = find_device(host, args.estimate_device)
-        plan, note = _plan(known.backend, config, torch.device(known.backend.info.device_type))
+        # the run options as a run on that device would check them: another backend's option is refused here
+        config = host.check_backend_options(config, known.backend)
+        plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
         notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
-        notes += [note] if note else []
+        notes += [note] if note else [_plan_note(known.backend.name, plan)]
         peak = known.backend.peak_figures(known.device, plan)
-        return _Target(known.backend.info.device_type, known.device, peak, {}, notes)
+        return _Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
@@ -244,7 +250,7 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
         torch.set_num_threads(config.threads or max(1, usable_cores() // config.devices))
     plan = backend.precision_plan(config.precision, kind, config.backend_options)
     device = devices[0]
-    notes = [f"device: {device.name} ({backend.name}, detected here)"]
+    notes = [f"device: {device.name} ({backend.name}, detected here)", _plan_note(backend.name, plan)]
     if kind.type == "cpu":
         notes.append(f"{torch.get_num_threads()} intra-op thread(s) per process, as a run of {config.devices} "
                      "process(es) gets")  # fmt: skip
@@ -265,16 +271,50 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
             notes.append(
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
-    return _Target(kind.type, device, peak, measured, notes)
+    return _Target(kind.type, device, peak, measured, notes, plan)
 
 
-def _plan(backend: Backend, config: RunConfig, kind: Any) -> tuple[PrecisionPlan, str | None]:
-    """The plugin's precision plan where it can make one without the device, else the standard plan (fp32 matmuls
-    as IEEE fp32)."""
+def _plan_note(backend: str, plan: PrecisionPlan) -> str:
+    """What the plan says of the math, for the assumptions."""
+    notes = f"; {plan.notes}" if plan.notes else ""
+    return f"precision plan ({backend} plugin): {plan.name}, matmul math {plan.matmul_math}{notes}"
+
+
+def _catalogue_plan(known: KnownDevice, config: RunConfig, kind: Any) -> tuple[PrecisionPlan, str | None]:
+    """The plugin's precision plan for a catalogue device, with the run's backend options applied: made from the
+    catalogue entry (:class:`~accelbench.estimate.catalog.CataloguePlanner`) where the plugin can, else by its
+    ``precision_plan`` where that needs no device. A plugin that can do neither gets the standard plan (fp32
+    matmuls as IEEE fp32, said in the note returned), unless backend options were given: they would be ignored, so
+    that is refused. A ConfigError of the plugin's (a precision it does not run, options that cannot work together)
+    is raised as it is, as a run raises it."""
+    from accelbench.estimate.catalog import CataloguePlanner
+
+    backend = known.backend
+    options = config.backend_options
+    if isinstance(backend, CataloguePlanner):
+        return backend.catalogue_precision_plan(config.precision, known.device, options), None
+    try:  # a precision the backend does not run is refused, as before a run
+        backend.check_precision(config.precision, kind)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001, S110 - it asks the absent device which precisions it runs: the plan decides
+        pass
     try:
-        return backend.precision_plan(config.precision, kind, config.backend_options), None
-    except Exception:  # noqa: BLE001 - a plugin asking its absent device: fall back to the standard plan
-        note = f"precision plan: the standard {config.precision} plan (fp32 matmuls as IEEE fp32): the device is not here"
+        return backend.precision_plan(config.precision, kind, options), None
+    except ConfigError:  # the plugin refuses the options as a run would (--partials half with fp32)
+        raise
+    except Exception as exc:  # noqa: BLE001 - a plugin asking its absent device
+        if options:
+            flags = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in options.items())
+            raise ConfigError(
+                f"{flags}: the {backend.name} plugin makes its precision plan only with the device present "
+                f"({type(exc).__name__}: {_first_line(exc)}), so the prediction for {known.shown} cannot apply "
+                "them; drop them to predict with the standard plan, or estimate on a host with the device"
+            ) from None
+        note = (
+            f"precision plan: the standard {config.precision} plan (matmul math ieee-fp32): the {backend.name} "
+            "plugin makes its plan only with the device present"
+        )
         return standard_plan(config.precision, matmul_math="ieee-fp32"), note
 
 
@@ -334,6 +374,14 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1e6:.3g} µs"
 
 
+def _count(n: int) -> str:
+    """A count in thousands (k), millions (M) or billions (B), one decimal: 124.4 M."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return str(n)
+
+
 def show(prediction: Prediction, out: Console) -> None:
     """The prediction as tables: memory per device, communication per step, time, scaling, assumptions."""
     from rich.markup import escape
@@ -348,6 +396,16 @@ def show(prediction: Prediction, out: Console) -> None:
     )
     out.print(f"[bold]accelbench estimate[/]: {escape(title)}", highlight=False, soft_wrap=True)
     out.print(f"device: {escape(p.device)}", highlight=False, soft_wrap=True)
+    if p.matmul_math:
+        out.print(f"matmul math: {escape(p.matmul_math)}", highlight=False, soft_wrap=True)
+    stored = (
+        f"; {p.stored_parameters:,} stored, padding included, tied once"
+        if p.stored_parameters != p.parameters
+        else ""
+    )
+    out.print(
+        f"parameters: {_count(p.parameters)} ({p.parameters:,}{stored})", highlight=False, soft_wrap=True
+    )
     capacity = p.device_memory_bytes
     memory = Table(title="memory per device (predicted peak)")
     for column in ("kind", "bytes", "share"):
@@ -399,8 +457,15 @@ def show(prediction: Prediction, out: Console) -> None:
     timing.add_column("what")
     timing.add_column("value", justify="right")
     timing.add_row("FLOPs per device (workload's formula)", f"{p.flops_per_step:.4g}")
-    if p.megatron_flops_per_step:
-        timing.add_row("FLOPs per device (Megatron-LM's count)", f"{p.megatron_flops_per_step:.4g}")
+    if p.megatron_flops_per_step:  # the two forms' formulas are in the sources
+        timing.add_row(
+            "FLOPs per device (Megatron-LM 72-form, no recompute)", f"{p.megatron_flops_per_step:.4g}"
+        )
+    if p.megatron_recompute_flops_per_step:
+        timing.add_row(
+            "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)",
+            f"{p.megatron_recompute_flops_per_step:.4g}",
+        )
     peak = f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
     timing.add_row("peak x efficiency", peak)
     timing.add_row("compute", _seconds(p.compute_s))

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from accelbench.estimate.parallel import TransformerShape, megatron_flops_per_iteration
+from accelbench.estimate.parallel import (
+    TransformerShape,
+    megatron_flops_per_iteration,
+    megatron_recompute_flops,
+)
 
 if TYPE_CHECKING:
     from accelbench.config import RunConfig
@@ -29,6 +33,9 @@ class WorkloadFacts:
     those of each repeated unit (FSDP's wrapping units) and ``outer_parameters`` those outside them (the root unit).
     ``matmul_parameters`` are the parameters of linear layers, which autocast copies to 16 bits.
     ``transformer`` is set for transformers (layers, width, heads, context, vocabulary as the logits are wide).
+    ``megatron_flops_per_sample`` is one sample's training FLOPs by Megatron-LM's count without activation
+    recomputation, ``72 s l h^2 (1 + s/6h + V/12lh)``; ``megatron_recompute_flops_per_sample`` the same with full
+    recomputation, seed 002's ``96 s l h^2 (1 + s/6h + V/16lh)`` (Narayanan et al. 2021, 4 forward passes).
     """
 
     workload: str
@@ -43,6 +50,7 @@ class WorkloadFacts:
     outer_parameters: int = 0
     matmul_parameters: int = 0
     megatron_flops_per_sample: float | None = None
+    megatron_recompute_flops_per_sample: float | None = None
     transformer: TransformerShape | None = None
     dropout: float = 0.0
     source: str = ""
@@ -87,6 +95,9 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         megatron = megatron_flops_per_iteration(
             1, shape.sequence, shape.layers, shape.hidden, int(summary.get("vocab_size", shape.vocab))
         )
+    recompute = None
+    if megatron is not None and shape is not None:  # the same count, one more forward pass of the layers
+        recompute = megatron + megatron_recompute_flops(1, shape.sequence, shape.layers, shape.hidden)
     return WorkloadFacts(
         workload=config.workload,
         model=str(summary.get("name", config.model)),
@@ -100,6 +111,7 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         outer_parameters=stored - sum(units),
         matmul_parameters=sum(sizes[i] for i in linear if i in sizes),
         megatron_flops_per_sample=megatron,
+        megatron_recompute_flops_per_sample=recompute,
         transformer=shape,
         dropout=float(summary.get("dropout", 0.0) or 0.0),
         source=source,

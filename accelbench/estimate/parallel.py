@@ -60,6 +60,13 @@ def megatron_flops_per_iteration(
     )
 
 
+def megatron_recompute_flops(batch: int, sequence: int, layers: int, hidden: int) -> float:
+    """What full activation recomputation adds to Megatron-LM's count: one more forward pass of the layers,
+    ``24 B s l h^2 (1 + s/6h)``, the difference of seed 002's ``96 B s l h^2 (1 + s/6h + V/16lh)`` and the
+    no-recomputation ``72 B s l h^2 (1 + s/6h + V/12lh)`` (the logit layer's ``6 B s h V`` is in both)."""
+    return 24.0 * batch * sequence * layers * hidden**2 * (1 + sequence / (6 * hidden))
+
+
 def pipeline_bubble(schedule: str, stages: int, microbatches: int, virtual_stages: int = 1) -> float | None:
     """The analytical bubble: the fraction of a step a pipeline rank idles while the pipeline fills and drains,
     ``(p-1)/(v m + p-1)`` (``v = 1`` for GPipe and 1F1B). ``stages`` is the pipeline ranks ``p``. None for the

@@ -21,7 +21,8 @@ Conventions:
   (busbw) the same convention measures, so a figure from ``nccl-tests`` or ``accelbench comm`` plugs in directly.
   Seed 001's table (AllReduce ``4(1-1/p)P`` for P parameters of 2 bytes) is the same count.
 - FLOPs are the workload's own formula (the GPT's ``6N + 12 l d s`` per token); Megatron-LM's count is reported
-  beside it for transformers.
+  beside it for transformers, in both forms: without activation recomputation (``72 B s l h^2 (1 + s/6h + V/12lh)``,
+  what accelbench's runs compute) and with full recomputation, seed 002's ``96 B s l h^2 (1 + s/6h + V/16lh)``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Bandwidth, Hardware
 from accelbench.estimate.notes import Notes
 from accelbench.estimate.scaling import predict_speedup
-from accelbench.estimate.schema import Prediction, ScalingPrediction
+from accelbench.estimate.schema import (
+    MEGATRON_NO_RECOMPUTE,
+    MEGATRON_RECOMPUTE,
+    Prediction,
+    ScalingPrediction,
+)
 from accelbench.estimate.shape import MODEL_PARALLEL, STRATEGIES, RunShape, model_ranks
 from accelbench.estimate.state import state_bytes
 from accelbench.estimate.step_time import Overlap, compute_time, exposed_comm, optimizer_time, time_comm
@@ -104,14 +110,15 @@ def predict_step(
     memory = memory.model_copy(update={"runtime_bytes": float(runtime_bytes)})
     if runtime_bytes:
         notes.assume(f"runtime held before the model: {runtime_bytes / 2**20:.0f} MiB (given)")
-    megatron = (
-        facts.megatron_flops_per_sample * layout.batch_size / model_ranks(layout)
-        if facts.megatron_flops_per_sample
-        else None
+    megatron, recompute = (
+        flops * layout.batch_size / model_ranks(layout) if flops else None
+        for flops in (facts.megatron_flops_per_sample, facts.megatron_recompute_flops_per_sample)
     )
     notes.cite(f"FLOPs: the workload's formula, {facts.flops_formula}")
     if megatron:
-        notes.cite("Megatron-LM FLOPs: 72 B s l h^2 (1 + s/6h + V/12lh), no recomputation (seed 002)")
+        notes.cite(f"Megatron-LM FLOPs without activation recomputation: {MEGATRON_NO_RECOMPUTE}")
+    if recompute:
+        notes.cite(f"Megatron-LM FLOPs with full activation recomputation: {MEGATRON_RECOMPUTE}")
     total = memory.total_bytes
     fits = _fits(total, hardware, notes)
     comm = time_comm(comm, hardware, notes)
@@ -139,6 +146,7 @@ def predict_step(
         flops_per_step=flops,
         flops_formula=facts.flops_formula,
         megatron_flops_per_step=megatron,
+        megatron_recompute_flops_per_step=recompute,
         memory=memory,
         peak_memory_bytes=total,
         fits=fits,

@@ -10,6 +10,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from accelbench.contract import PeakFigures
 
+# Megatron-LM's FLOPs per iteration of B sequences, as the estimate labels them. Seed 002 (Narayanan et al. 2021,
+# "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM") counts full activation
+# recomputation, 4 forward passes; accelbench's runs recompute nothing, 3 passes.
+MEGATRON_NO_RECOMPUTE = (
+    "72 B s l h^2 (1 + s/6h + V/12lh), no activation recomputation (3 passes: seed 002's count without its "
+    "recomputed forward)"
+)
+MEGATRON_RECOMPUTE = (
+    "96 B s l h^2 (1 + s/6h + V/16lh), full activation recomputation (4 passes: seed 002's formula, Narayanan et al. "
+    "2021)"
+)
+
 SCHEMA_NAME = "accelbench.estimate"
 SCHEMA_VERSION = 1
 
@@ -114,6 +126,11 @@ class Prediction(_Model):
     batch_size: int = Field(description="Samples per device (per replica for tp/pp/mesh) per step.")
     device: str = Field(description="The device the prediction is for, and where its figures come from.")
     device_memory_bytes: int | None = None
+    matmul_math: str | None = Field(
+        default=None,
+        description="The math the matmuls run in by the backend's precision plan, its run options applied "
+        "(ieee-fp32, tf32, an IPU AMP mode, ...); None where no plan was made.",
+    )
     parameters: int = Field(description="The workload's parameter count.")
     stored_parameters: int = Field(description="Parameter elements allocated (padding included, tied once).")
     flops_per_step: float = Field(
@@ -122,7 +139,15 @@ class Prediction(_Model):
     flops_formula: str
     megatron_flops_per_step: float | None = Field(
         default=None,
-        description="The same by Megatron-LM's count, 72 B s l h^2 (1 + s/6h + V/12lh) (seed 002).",
+        description="The same by Megatron-LM's count without activation recomputation (what runs): "
+        + MEGATRON_NO_RECOMPUTE
+        + ".",
+    )
+    megatron_recompute_flops_per_step: float | None = Field(
+        default=None,
+        description="The same by Megatron-LM's count with full activation recomputation: "
+        + MEGATRON_RECOMPUTE
+        + ".",
     )
     memory: MemoryBreakdown
     peak_memory_bytes: float | None = Field(description="Sum of the breakdown; None when a part is unknown.")

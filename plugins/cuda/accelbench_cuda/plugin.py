@@ -29,7 +29,7 @@ from accelbench.contract import (
     hookimpl,
 )
 from accelbench.devices import readings_with_energy
-from accelbench.errors import BackendError
+from accelbench.errors import BackendError, ConfigError
 from accelbench_cuda import __version__, detect, nvml, peaks
 from accelbench_cuda import precision as precision_rules
 from accelbench_cuda.visible import ENV
@@ -127,11 +127,24 @@ class CudaBackend(Backend):
     def precision_plan(
         self, precision: str, device: torch.device, options: Mapping[str, Scalar]
     ) -> PrecisionPlan:
-        # --tf32 wins over the environment variable; neither given means off
-        given = {precision_rules.TF32_ENV: str(options["tf32"])} if "tf32" in options else os.environ
-        tf32 = precision_rules.tf32_policy(given)
+        tf32 = _tf32(options)
         precision_rules.apply_tf32(tf32)  # what the plan records is what runs
         return precision_rules.make_plan(precision, _capability(device), tf32)
+
+    def catalogue_precision_plan(
+        self, precision: str, device: DeviceInfo, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan:
+        """The plan for a GPU of the catalogue that is not here (``accelbench estimate --device A100``): its compute
+        capability from the catalogue, the same TF32 policy as a run (``--tf32``, else ``ACCELBENCH_TF32``), and no
+        switch set, since nothing runs."""
+        capability = precision_rules.catalogue_capability(device)
+        supported = precision_rules.supported_precisions(capability)
+        if precision not in supported:
+            raise ConfigError(
+                f"--precision {precision}: {device.name} (sm_{capability[0]}{capability[1]}) does not run it; it "
+                f"runs: {', '.join(supported)}"
+            )
+        return precision_rules.make_plan(precision, capability, _tf32(options))
 
     def epoch_start(self, device: torch.device) -> None:
         import torch
@@ -163,6 +176,12 @@ class CudaBackend(Backend):
 
     def known_devices(self) -> list[DeviceInfo]:
         return peaks.known_devices()
+
+
+def _tf32(options: Mapping[str, Scalar]) -> bool:
+    """The TF32 policy: ``--tf32`` wins over the environment variable; neither given means off."""
+    given = {precision_rules.TF32_ENV: str(options["tf32"])} if "tf32" in options else os.environ
+    return precision_rules.tf32_policy(given)
 
 
 def _cudnn_wheel_version() -> str | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from accelbench.contract import PrecisionPlan, standard_plan
-from accelbench.errors import ConfigError
+from accelbench.contract import DeviceInfo, PrecisionPlan, standard_plan
+from accelbench.errors import BackendError, ConfigError
 
 TF32_ENV = "ACCELBENCH_TF32"
 
@@ -34,6 +34,20 @@ def tf32_policy(environ: Mapping[str, str] = os.environ) -> bool:
             "Ampere and newer) or 'off' (IEEE fp32, the default)"
         )
     return value == "on"
+
+
+def catalogue_capability(device: DeviceInfo) -> tuple[int, int]:
+    """The compute capability of a device as detection or the catalogue reports it: ``compute_capability`` in its
+    details ("8.0"), else its architecture ("sm_80", "sm_90a"). BackendError when it says neither."""
+    given = device.details.get("compute_capability")
+    if given:
+        major, _, minor = str(given).partition(".")
+        if major.isdigit() and minor.isdigit():
+            return int(major), int(minor)
+    arch = (device.arch or "").removeprefix("sm_").rstrip("abcdefghijklmnopqrstuvwxyz")
+    if len(arch) >= 2 and arch.isdigit():
+        return int(arch[:-1]), int(arch[-1])
+    raise BackendError(f"{device.name}: no compute capability known (arch {device.arch!r})")
 
 
 def supported_precisions(capability: tuple[int, int]) -> list[str]:

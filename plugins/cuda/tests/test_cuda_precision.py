@@ -125,3 +125,32 @@ def test_before_cuda_starts_precisions_come_from_detection_for_the_weakest_gpu(
     assert backend.supported_precisions(torch.device("cuda")) == ["fp32", "fp16-mixed"]
     assert cuda.current is None, "asking must not bind (and so initialise) a GPU"
     assert backend.supported_precisions(backend.setup_device(World(local_rank=0), {})) == ALL
+
+
+def test_a_catalogue_gpu_gets_its_plan_from_the_catalogue_with_the_tf32_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`accelbench estimate --device A100` on a host without it: the plan from the catalogue's sm_80 and the run's
+    TF32 policy (TF32 tensor math, so the TF32 peak), no torch switch set."""
+    from accelbench_cuda.peaks import known_devices, peak_for
+
+    install_gpus(monkeypatch, [])  # no GPU here
+    monkeypatch.delenv("ACCELBENCH_TF32", raising=False)
+    backend = PluginHost().backends["cuda"]
+    by_name = {d.details["aliases"].split(",")[0]: d for d in known_devices()}
+    a100_80, volta = by_name["A100"], by_name["V100"]
+    apply_tf32(False)
+    on = backend.catalogue_precision_plan("fp32", a100_80, {"tf32": "on"})
+    assert (
+        on.matmul_math == "tf32" and not torch.backends.cuda.matmul.allow_tf32
+    )  # nothing runs: no switch set
+    assert peak_for(a100_80.name, on).flops_per_s == 156e12  # type: ignore[union-attr]
+    assert backend.catalogue_precision_plan("fp32", a100_80, {"tf32": "off"}).matmul_math == "ieee-fp32"
+    assert backend.catalogue_precision_plan("fp32", a100_80, {}).matmul_math == "ieee-fp32"
+    monkeypatch.setenv("ACCELBENCH_TF32", "on")
+    assert backend.catalogue_precision_plan("fp32", a100_80, {}).matmul_math == "tf32"
+    assert backend.catalogue_precision_plan("fp32", volta, {"tf32": "on"}).matmul_math == "ieee-fp32"
+    with pytest.raises(ConfigError, match="does not run it; it runs: fp32, fp16-mixed"):
+        backend.catalogue_precision_plan("bf16-mixed", volta, {})
+    with pytest.raises(ConfigError, match="'maybe' is not a TF32 policy"):
+        backend.catalogue_precision_plan("fp32", a100_80, {"tf32": "maybe"})
