@@ -295,11 +295,39 @@ def test_llama_trains_data_parallel_on_two_processes(corpus_dir: Path, tmp_path:
     assert record.data["tokenizer"]["from_cache"]  # trained by an earlier run of this module, or rank 0's
 
 
-def test_tensor_parallel_llama_trains_the_same_model(corpus_dir: Path, tmp_path: Path) -> None:
-    """tp=2 splits each block's heads (4 query, 2 kv: one kv head per rank) and feed-forward: the maths, and so
-    the losses, are single-device training's."""
-    single = run(corpus_dir, tmp_path / "single")
-    tp = run(corpus_dir, tmp_path / "tp", "--strategy", "tp", "--devices", "2")
-    assert tp.executor["tensor_parallel"]["size"] == 2
-    assert ["attention.wk", "colwise"] in tp.executor["tensor_parallel"]["plan"]
-    assert losses(tp) == pytest.approx(losses(single), abs=1e-5)
+@pytest.mark.parametrize(
+    "layout",
+    [("--strategy", "tp", "--devices", "2"), ("--strategy", "tp", "--devices", "2", "--sequence-parallel"),
+     ("--strategy", "pp", "--devices", "2")],
+    ids=["tp", "tp+sequence-parallel", "pp"],
+)  # fmt: skip
+def test_tensor_and_pipeline_parallel_llama_train_the_same_model(
+    corpus_dir: Path, tmp_path: Path, layout: tuple[str, ...]
+) -> None:
+    """tp=2 splits each block's heads (4 query, 2 kv: one kv head per rank) and feed-forward, with sequence
+    parallelism its RMSNorms on sequence shards; pp=2 deals the blocks to two stages (stem, head and loss by the
+    model's embed/head/loss). None changes the maths: the losses are single-device training's."""
+    reference = corpus_dir / "single"
+    if not reference.exists():  # one single-process run serves the three layouts
+        run(corpus_dir, reference)
+    single = read_record(next(reference.glob("*.json")))
+    record = run(corpus_dir, tmp_path, *layout)
+    if "tp" in layout:
+        tp = record.executor["tensor_parallel"]
+        assert tp["size"] == 2 and tp["sequence_parallel"] == ("--sequence-parallel" in layout)
+        assert ["attention.wk", "colwise"] in tp["plan"]
+    else:
+        assert "pipeline" in record.executor
+    assert losses(record) == pytest.approx(losses(single), abs=1e-5)
+
+
+def test_a_published_shape_builds_on_the_meta_device_and_is_refused_where_it_cannot_fit(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    """llama3-70b (70.6 B parameters, 282 GB of fp32 weights) with its 128,256-token vocabulary: counted on the meta
+    device by the preflight and refused (exit 2) on a host without the memory, before anything is built."""
+    env = {**os.environ, "ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
+    proc = accelbench("run", "--workload", "llama", "--model", "llama3-70b", "--seq-len", "64", "--batch-size", "1",
+                      "--data", str(corpus_dir / "text.txt"), "--output-dir", str(tmp_path), "-q", env=env)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "llama llama3-70b: 70,553,706,496 parameters" in proc.stderr, proc.stderr[-2000:]
