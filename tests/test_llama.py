@@ -180,6 +180,8 @@ def test_the_tokenizer_is_trained_once_then_loaded_from_the_cache(
     from tokenizers import Tokenizer
 
     assert Tokenizer.from_file(str(first.tokenizer_file)).decode(first.tokens.tolist()) == text  # lossless
+    # deterministic: the same corpus trains the same tokenizer (so hosts with cold caches tokenize alike)
+    assert tok.train(text, 300).to_str() == Tokenizer.from_file(str(first.tokenizer_file)).to_str()
 
     def no_training(*args: object) -> None:
         raise AssertionError("retrained")
