@@ -228,6 +228,12 @@ def test_defaults() -> None:
     }  # fmt: skip
     big = get_host().resolve(RunConfig(workload="llama", model="llama3-8b"))
     assert get_host().workload("llama").identity(big)["vocab_size"] == 128_256
+    custom = get_host().resolve(
+        RunConfig(
+            workload="llama", model="custom", workload_options={"n_layer": 3, "n_head": 4, "n_embd": 96}
+        )
+    )  # no --kv-heads: multi-head attention; no --ffn-dim: 8/3 of the width up to a multiple of 64
+    assert get_host().workload("llama").identity(custom)["model"] == "custom 3L/4H/4KV/96E/256F"
 
 
 @pytest.mark.parametrize(
@@ -241,6 +247,23 @@ def test_defaults() -> None:
         ({"workload_options": {"seq_len": 10_000}}, "--seq-len"),
         ({"workload_options": {"vocab_size": 100}}, "--vocab-size"),
         ({"workload_options": {"block_size": 16}}, "block_size"),
+        ({"model": "custom", "workload_options": {"n_layer": 2, "n_head": 4}}, "model 'custom' needs all of"),
+        ({"workload_options": {"n_kv_heads": 2}}, "describe a custom size: use them with --model custom"),
+        (
+            {"model": "custom", "workload_options": {"n_layer": 1, "n_head": 3, "n_embd": 64}},
+            "width 64 is not divisible by heads 3",
+        ),
+        (
+            {
+                "model": "custom",
+                "workload_options": {"n_layer": 1, "n_head": 4, "n_embd": 64, "n_kv_heads": 3},
+            },
+            "heads 4 are not divisible by key/value heads 3",
+        ),
+        (
+            {"model": "custom", "workload_options": {"n_layer": 1, "n_head": 4, "n_embd": 36}},
+            "the head size 9 must be even",
+        ),
     ],
 )
 def test_bad_requests_are_refused(values: dict, message: str) -> None:  # type: ignore[type-arg]
@@ -255,6 +278,10 @@ def test_bad_command_lines_exit_2(corpus_dir: Path, tmp_path: Path) -> None:
     for args, message in (
         (["--seq-len", "5000"], "above llama-tiny's context"),
         (["--mesh", "tp=4", "--devices", "4"], "does not divide"),  # 4 query heads but 2 kv heads
+        (
+            ["--model", "custom", "--layers", "1", "--heads", "4", "--kv-heads", "3", "--embd", "64"],
+            "heads 4 are not divisible by key/value heads 3",
+        ),
     ):
         proc = accelbench("run", "--workload", "llama", "--model", "llama-tiny", *data, *args,
                           "--output-dir", str(tmp_path), "-q", env=env)  # fmt: skip
@@ -333,3 +360,12 @@ def test_a_published_shape_builds_on_the_meta_device_and_is_refused_where_it_can
                       "--data", str(corpus_dir / "text.txt"), "--output-dir", str(tmp_path), "-q", env=env)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "llama llama3-70b: 70,553,706,496 parameters" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_custom_size_with_multi_query_attention_trains(corpus_dir: Path, tmp_path: Path) -> None:
+    record = run(corpus_dir, tmp_path, "--model", "custom", "--layers", "1", "--heads", "4", "--kv-heads", "1",
+                 "--embd", "32", "--ffn-dim", "64")  # fmt: skip
+    assert record.workload_identity["model"] == "custom 1L/4H/1KV/32E/64F"
+    w = record.workload
+    assert (w["n_layer"], w["n_head"], w["n_kv_heads"], w["n_embd"], w["ffn_dim"]) == (1, 4, 1, 32, 64)
+    assert w["parameters"] == LlamaShape(1, 32, 4, 1, 64, VOCAB, 2048).parameters(VOCAB)

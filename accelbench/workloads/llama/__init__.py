@@ -4,7 +4,8 @@ The model is our own, in the GPT workload's nanoGPT style (:mod:`accelbench.work
 rotary embeddings, SwiGLU, grouped-query attention through torch's fused ``scaled_dot_product_attention``, an output
 head untied from the embedding. Sizes: ``llama-tiny``, ``-mini``, ``-small`` for CPUs and quick runs, and Llama 3's
 published shapes ``llama3-8b``, ``llama3-70b``, ``llama3-405b`` (layers, width, heads, key/value heads, feed-forward
-width, vocabulary 128,256, RoPE base 500,000; the 405B is Llama 3.1's).
+width, vocabulary 128,256, RoPE base 500,000; the 405B is Llama 3.1's), or ``custom`` (``--layers --heads --embd
+--kv-heads --ffn-dim``).
 
 Text: the corpus (the GPT workload's generated play-like text, or ``--data``) is tokenized by a byte-level BPE
 trained offline on it and cached (:mod:`accelbench.workloads.llama.tokenizer`; never a download). The model's
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 __all__ = ["FLOPS_FORMULA", "MODEL_SIZES", "LlamaShape", "LlamaWorkload", "llama_units"]
 
 LLAMA3_VOCAB = 128_256
+# bounds of a custom size, as the GPT's: far above any model in use, so a typo is refused before anything is built
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_WIDTH = 65_536
 LLAMA3_CONTEXT = 8_192  # Llama 3's pre-training context (3.1's 128K extension rescales RoPE: not modelled)
 SMALL_VOCAB = 8_192
 MIN_VOCAB = 258  # the byte-level BPE's 256 byte symbols and its 2 special tokens
@@ -129,13 +134,52 @@ OPTIONS = (
               f"{LLAMA3_VOCAB:,} for llama3-*, {SMALL_VOCAB:,} for the small sizes)", workload="llama"),
     RunOption(name="rope_theta", type="float", gt=0.0,
               help="RoPE base (default: the size's, 500,000 as Llama 3)", workload="llama"),
+    # a custom size (--model custom): the GPT's --layers/--heads/--embd, plus the key/value heads and feed-forward
+    RunOption(name="n_layer", flag="layers", type="int", gt=0, le=MAX_LAYERS,
+              help="custom size: transformer layers (with --model custom)", workload="llama"),
+    RunOption(name="n_head", flag="heads", type="int", gt=0, le=MAX_HEADS,
+              help="custom size: attention (query) heads", workload="llama"),
+    RunOption(name="n_embd", flag="embd", type="int", gt=0, le=MAX_WIDTH,
+              help="custom size: width", workload="llama"),
+    RunOption(name="n_kv_heads", flag="kv-heads", type="int", gt=0, le=MAX_HEADS,
+              help="custom size: key/value heads, each shared by heads / kv-heads query heads (default: --heads, "
+              "plain multi-head attention)", workload="llama"),
+    RunOption(name="ffn_dim", flag="ffn-dim", type="int", gt=0, le=4 * MAX_WIDTH,
+              help="custom size: SwiGLU hidden width (default: 8/3 of the width, rounded up to a multiple of 64)",
+              workload="llama"),
 )  # fmt: skip
+CUSTOM = ("n_layer", "n_head", "n_embd", "n_kv_heads", "ffn_dim")
 
 
 def shape_of(config: RunConfig) -> LlamaShape:
+    """``config``'s size: a named one, or ``custom``'s options (query heads must divide the width and key/value
+    heads the query heads, checked by :meth:`LlamaWorkload.check`)."""
+    if config.model == "custom":
+        options = config.workload_options
+        dim = int(options["n_embd"])
+        heads = int(options["n_head"])
+        kv = options.get("n_kv_heads")
+        ffn = options.get("ffn_dim")
+        return LlamaShape(
+            n_layers=int(options["n_layer"]),
+            dim=dim,
+            n_heads=heads,
+            n_kv_heads=int(kv) if kv is not None else heads,
+            ffn_dim=int(ffn) if ffn is not None else -(-8 * dim // (3 * 64)) * 64,
+            vocab_size=SMALL_VOCAB,
+            max_seq_len=LLAMA3_CONTEXT,
+        )
     if config.model not in MODEL_SIZES:
-        raise ConfigError(f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}")
+        raise ConfigError(f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}, custom")
     return MODEL_SIZES[config.model]
+
+
+def label(config: RunConfig, shape: LlamaShape) -> str:
+    """How comparisons name the model: the size name, or a custom size by its dimensions."""
+    if config.model != "custom":
+        return config.model
+    s = shape
+    return f"custom {s.n_layers}L/{s.n_heads}H/{s.n_kv_heads}KV/{s.dim}E/{s.ffn_dim}F"
 
 
 def resolved(config: RunConfig) -> tuple[LlamaShape, int, int, float]:
@@ -163,27 +207,39 @@ class LlamaWorkload:
         return list(OPTIONS)
 
     def model_names(self) -> list[str]:
-        return list(MODEL_SIZES)
+        return [*MODEL_SIZES, "custom"]
 
     def check(self, config: RunConfig) -> None:
         from accelbench.workloads.llama.tokenizer import require_tokenizers
 
+        options = config.workload_options
+        given = [n for n in CUSTOM if options.get(n) is not None]
+        if config.model == "custom" and not all(options.get(n) is not None for n in CUSTOM[:3]):
+            raise ConfigError("model 'custom' needs all of --layers, --heads and --embd (--kv-heads, --ffn-dim: "
+                              "optional)")  # fmt: skip
+        if given and config.model != "custom":
+            raise ConfigError(
+                "--layers/--heads/--embd/--kv-heads/--ffn-dim describe a custom size: use them with --model custom"
+            )
         shape, seq_len, _, _ = resolved(config)
+        if shape.dim % shape.n_heads:
+            raise ConfigError(f"width {shape.dim} is not divisible by heads {shape.n_heads}")
+        if shape.n_heads % shape.n_kv_heads:
+            raise ConfigError(
+                f"heads {shape.n_heads} are not divisible by key/value heads {shape.n_kv_heads}: each kv head "
+                "serves a whole group of query heads"
+            )
         if seq_len > shape.max_seq_len:
             raise ConfigError(
                 f"--seq-len {seq_len} is above {config.model}'s context of {shape.max_seq_len:,} tokens"
             )
-        if shape.dim % shape.n_heads or shape.n_heads % shape.n_kv_heads:
-            raise ConfigError(f"{config.model}: heads do not divide the width, or kv heads the heads")
         if shape.head_dim % 2:
-            raise ConfigError(
-                f"{config.model}: rotary embeddings need an even head size, not {shape.head_dim}"
-            )
+            raise ConfigError(f"rotary embeddings turn pairs: the head size {shape.head_dim} must be even")
         require_tokenizers()
 
     def identity(self, config: RunConfig) -> dict[str, Scalar]:
-        _, seq_len, vocab, theta = resolved(config)
-        return {"model": config.model, "seq_len": seq_len, "vocab_size": vocab, "rope_theta": theta}
+        shape, seq_len, vocab, theta = resolved(config)
+        return {"model": label(config, shape), "seq_len": seq_len, "vocab_size": vocab, "rope_theta": theta}
 
     def units(self, config: RunConfig) -> ModelUnits:
         shape, seq_len, _, _ = resolved(config)
