@@ -215,6 +215,19 @@ def test_the_loss_falls_on_real_tokenized_text(corpus_dir: Path, monkeypatch: py
     assert sum(seen[-5:]) / 5 < seen[0] - 1.0
 
 
+def test_device_windows_are_the_host_windows(corpus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    windows = TokenWindows(load_corpus(corpus_dir / "text.txt", VOCAB), seq_len=16, batch_size=4, seed=3,
+                           max_steps=3)  # fmt: skip
+    device = windows.to_device(torch.device("cpu"), "device")
+    for epoch in (0, 1):
+        for rank in (0, 1):
+            host, placed = list(windows.batches(epoch, rank, 2)), list(device.batches(epoch, rank, 2))
+            assert len(host) == len(placed) == 3
+            for (x, y), (dx, dy) in zip(host, placed, strict=True):
+                assert torch.equal(x, dx) and torch.equal(y, dy) and torch.equal(x[:, 1:], y[:, :-1])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # requests
 # ---------------------------------------------------------------------------------------------------------------

@@ -44,16 +44,27 @@ class LlamaConfig:
         return self.dim // self.n_heads
 
 
+def rope_angles(
+    t: int, head_dim: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles t * theta^(-2i / head_dim), fp32, shaped (time, 1, head_dim / 2) to broadcast over
+    batch rows and heads."""
+    freqs = theta ** -(torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), freqs)[:, None, :]
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each pair (x[2i], x[2i+1]) of ``x`` (batch, time, heads, head_dim) turned by its angle, in fp32."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
+
+
 def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding of ``x`` (batch, time, heads, head_dim): each pair (x[2i], x[2i+1]) at position
     t turned by the angle t * theta^(-2i / head_dim), computed in fp32. Relative: <rope(q)_m, rope(k)_n> depends
     on m - n only."""
-    t, head_dim = x.shape[1], x.shape[-1]
-    freqs = theta ** -(torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), freqs)[:, None, :]
-    cos, sin = angles.cos(), angles.sin()  # (time, 1, head_dim / 2): the same for every batch row and head
-    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
+    return rotate(x, *rope_angles(x.shape[1], x.shape[-1], theta, x.device))
 
 
 class Attention(nn.Module):
@@ -72,7 +83,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, -1, self.head_dim)
         k = self.wk(x).view(b, t, -1, self.head_dim)
         v = self.wv(x).view(b, t, -1, self.head_dim)
-        q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
+        cos, sin = rope_angles(t, self.head_dim, self.rope_theta, x.device)  # once for q and k
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (batch, heads, time, head_dim)
         # one fused causal kernel; each k/v head serves n_heads / n_kv_heads query heads (grouped-query attention)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
