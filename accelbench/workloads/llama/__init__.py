@@ -24,16 +24,19 @@ The second term is attention's two matmuls (q·kᵀ and attention·v: 2 x 2*s*d 
 counted over the whole s x s score matrix, **not halved for the causal mask**, the convention of
 
 - torchtitan (``get_num_flop_per_token``): ``6 * (params - embedding) + 12 * L * H * Q * T`` with H heads of
-  size Q (H*Q = d) and T the sequence length: the same count;
-- Megatron-LM (Narayanan et al. 2021, appendix; ``num_floating_point_operations``): per token
-  ``12*L*d^2*((1 + g/n + s/d) + 3/2 * ffn/d) + 6*d*V`` for GQA (g kv heads of n) and SwiGLU: its ``s/d`` term is
-  the same ``12*L*d*s``, also unhalved; it counts only matmul weights (no norms) and the head as ``6*d*V``.
-  Recorded as ``megatron_flops_per_sample``;
+  size Q (H*Q = d) and T the sequence length: the same count ("we follow the convention and do not account for
+  sparsity in causal attention");
+- Megatron-LM's paper (Narayanan et al. 2021, appendix; seed 002's ``72*B*s*l*h^2*(1 + s/(6h) + V/(12hl))``),
+  written for GQA (g kv heads of n) and SwiGLU: per token ``12*L*d^2*((1 + g/n + s/d) + 3/2 * ffn/d) + 6*d*V``,
+  whose ``s/d`` term is the same ``12*L*d*s``, unhalved; it counts only matmul weights (no norms) and the head
+  as ``6*d*V``. Recorded as ``megatron_flops_per_sample``;
 - PaLM (appendix B) and the GPT workload here: ``6N + 12*l*d*s``, unhalved.
 
-A causal kernel (flash attention) skips the masked half, so the work executed is nearer ``6*N + 6*L*d*s``
-(the halved form, e.g. in FlashAttention's own throughput figures and some MFU accounting); the summary records
-that figure too (``flops_per_token_causal_halved``). Results use the unhalved one, comparable with published MFU.
+The halved form, ``6*N + 6*L*d*s``, is what current Megatron-LM code counts (``num_floating_point_operations`` in
+``megatron/training/training.py`` has ``s/d/2``: "only half of the attention matrix is non-zero") and nearer the
+work a causal kernel (flash attention) executes, as it skips the masked half; the summary records it too
+(``flops_per_token_causal_halved``). Results use the unhalved one, comparable with torchtitan's, nanoGPT's and
+the Megatron paper's MFU; an MFU from current Megatron-LM is lower by the attention term's half.
 
 Units: tokens (``tokens_per_sample`` = ``seq_len``; a sample is one sequence).
 
@@ -102,7 +105,9 @@ class LlamaShape:
         return 6.0 * self.non_embedding_parameters(vocab_size) + 6.0 * self.n_layers * self.dim * seq_len
 
     def megatron_flops_per_token(self, vocab_size: int, seq_len: int) -> float:
-        """Megatron-LM's count (num_floating_point_operations, GQA and SwiGLU), per token."""
+        """The Megatron-LM paper's count (Narayanan et al. 2021, appendix) for GQA and SwiGLU, per token: the
+        form of Megatron-LM's ``num_floating_point_operations``, with its attention term unhalved as in the paper
+        (current Megatron-LM code halves it)."""
         d, q = self.dim, self.n_heads * self.head_dim
         attention = (1 + self.n_kv_heads / self.n_heads + seq_len / d) * q / d
         mlp = self.ffn_dim / d * 3 / 2
@@ -121,8 +126,8 @@ MODEL_SIZES: dict[str, LlamaShape] = {
 
 FLOPS_FORMULA = (
     "6N + 12*L*d*s per token (N = parameters without the token embedding, untied output head included; "
-    "attention over the whole s x s scores, not halved for the causal mask, as torchtitan's 6N + 12*L*H*Q*T, "
-    "Megatron-LM's and PaLM's; halved: 6N + 6*L*d*s)"
+    "attention over the whole s x s scores, not halved for the causal mask, as torchtitan's 6N + 12*L*H*Q*T, the "
+    "Megatron paper's and PaLM's; halved, as current Megatron-LM code counts: 6N + 6*L*d*s)"
 )
 
 OPTIONS = (
