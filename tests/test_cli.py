@@ -34,7 +34,7 @@ from accelbench.cli import main
         (["--backend", "npu"], "unknown backend 'npu'; installed backends: "),
         (
             ["--workload", "resnet"],
-            "unknown workload 'resnet'; available: bert, efficientnet-b0, gpt, mobilenet-v3-large",
+            "unknown workload 'resnet'; available: bert, efficientnet-b0, gpt, llama, mobilenet-v3-large",
         ),
         (["--data", "/nonexistent/shakespeare.txt"], "--data /nonexistent/shakespeare.txt: no such file"),
         (

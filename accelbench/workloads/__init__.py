@@ -147,12 +147,14 @@ def register_all(register: Callable[[Workload], None]) -> None:
     """The core's own workloads (called by the core's default ``accelbench_register_workloads``)."""
     from accelbench.workloads.bert import BertWorkload
     from accelbench.workloads.gpt import GPTWorkload
+    from accelbench.workloads.llama import LlamaWorkload
     from accelbench.workloads.vision import MODELS, VisionWorkload
 
     register(GPTWorkload())
     for spec in MODELS.values():
         register(VisionWorkload(spec))
     register(BertWorkload())
+    register(LlamaWorkload())
 
 
 def optimizer_kernels(implementation: str) -> dict[str, bool]:
