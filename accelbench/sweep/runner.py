@@ -78,7 +78,9 @@ def run_sweep(
                 summary.done += 1
                 if attempt.status == "oom":
                     fit.did_not_fit(point)
-                text = {"oom": "out of memory", "diverged": "diverged (a loss not finite)"}.get(attempt.status, "ok")
+                text = {"oom": "out of memory", "diverged": "diverged (a loss not finite)"}.get(
+                    attempt.status, "ok"
+                )
                 display.finish(
                     point,
                     f"{text} ({attempt.seconds:.1f} s)",

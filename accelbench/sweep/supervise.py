@@ -38,9 +38,7 @@ class SweepInterrupted(BaseException):  # noqa: N818 - an interruption, like Key
 class Attempt:
     """One run of one point: how it ended and where its record is (None: no record was written)."""
 
-    status: (
-        str  # ok, oom, error, interrupted, diverged (from the record); refused, crashed, timeout, failed (no record)
-    )
+    status: str  # ok, oom, error, interrupted, diverged (from the record); refused, crashed, timeout, failed (no record)
     exit_code: int
     seconds: float
     record: Path | None = None
