@@ -296,20 +296,18 @@ def check_model_fits_host(config: RunConfig, workload: Workload, available_bytes
     """Every rank builds its whole model in fp32 in host memory before an executor places, shards or casts it:
     refuse a model whose weights alone, on every worker process of this node, exceed the memory available, before
     anything is built (a build that exhausts the host is ended by the kernel's out-of-memory killer, with nothing
-    said). The count comes from building the model on the meta device (shapes, no storage); a workload that cannot
-    be built so is left to its real build."""
-    from accelbench.estimate.facts import meta_facts
-
-    try:
-        facts = meta_facts(workload, config)
-    except Exception:  # noqa: BLE001 - not provable here; the real build reports what it meets
+    said). The count is the workload's own ``parameters(config)``, from the model's shape; a workload without
+    one is left to its real build."""
+    count: Callable[[RunConfig], int] | None = getattr(workload, "parameters", None)
+    if count is None:
         return
-    weights = facts.stored_parameters * 4
+    parameters = count(config)
+    weights = parameters * 4
     if weights * config.devices > available_bytes:
         per = f" on each of {config.devices} worker processes" if config.devices > 1 else ""
         raise ConfigError(
-            f"{config.workload} {config.model}: {facts.stored_parameters:,} parameters, {weights / 2**30:.1f} GiB of "
-            f"fp32 weights built in host memory{per} before the run places them, and this host has "
+            f"{config.workload} {config.model}: {parameters:,} parameters, {weights / 2**30:.1f} GiB of fp32 "
+            f"weights built in host memory{per} before the run places them, and this host has "
             f"{available_bytes / 2**30:.1f} GiB available; choose a smaller model (or fewer --devices per node)"
         )
 

@@ -142,6 +142,10 @@ class Workload(Protocol):
         """Build model and data for ``config``."""
         ...
 
+    # Optional, not part of the protocol: ``parameters(config) -> int``, the parameters the model will have (or a
+    # lower bound), known without building it. Where a workload defines it, `accelbench run` refuses up front a
+    # model whose fp32 weights the host's memory cannot hold (:func:`accelbench.engine.runner.check_model_fits_host`).
+
 
 def register_all(register: Callable[[Workload], None]) -> None:
     """The core's own workloads (called by the core's default ``accelbench_register_workloads``)."""

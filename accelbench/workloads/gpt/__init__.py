@@ -128,6 +128,16 @@ class GPTWorkload:
         if n_embd % n_head:
             raise ConfigError(f"embedding {n_embd} is not divisible by heads {n_head}")
 
+    def parameters(self, config: RunConfig) -> int:
+        """A lower bound of the parameters the model is built with, known without building it: the blocks'
+        12*L*d^2 and embedding rows for one vocabulary multiple and the context (the corpus's characters, read
+        when the data is built, pad to at least one multiple)."""
+        n_layer, _, n_embd = resolve_size(config)
+        options = config.workload_options
+        return (
+            12 * n_layer * n_embd**2 + (int(options["vocab_multiple"]) + int(options["block_size"])) * n_embd
+        )
+
     def identity(self, config: RunConfig) -> dict[str, Scalar]:
         n_layer, n_head, n_embd = resolve_size(config)
         options = config.workload_options

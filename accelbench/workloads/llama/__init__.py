@@ -214,6 +214,11 @@ class LlamaWorkload:
     def model_names(self) -> list[str]:
         return [*MODEL_SIZES, "custom"]
 
+    def parameters(self, config: RunConfig) -> int:
+        """The parameters the model is built with, from its shape (without building it)."""
+        shape, _, vocab, _ = resolved(config)
+        return shape.parameters(vocab)
+
     def check(self, config: RunConfig) -> None:
         from accelbench.workloads.llama.tokenizer import require_tokenizers
 
