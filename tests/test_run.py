@@ -107,9 +107,12 @@ def test_the_checks_run_once_in_a_run_that_trains_in_the_process_the_user_starte
     assert len(calls) == 1 and only_record(tmp_path).outcome.status == "ok"
     # a run handed another configuration than the one checked checks its own
     calls.clear()
-    checked = real(tiny_config(output_dir=tmp_path), get_host())
+    checked = real(tiny_config(output_dir=tmp_path, steps_per_epoch=2), get_host())
     record, _, status = run(
-        tiny_config(output_dir=tmp_path, epochs=2), get_host(), launch=None, checked=checked
+        tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=2),
+        get_host(),
+        launch=None,
+        checked=checked,
     )
     assert status == "ok" and len(calls) == 1 and record is not None and record.config.epochs == 2
 
