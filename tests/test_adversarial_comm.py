@@ -146,6 +146,7 @@ def test_a_launcher_environment_that_contradicts_the_flags_is_refused(
     assert "launcher variable WORLD_SIZE='two' is not an integer" in refused([], tmp_path, capsys)
 
 
+@pytest.mark.slow
 def test_sigterm_while_measuring_keeps_the_sizes_measured(tmp_path: Path) -> None:
     """A scheduler's SIGTERM to the command the user started, while rank 0 measures: the record holds every size
     completed on every rank, says it was interrupted, and the exit status is 130."""

@@ -34,6 +34,7 @@ def hostile(tmp_path: Path, good: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_every_bad_file_is_skipped_with_its_reason_and_the_good_one_compared(
     hostile: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

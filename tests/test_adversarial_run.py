@@ -324,6 +324,7 @@ def test_a_prediction_that_fails_or_is_interrupted_never_costs_the_record(
     assert record["prediction"]["note"] == f"no prediction: it failed ({what})"
 
 
+@pytest.mark.slow
 def test_a_run_killed_during_the_window_leaves_its_timed_epochs(tmp_path: Path) -> None:
     """The kernel's out-of-memory killer (SIGKILL: nothing runs after it) during the profiled window: the record
     written before the window holds the timed epochs and says the process ended there."""

@@ -39,6 +39,7 @@ def only_record(folder: Path):  # type: ignore[no-untyped-def]
     return read_record(files[0])
 
 
+@pytest.mark.slow
 def test_bert_trains_on_the_cpu(tmp_path: Path) -> None:
     proc = accelbench("run", *TINY, "--data-workers", "1", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -144,6 +145,7 @@ def test_wordpiece_from_a_vocab_file(tmp_path: Path) -> None:
         WordPieceTokenizer(tmp_path / "bad.txt")
 
 
+@pytest.mark.slow
 def test_a_run_on_a_folder_of_text_with_a_vocabulary(tmp_path: Path) -> None:
     (tmp_path / "text").mkdir()
     for i in range(2):
@@ -182,6 +184,7 @@ def test_bad_requests_are_refused(values: dict, message: str) -> None:  # type: 
         get_host().resolve(config)
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_processes_with_gradient_accumulation(tmp_path: Path) -> None:
     proc = accelbench("run", *TINY, "--strategy", "fsdp", "--devices", "2", "--grad-accum", "2",
                       "--data-workers", "0", "--output-dir", str(tmp_path))  # fmt: skip
@@ -195,6 +198,7 @@ def test_fsdp_on_two_processes_with_gradient_accumulation(tmp_path: Path) -> Non
     assert [r.epoch_samples for r in record.metrics.ranks] == [[8, 8], [8, 8]]
 
 
+@pytest.mark.slow
 def test_ddp_on_two_processes(tmp_path: Path) -> None:
     proc = accelbench("run", *TINY, "--strategy", "ddp", "--devices", "2", "--data-workers", "0",
                       "--output-dir", str(tmp_path))  # fmt: skip
@@ -203,6 +207,7 @@ def test_ddp_on_two_processes(tmp_path: Path) -> None:
     assert record.world_size == 2 and record.executor["strategy"] == "ddp"
 
 
+@pytest.mark.slow
 def test_tensor_and_pipeline_parallel_bert_train_the_same_model(tmp_path: Path) -> None:
     """BERT under tp=2 (its Megatron plan) and pp=2 (its layers dealt to two stages) on two gloo processes: the
     same batches give the same losses, since neither changes the maths."""

@@ -48,6 +48,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     return path, proc
 
 
+@pytest.mark.slow
 def test_every_collective_is_measured_checked_and_recorded(
     measured: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -342,6 +343,7 @@ def test_compare_puts_bandwidth_curves_side_by_side_with_ratios(
     assert "not an accelbench result record" not in out
 
 
+@pytest.mark.slow
 def test_comm_and_training_records_together(
     two_systems: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -361,6 +363,7 @@ def test_comm_and_training_records_together(
     assert 'id="bandwidth"' in page and 'id="overview"' in page
 
 
+@pytest.mark.slow
 def test_report_draws_bus_bandwidth_against_message_size(two_systems: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from accelbench.report.html import build_comm_report

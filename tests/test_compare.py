@@ -63,6 +63,7 @@ def permutation_p(a: list[float], b: list[float]) -> float:
     return extreme / total
 
 
+@pytest.mark.slow
 def test_two_systems_side_by_side_with_ratios_noise_and_environment(nodes: dict[str, Path]) -> None:
     a, b = only_json(nodes["node-a"]), only_json(nodes["node-b"])
     comparison = compare(load_records([nodes["node-a"], nodes["node-b"]]))

@@ -22,6 +22,7 @@ def record_file(real_runs: RealRuns) -> Path:
     return real_runs.record(*TINY, "--epochs", "3", "--steps-per-epoch", "2")
 
 
+@pytest.mark.slow
 def test_the_summary_agrees_with_the_fully_validated_record(record_file: Path) -> None:
     full = read_record(record_file)
     (summary,) = load_records([record_file]).records
@@ -109,6 +110,7 @@ def test_runs_share_their_key_system_and_environment(record_file: Path, tmp_path
 
 
 @pytest.mark.parametrize("command", ["compare", "report"])
+@pytest.mark.slow
 def test_compare_and_report_never_import_torch(record_file: Path, tmp_path: Path, command: str) -> None:
     if command == "report":
         pytest.importorskip("matplotlib")

@@ -42,6 +42,7 @@ def steady_walls(record: dict) -> list[float]:
     return [e["wall_s"] for e in record["metrics"]["epochs"][1:]]
 
 
+@pytest.mark.slow
 def test_precisions_share_one_table_with_ratios_against_the_baseline_precision(runs: Path) -> None:
     fp32, bf16 = (record_of(runs, p) for p in PRECISIONS)
     records = load_records([runs])

@@ -40,6 +40,7 @@ def only_record(directory: Path):
         pytest.param("deepspeed-zero3", marks=needs_deepspeed),
     ],
 )
+@pytest.mark.slow
 def test_two_process_strategy_trains_and_gathers_every_rank(strategy: str, tmp_path: Path) -> None:
     proc = accelbench("run", *SHORT, "--strategy", strategy, "--devices", "2", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -64,6 +65,7 @@ def test_two_process_strategy_trains_and_gathers_every_rank(strategy: str, tmp_p
 
 
 @needs_deepspeed
+@pytest.mark.slow
 def test_deepspeed_bf16_records_what_really_ran(tmp_path: Path) -> None:
     proc = accelbench("run", *SHORT, "--strategy", "deepspeed-zero2", "--devices", "2", "--precision", "bf16-mixed",
                       "--output-dir", str(tmp_path))  # fmt: skip
@@ -74,6 +76,7 @@ def test_deepspeed_bf16_records_what_really_ran(tmp_path: Path) -> None:
     assert record.executor["deepspeed_config"]["bf16"] == {"enabled": True}
 
 
+@pytest.mark.slow
 def test_ddp_on_one_device_needs_no_launcher(tmp_path: Path) -> None:
     proc = accelbench("run", *SHORT, "--strategy", "ddp", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -144,6 +147,7 @@ def run_faulty(
 
 
 @pytest.mark.parametrize(("mode", "status", "exit_code"), [("raise", "error", 1), ("oom", "oom", 3)])
+@pytest.mark.slow
 def test_a_failing_rank_is_named_and_measured_epochs_are_kept(
     faulty, tmp_path, mode, status, exit_code
 ) -> None:
@@ -161,6 +165,7 @@ def test_a_failing_rank_is_named_and_measured_epochs_are_kept(
     assert record.config.backend_options["fail_mode"] == mode
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_ends_the_run_with_an_error_record(faulty, tmp_path) -> None:
     proc, elapsed = run_faulty(faulty, tmp_path, "exit", "--collective-timeout", "20")
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -175,6 +180,7 @@ def test_a_rank_that_dies_ends_the_run_with_an_error_record(faulty, tmp_path) ->
     assert elapsed < 90
 
 
+@pytest.mark.slow
 def test_a_hung_rank_times_out_instead_of_hanging_forever(faulty, tmp_path) -> None:
     proc, elapsed = run_faulty(faulty, tmp_path, "hang", "--collective-timeout", "8")
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -185,6 +191,7 @@ def test_a_hung_rank_times_out_instead_of_hanging_forever(faulty, tmp_path) -> N
     assert elapsed < 90  # 8 s collective timeout + 8 s for statuses + start-up, not an hour
 
 
+@pytest.mark.slow
 def test_mpi_style_environment_is_recognised_without_a_launcher(tmp_path: Path) -> None:
     """Two processes started by hand with Open MPI's variables, as mpirun would: accelbench starts nothing."""
     with socket.socket() as sock:
@@ -231,12 +238,14 @@ def test_launcher_and_request_disagreeing_is_refused(tmp_path: Path) -> None:
         (["--strategy", "ddp", "--devices", "2", "--nnodes", "2"], "--nnodes > 1 needs --rdzv-endpoint"),
     ],
 )
+@pytest.mark.slow
 def test_bad_distributed_requests_fail_before_launch(args, message, tmp_path: Path) -> None:
     proc = accelbench("run", *SHORT, *args, "--output-dir", str(tmp_path))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in " ".join(proc.stderr.split())
 
 
+@pytest.mark.slow
 def test_rendezvous_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -256,6 +265,7 @@ needs_lightning = pytest.mark.skipif(
 
 @needs_lightning
 @pytest.mark.parametrize(("strategy", "devices"), [("single", "1"), ("ddp", "2")])
+@pytest.mark.slow
 def test_lightning_engine_runs_the_same_workload(strategy: str, devices: str, tmp_path: Path) -> None:
     proc = accelbench("run", *SHORT, "--engine", "lightning", "--strategy", strategy, "--devices", devices,
                       "--precision", "bf16-mixed", "--output-dir", str(tmp_path))  # fmt: skip
@@ -269,6 +279,7 @@ def test_lightning_engine_runs_the_same_workload(strategy: str, devices: str, tm
 
 
 @needs_lightning
+@pytest.mark.slow
 def test_lightning_fsdp_on_cpu_is_refused_up_front(tmp_path: Path) -> None:
     proc = accelbench(
         "run", *SHORT, "--engine", "lightning", "--strategy", "fsdp", "--output-dir", str(tmp_path)
@@ -277,6 +288,7 @@ def test_lightning_fsdp_on_cpu_is_refused_up_front(tmp_path: Path) -> None:
     assert "Lightning's FSDP strategy refuses CPU" in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_nodes_with_a_rendezvous_endpoint(tmp_path: Path) -> None:
     """Two "nodes" on this host, each started with the same torchrun-style command and its own --node-rank.
 

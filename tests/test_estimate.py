@@ -336,6 +336,7 @@ def test_comm_records_give_bandwidth_by_size(tmp_path: Path) -> None:
 
 
 @pytest.mark.needs_plugin("accelbench-cuda", why="--device H100 comes from its peak table")
+@pytest.mark.slow
 def test_command_line_json_validates_and_refusals_exit_2(tmp_path: Path) -> None:
     args = ["estimate", "--model", "gpt2", "--batch-size", "16", "--precision", "bf16-mixed", "--strategy", "fsdp",
             "--devices", "8", "--device", "H100", "--bus-bandwidth", "450", "--scale-to", "16"]  # fmt: skip
@@ -366,6 +367,7 @@ def test_help_imports_no_torch() -> None:
     assert "--measure-peak" in out.stdout and "estimate" in out.stdout
 
 
+@pytest.mark.slow
 def test_runs_carry_their_prediction_and_compare_and_report_set_it_against_what_they_measured(
     tmp_path: Path,
 ) -> None:

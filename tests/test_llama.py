@@ -327,6 +327,7 @@ def test_llama_trains_single_process_and_records_tokens(corpus_dir: Path, tmp_pa
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.slow
 def test_llama_trains_data_parallel_on_two_processes(corpus_dir: Path, tmp_path: Path, strategy: str) -> None:
     record = run(corpus_dir, tmp_path, "--strategy", strategy, "--devices", "2")
     assert record.world_size == 2 and record.executor["strategy"] == strategy
@@ -343,6 +344,7 @@ def test_llama_trains_data_parallel_on_two_processes(corpus_dir: Path, tmp_path:
      ("--strategy", "pp", "--devices", "2")],
     ids=["tp", "tp+sequence-parallel", "pp"],
 )  # fmt: skip
+@pytest.mark.slow
 def test_tensor_and_pipeline_parallel_llama_train_the_same_model(
     corpus_dir: Path, tmp_path: Path, layout: tuple[str, ...]
 ) -> None:

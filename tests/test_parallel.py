@@ -61,6 +61,7 @@ def assert_same_losses(record: ResultRecord, reference: ResultRecord) -> None:
 
 
 @pytest.mark.parametrize("extra", [[], ["--sequence-parallel"]], ids=["tp", "tp+sequence-parallel"])
+@pytest.mark.slow
 def test_tensor_parallel_matches_single_device(runs: Runs, extra: list[str]) -> None:
     record = runs("--strategy", "tp", "--devices", "2", *extra)
     assert_same_losses(record, runs())
@@ -83,6 +84,7 @@ def test_tensor_parallel_matches_single_device(runs: Runs, extra: list[str]) -> 
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.slow
 def test_every_pipeline_schedule_matches_single_device(runs: Runs, schedule: str) -> None:
     """Every schedule torch.distributed.pipelining offers runs on CPU over gloo (torch 2.13)."""
     record = runs("--strategy", "pp", "--devices", "2", "--pp-schedule", schedule)
@@ -114,6 +116,7 @@ def test_every_pipeline_schedule_matches_single_device(runs: Runs, schedule: str
         ("ddp=2,pp=2", ("--strategy", "ddp", "--devices", "2")),  # DDP per pipeline stage
     ],
 )
+@pytest.mark.slow
 def test_two_dimensional_meshes_match_the_same_training_without_them(
     runs: Runs, mesh: str, reference: tuple[str, ...]
 ) -> None:
@@ -195,6 +198,7 @@ def test_layouts_that_cannot_run_are_refused_before_launch(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_compare_and_report_show_mesh_bubble_and_tflops_per_device(runs: Runs, tmp_path: Path) -> None:
     for mesh in ("tp=2,pp=2", "dp=2,tp=2", "dp=2,pp=2"):
         runs("--mesh", mesh, "--devices", "4")

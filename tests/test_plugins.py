@@ -159,6 +159,7 @@ def test_undecorated_hook_is_a_warning(site: Site) -> None:
     assert any("accelbench_register_backends is not decorated" in w for w in row["warnings"])
 
 
+@pytest.mark.slow
 def test_third_party_backend_selection_and_its_own_precision_rules(site: Site, tmp_path) -> None:
     site.add_distribution("accelbench-testdev", {"testdev": "testdev_plugin"}, {"testdev_plugin": TESTDEV})
     env = site.env()

@@ -165,6 +165,7 @@ def test_the_report_has_every_view_with_figures_and_escapes_record_strings(resul
     assert "$x_1$" in hostile_figure.encode("svg").decode("utf-8").replace("&amp;", "&")
 
 
+@pytest.mark.slow
 def test_the_command_writes_html_and_figure_files(results: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "report.html"
     figures = tmp_path / "figures"
@@ -179,6 +180,7 @@ def test_the_command_writes_html_and_figure_files(results: Path, tmp_path: Path,
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium to render the report headless")
+@pytest.mark.slow
 def test_the_report_renders_in_a_headless_browser(results: Path, tmp_path: Path) -> None:
     from PIL import Image
 
@@ -217,6 +219,7 @@ def test_the_report_renders_in_a_headless_browser(results: Path, tmp_path: Path)
     assert non_white > 0.03 * 1400 * 3000
 
 
+@pytest.mark.slow
 def test_the_report_along_precision_has_bars_per_precision_for_each_system(
     results: Path, tmp_path: Path
 ) -> None:
@@ -253,6 +256,7 @@ def test_the_report_along_precision_has_bars_per_precision_for_each_system(
     assert "No records for this view." in page  # the views this handful of runs cannot fill say so
 
 
+@pytest.mark.slow
 def test_one_colour_per_thing_small_multiples_and_a_figure_for_every_table(results: Path) -> None:
     """Every series drawn as bars has the colour of its precision, strategy or system in every figure; the
     overview has one panel per comparison table; no two figures share a title."""

@@ -287,6 +287,7 @@ def read_log(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / SWEEP_LOG).read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_sweep_survives_oom_and_refusal_and_resumes_after_an_interrupt(tmp_path: Path) -> None:
     path = sweep_file(tmp_path, IMPOSSIBLE)
     out = tmp_path / "results"
@@ -358,6 +359,7 @@ def test_a_sweep_survives_oom_and_refusal_and_resumes_after_an_interrupt(tmp_pat
     assert [e["status"] for e in read_log(out)][-1] == "refused"
 
 
+@pytest.mark.slow
 def test_a_point_that_runs_too_long_is_stopped_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # epochs of 30,000 steps (a minute or more each) against a 2-epoch, 3-step point
     grid = "\n[[grid]]\nbatch_size = 8\nsteps_per_epoch = 30000\n[[grid]]\nbatch_size = 8\n"

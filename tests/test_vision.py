@@ -70,6 +70,7 @@ def make_shards(folder: Path, images: list[tuple[bytes, str, int]], per_shard: i
 
 
 @pytest.mark.parametrize("workload", ["resnet50", "mobilenet-v3-large"])  # all four: the CPU conformance run
+@pytest.mark.slow
 def test_an_image_workload_trains_on_the_cpu_and_records_its_work(workload: str, tmp_path: Path) -> None:
     proc = accelbench(
         "run", "--workload", workload, *TINY, "--data-workers", "0", "--output-dir", str(tmp_path)
@@ -159,6 +160,7 @@ def test_an_image_folder_and_its_tar_shards_give_the_same_batches(tmp_path: Path
 
 
 @pytest.mark.parametrize("layout", ["folder", "shards"])
+@pytest.mark.slow
 def test_a_run_on_real_images_with_workers(layout: str, tmp_path: Path) -> None:
     images = make_images(tmp_path / "folder", per_class=4)
     if layout == "shards":
@@ -175,6 +177,7 @@ def test_a_run_on_real_images_with_workers(layout: str, tmp_path: Path) -> None:
     assert record.system.cpu_affinity and record.system.numa_nodes  # the host's layout, from the OS
 
 
+@pytest.mark.slow
 def test_synthetic_device_generates_batches_where_the_model_runs(tmp_path: Path) -> None:
     proc = accelbench(
         "run", "--workload", "resnet50", *TINY, "--synthetic", "device", "--output-dir", str(tmp_path)

@@ -226,6 +226,7 @@ class BackendContract:
         assert elapsed < DETECT_BUDGET_S, f"detection took {elapsed:.1f} s; it must be cheap"
         assert contract_backend.detect() == devices, "detection must give the same answer twice"
 
+    @pytest.mark.slow
     def test_detection_initialises_no_device_runtime(self) -> None:
         proc = subprocess.run(
             [sys.executable, "-c", _RUNTIME_CHECK, self.backend],
@@ -374,6 +375,7 @@ class BackendContract:
             assert isinstance(peak, PeakFigures) and peak.flops_per_s > 0 and peak.source.strip(), peak
             assert peak.memory_bandwidth_bytes_per_s is None or peak.memory_bandwidth_bytes_per_s > 0, peak
 
+    @pytest.mark.slow
     def test_short_training_run(
         self, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
     ) -> None:
@@ -396,6 +398,7 @@ class BackendContract:
         assert all(e.loss is not None and math.isfinite(e.loss) for e in epochs), [e.loss for e in epochs]
 
     @pytest.mark.parametrize("workload", sorted(WORKLOAD_TINY_ARGS))
+    @pytest.mark.slow
     def test_short_training_run_of_each_workload(
         self, workload: str, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
     ) -> None:
@@ -469,12 +472,14 @@ class BackendContract:
             for name in names:
                 setattr(contract_backend, name, originals[name])
 
+    @pytest.mark.slow
     def test_short_training_run_with_gradient_accumulation(
         self, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
     ) -> None:
         record = self._cli_run(contract_backend, contract_device, tmp_path, "--grad-accum", "2")
         assert record.executor.get("grad_accum", 2) == 2, record.executor
 
+    @pytest.mark.slow
     def test_compiled_training_run(
         self, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
     ) -> None:
@@ -489,6 +494,7 @@ class BackendContract:
         assert record.metrics is not None and record.metrics.compile_s is not None, record.metrics
         assert record.executor.get("compile_backend", compiler) == compiler, record.executor
 
+    @pytest.mark.slow
     def test_two_process_training_run(
         self, contract_backend: Backend, contract_devices: list[DeviceInfo], contract_device: torch.device,
         tmp_path: Path,

@@ -257,6 +257,7 @@ def test_a_run_through_the_runner_writes_an_honest_record(
     assert metrics.peak is None and metrics.steady.mfu is None  # no known part, no table peak: MFU unknown
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_a_pipeline_over_four_ipus(tmp_path: Path) -> None:
     env = dict(os.environ)
     if not REAL_POPTORCH:
