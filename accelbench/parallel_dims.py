@@ -185,7 +185,7 @@ class ParallelDims:
     @property
     def shards_parameters(self) -> bool:
         """Whether the data axis shards the parameters (FSDP2), so each device holds 1/dp of them."""
-        return self.dp > 1 and self.data_parallel == "fsdp"
+        return self.dp > 1 and self.data_parallel == Strategy.FSDP
 
     # -- ranks ---------------------------------------------------------------------------------------------------
 
