@@ -50,7 +50,15 @@ def run_command(args: argparse.Namespace, err: Console) -> int:
         check_run_on_host(checked.config, launcher.env.launcher == "none", checked.workload)
         for warning in checked.warnings:
             err.print(f"[bold yellow]warning:[/] {_escape(warning)}", highlight=False, soft_wrap=True)
-        return config.devices * config.nnodes > 1 and checked.collective is not None  # IPUs replicate in one
+        spread = (
+            config.devices * config.nnodes > 1 and checked.collective is not None
+        )  # IPUs replicate in one
+        prepare = getattr(checked.workload, "prepare", None)
+        if (
+            spread and prepare is not None
+        ):  # once here, rather than in every worker at once (a tokenizer cache)
+            prepare(checked.config)
+        return spread
 
     shape = JobShape(config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint, config.output_dir)
     records = RecordKind(

@@ -145,6 +145,8 @@ class Workload(Protocol):
     # Optional, not part of the protocol: ``parameters(config) -> int``, the parameters the model will have (or a
     # lower bound), known without building it. Where a workload defines it, `accelbench run` refuses up front a
     # model whose fp32 weights the host's memory cannot hold (:func:`accelbench.engine.runner.check_model_fits_host`).
+    # Optional too: ``prepare(config) -> None``, called once by the process that launches a multi-process job's
+    # workers, before they start: work every worker would otherwise repeat at once (the llama's tokenizer cache).
 
 
 def register_all(register: Callable[[Workload], None]) -> None:

@@ -214,6 +214,13 @@ class LlamaWorkload:
     def model_names(self) -> list[str]:
         return [*MODEL_SIZES, "custom"]
 
+    def prepare(self, config: RunConfig) -> None:
+        """Tokenize the run's text into the cache (trained once, then loaded), in the process that launches the
+        workers, so that they load it rather than each train the same tokenizer at once."""
+        from accelbench.workloads.llama.data import load_corpus
+
+        load_corpus(config.data, resolved(config)[2])
+
     def parameters(self, config: RunConfig) -> int:
         """The parameters the model is built with, from its shape (without building it)."""
         shape, _, vocab, _ = resolved(config)
