@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 # name -> (content, the reason compare gives when it skips the file). Made from a real record (``good``) where the
 # file must look like one.
@@ -37,27 +38,24 @@ HOSTILE_REASONS = {
 IGNORED = (".tmp-half.json", ".trace-half.json", "pipe.json", "to-dev-zero.json", "dangling.json")
 
 
-def comm_record_text(run_id: str = "c0mm" * 4) -> str:
-    """A comm record as `accelbench comm` writes one (made here: a real one needs a 2-process job)."""
+def comm_record(measurements: list[Any], sizes: list[int], run_id: str = "c0mm" * 4) -> Any:
+    """A CommRecord of a 2-rank fp32 all_reduce run over gloo, as `accelbench comm` writes one, holding
+    ``measurements`` (made here: a real one needs a 2-process job)."""
     from datetime import datetime, timezone
 
-    from accelbench.comm.records import CommConfig, CommMeasurement, CommRecord
+    from accelbench.comm.records import CommConfig, CommRecord
     from accelbench.contract import BackendInfo
     from accelbench.results import BackendRecord, Outcome
     from accelbench.system import collect_system_info
 
-    measurement = CommMeasurement(
-        op="all_reduce", dtype="fp32", variant="in-place", size_bytes=1024, count=256, requested_bytes=1024,
-        status="ok", iters=1, time_us=10.0, algbw_gbps=0.1, busbw_gbps=0.1, bus_factor=1.0,
-    )  # fmt: skip
-    record = CommRecord(
+    return CommRecord(
         run_id=run_id,
         created_at=datetime.now(timezone.utc),
         outcome=Outcome(status="ok"),
         config=CommConfig(
             ops=["all_reduce"],
             dtypes=["fp32"],
-            sizes=[1024],
+            sizes=sizes,
             warmup=1,
             iters=1,
             check=True,
@@ -77,9 +75,19 @@ def comm_record_text(run_id: str = "c0mm" * 4) -> str:
         ),  # fmt: skip
         plugins={},
         world_size=2,
-        measurements=[measurement],
+        measurements=measurements,
     )
-    return record.to_json()
+
+
+def comm_record_text(run_id: str = "c0mm" * 4) -> str:
+    """A comm record's file text, one 1 KiB in-place all_reduce measured."""
+    from accelbench.comm.records import CommMeasurement
+
+    measurement = CommMeasurement(
+        op="all_reduce", dtype="fp32", variant="in-place", size_bytes=1024, count=256, requested_bytes=1024,
+        status="ok", iters=1, time_us=10.0, algbw_gbps=0.1, busbw_gbps=0.1, bus_factor=1.0,
+    )  # fmt: skip
+    return str(comm_record([measurement], [1024], run_id).to_json())
 
 
 def hostile_files(folder: Path, good: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -281,46 +280,22 @@ def test_impossible_configurations_are_refused() -> None:
 
 
 def test_comm_records_give_bandwidth_by_size(tmp_path: Path) -> None:
-    from accelbench.comm.records import CommConfig, CommMeasurement, CommRecord, write_comm_record
-    from accelbench.results import BackendRecord, Outcome
-    from accelbench.system import collect_system_info
+    from hostile_support import comm_record
+
+    from accelbench.comm.records import CommMeasurement, write_comm_record
 
     def measured(op: str, size: int, busbw: float, variant: str = "out-of-place") -> CommMeasurement:
         return CommMeasurement(op=op, dtype="fp32", variant=variant, size_bytes=size, count=size // 4,  # type: ignore[arg-type]
                                requested_bytes=size, status="ok", iters=1, busbw_gbps=busbw, bus_factor=1.0)  # fmt: skip
 
-    record = CommRecord(
-        run_id="0123456789abcdef",
-        created_at=datetime.now(timezone.utc),
-        outcome=Outcome(status="ok"),
-        config=CommConfig(
-            ops=["all_reduce"],
-            dtypes=["fp32"],
-            sizes=[2**20, 2**24],
-            warmup=1,
-            iters=1,
-            check=True,
-            devices=2,
-            nnodes=1,
-            collective_timeout=60.0,
-        ),  # fmt: skip
-        system=collect_system_info(),
-        backend=BackendRecord(
-            info=BackendInfo(name="cpu", device_type="cpu", device_unit="CPU"),
-            distribution=None,
-            version=None,
-            devices=[],
-            devices_used=2,
-            collective_backend="gloo",
-            runtime_versions={},
-        ),  # fmt: skip
-        plugins={},
-        world_size=2,
-        measurements=[
+    record = comm_record(
+        [
             measured("all_reduce", 2**20, 1.0),
             measured("all_reduce", 2**20, 9.0, "in-place"),
             measured("all_reduce", 2**24, 4.0),
-        ],  # fmt: skip
+        ],
+        [2**20, 2**24],
+        run_id="0123456789abcdef",
     )
     write_comm_record(record, tmp_path)
     (tmp_path / "other.json").write_text('{"schema": "accelbench.result"}')  # another record: skipped
