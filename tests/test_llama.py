@@ -368,8 +368,8 @@ def test_tensor_and_pipeline_parallel_llama_train_the_same_model(
 def test_a_published_shape_builds_on_the_meta_device_and_is_refused_where_it_cannot_fit(
     corpus_dir: Path, tmp_path: Path
 ) -> None:
-    """llama3-70b (70.6 B parameters, 282 GB of fp32 weights) with its 128,256-token vocabulary: counted on the meta
-    device by the preflight and refused (exit 2) on a host without the memory, before anything is built."""
+    """llama3-70b (70.6 B parameters, 282 GB of fp32 weights) with its 128,256-token vocabulary: counted from its
+    shape by the preflight and refused (exit 2) on a host without the memory, before anything is built."""
     env = {**os.environ, "ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
     proc = accelbench("run", "--workload", "llama", "--model", "llama3-70b", "--seq-len", "64", "--batch-size", "1",
                       "--data", str(corpus_dir / "text.txt"), "--output-dir", str(tmp_path), "-q", env=env)  # fmt: skip

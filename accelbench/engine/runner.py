@@ -306,7 +306,7 @@ def check_model_fits_host(config: RunConfig, workload: Workload, available_bytes
     if weights * config.devices > available_bytes:
         per = f" on each of {config.devices} worker processes" if config.devices > 1 else ""
         raise ConfigError(
-            f"{config.workload} {config.model}: {parameters:,} parameters, {weights / 2**30:.1f} GiB of fp32 "
+            f"{config.workload} {config.model}: {parameters:,} parameters or more, {weights / 2**30:.1f} GiB of fp32 "
             f"weights built in host memory{per} before the run places them, and this host has "
             f"{available_bytes / 2**30:.1f} GiB available; choose a smaller model (or fewer --devices per node)"
         )
