@@ -182,6 +182,12 @@ class RunConfig(BaseModel):
         "time goes, in the record and the summary, and a Chrome trace beside the record",
     )
     profile_steps: int = Field(default=8, gt=0, description="steps analysed by --profile")
+    no_tensor_peak: bool = Field(
+        default=False,
+        description="skip the live tensor peak: one untimed training step after the timed epochs (and any --profile "
+        "window) under torch's MemTracker, which measures the tensors the prediction compares with; it costs one "
+        "step run a few times slower, never a timed epoch",
+    )
     comm_records: Path | None = Field(
         default=None,
         description="comm records (a file or folder from `accelbench comm` on this system): the prediction stored "

@@ -212,7 +212,13 @@ def prediction_text(check: PredictionCheck) -> str:
             check.step_error,
             lambda s: f"{s * 1e3:.1f} ms",
         ),
-        part("peak", check.predicted_peak_bytes, check.measured_peak_bytes, check.memory_error, fmt_bytes),
+        part(
+            "tensor peak" if check.memory_basis == "tensors" else "peak",
+            check.predicted_peak_bytes,
+            check.measured_peak_bytes,
+            check.memory_error,
+            fmt_bytes,
+        ),
     ]
     text = "; ".join(parts) + " (accelbench estimate's model)"
     return text + (f"; {escape(check.note)}" if check.note else "")
@@ -309,6 +315,13 @@ def summary_table(record: ResultRecord) -> Table:
     if m.peak_memory_max_bytes is not None:
         source = f" ({m.memory.source})" if m.memory else ""
         table.add_row("peak memory", fmt_bytes(m.peak_memory_max_bytes) + source)
+    if m.tensor_peak is not None:
+        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in m.tensor_peak.by_kind.items())
+        table.add_row(
+            "tensor peak",
+            f"{fmt_bytes(m.tensor_peak.peak_bytes)} live tensors, one untimed step (MemTracker)"
+            + (f": {escape(kinds)}" if kinds else ""),
+        )
     check = check_prediction(record)
     if check is not None:
         table.add_row("predicted", prediction_text(check))

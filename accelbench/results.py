@@ -212,6 +212,23 @@ class RunPrediction(_Model):
         return cls(**unknown, note=f"no prediction: {why}")
 
 
+class TensorPeak(_Model):
+    """The live tensor peak of one untimed training step after the timed epochs (``MemTracker``; see
+    :mod:`accelbench.engine.tensor_peak`): the tensors alone, which is what the analytical model predicts, beside
+    the backend's reading (on a CPU the process's resident set, which holds the interpreter and libraries too)."""
+
+    peak_bytes: int = Field(description="The largest rank's peak of live tensor bytes on its device.")
+    mean_bytes: float = Field(description="The mean over the ranks that measured one.")
+    ranks: list[int | None] = Field(description="Each rank's peak, by rank (None: that rank measured none).")
+    by_kind: dict[str, int] = Field(
+        default_factory=dict,
+        description="The largest rank's peak by kind (parameters, buffers, gradients, activations, temporaries, "
+        "optimizer, other), at the moment of its peak: they add up to peak_bytes.",
+    )
+    rank: int = Field(default=0, description="The rank whose peak is peak_bytes (and whose by_kind this is).")
+    source: str = Field(description="How it was measured, and what it does not see.")
+
+
 class RankMetrics(_Model):
     rank: int
     host: str
@@ -254,6 +271,11 @@ class Metrics(_Model):
     memory: MemoryStats | None = Field(description="Rank 0's reading for the last epoch: source and total.")
     peak_memory_max_bytes: int | None
     peak_memory_mean_bytes: float | None
+    tensor_peak: TensorPeak | None = Field(
+        default=None,
+        description="The live tensor peak of one untimed step after the timed epochs, beside the backend's reading "
+        "(None: not measured, e.g. --no-tensor-peak, or a record from before it existed).",
+    )
     stragglers: list[int] = Field(default_factory=list, description="Ranks >10% slower than the median rank.")
     flops_per_sample: float
     flops_formula: str
@@ -337,19 +359,29 @@ class PredictionCheck(BaseModel):
     measured_peak_bytes: float | None
     memory_error: float | None
     note: str | None = None
+    memory_basis: Literal["tensors", "reading"] = (
+        "reading"  # what the peak pair compares (see check_prediction)
+    )
 
 
 def check_prediction(record: ResultRecord) -> PredictionCheck | None:
     """Predicted against measured for ``record``, or None where it has no prediction. The measured step is the
     steady epochs' median time over the steps of an epoch (the last epoch's count); the measured peak the largest
-    rank's."""
+    rank's. Where the record has a measured tensor peak, the peaks compared are tensors against tensors (the
+    prediction less its ``runtime`` share, which stands for what a CPU's resident set holds besides tensors, against
+    :class:`TensorPeak`; ``memory_basis`` 'tensors'); else the whole prediction against the backend's reading."""
     p, m = record.prediction, record.metrics
     if p is None or m is None:
         return None
     measured_step = None
     if m.steady is not None and m.epochs and m.epochs[-1].steps:
         measured_step = m.steady.epoch_s_median / m.epochs[-1].steps
-    measured_peak = m.peak_memory_max_bytes
+    measured_peak: float | None = m.peak_memory_max_bytes
+    predicted_peak = p.peak_memory_bytes
+    basis: Literal["tensors", "reading"] = "reading"
+    if m.tensor_peak is not None:
+        basis, measured_peak = "tensors", m.tensor_peak.peak_bytes
+        predicted_peak = predicted_tensor_bytes(p)
 
     def error(predicted: float | None, measured: float | None) -> float | None:
         return predicted / measured - 1.0 if predicted is not None and measured else None
@@ -358,11 +390,20 @@ def check_prediction(record: ResultRecord) -> PredictionCheck | None:
         predicted_step_s=p.step_time_s,
         measured_step_s=measured_step,
         step_error=error(p.step_time_s, measured_step),
-        predicted_peak_bytes=p.peak_memory_bytes,
+        predicted_peak_bytes=predicted_peak,
         measured_peak_bytes=measured_peak,
-        memory_error=error(p.peak_memory_bytes, measured_peak),
+        memory_error=error(predicted_peak, measured_peak),
         note=p.note,
+        memory_basis=basis,
     )
+
+
+def predicted_tensor_bytes(p: RunPrediction) -> float | None:
+    """The tensors of a prediction's peak: the peak less its ``runtime`` share (what the backend's reading counted
+    before the model existed), the figure a measured tensor peak compares with."""
+    if p.peak_memory_bytes is None:
+        return None
+    return p.peak_memory_bytes - (p.memory_bytes.get("runtime") or 0.0)
 
 
 class RecordNotSaved(AccelbenchError):

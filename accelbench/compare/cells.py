@@ -170,6 +170,24 @@ class Cell:
     def predicted_peak_bytes(self) -> Spread | None:
         return self.spread("predicted_peak_bytes")
 
+    @property
+    def tensor_peak_bytes(self) -> Spread | None:
+        """Measured live tensor peak (one untimed step per run, MemTracker); None in older records."""
+        return self.spread("tensor_peak_bytes")
+
+    @property
+    def predicted_tensor_bytes(self) -> Spread | None:
+        return self.spread("predicted_tensor_bytes")
+
+    def memory_check(self) -> tuple[Spread | None, Spread | None, str]:
+        """The peak-memory pair the predicted-against-measured views compare, and its basis: tensors against
+        the measured tensor peak where every successful run measured one (like with like), else the whole
+        prediction against the backend's reading ('reading'; on a CPU the resident set)."""
+        tensors = self.tensor_peak_bytes
+        if tensors is not None and tensors.n == len(self.ok_runs):
+            return self.predicted_tensor_bytes, tensors, "tensors"
+        return self.predicted_peak_bytes, self.peak_memory_bytes, "reading"
+
     @cached_property
     def step_split(self) -> dict[str, float] | None:
         """``run --profile``: seconds per category of a step (median over the profiled runs); None unprofiled."""

@@ -80,7 +80,8 @@ def _error(predicted: float | None, measured: float | None) -> str:
 def prediction_rows(group: WorkloadGroup) -> list[list[str]]:
     """The analytical model's predictions stored in the records against what the runs measured (header first):
     step time, peak memory per device, and speedup over the series' smallest device count; empty when no record
-    carries a prediction."""
+    carries a prediction. The peak pair is tensors against the measured tensor peak where the runs have one, else
+    the whole prediction against the backend's reading (``peak of``: 'tensors' or 'reading')."""
     cells = [c for c in group.cells if c.predicted_step_s or c.predicted_peak_bytes]
     if not cells:
         return []
@@ -95,11 +96,12 @@ def prediction_rows(group: WorkloadGroup) -> list[list[str]]:
         return s.median if s else None
 
     rows = [
-        ["system", "devices", "step ms pred.", "measured", "error", "peak MiB pred.", "measured", "error",
+        ["system", "devices", "step ms pred.", "measured", "error", "peak of", "peak MiB pred.", "measured", "error",
          "speedup pred.", "measured"]
     ]  # fmt: skip
     for cell in cells:
         scaling = cell.scaling
+        predicted_peak, measured_peak, basis = cell.memory_check()
         rows.append(
             [
                 cell.system,
@@ -107,9 +109,10 @@ def prediction_rows(group: WorkloadGroup) -> list[list[str]]:
                 ms(cell.predicted_step_s),
                 ms(cell.step_s),
                 _error(median(cell.predicted_step_s), median(cell.step_s)),
-                mib(cell.predicted_peak_bytes),
-                mib(cell.peak_memory_bytes),
-                _error(median(cell.predicted_peak_bytes), median(cell.peak_memory_bytes)),
+                basis,
+                mib(predicted_peak),
+                mib(measured_peak),
+                _error(median(predicted_peak), median(measured_peak)),
                 f"{scaling.predicted_speedup:.2f}x" if scaling and scaling.predicted_speedup else "-",
                 f"{scaling.speedup:.2f}x" if scaling else "-",
             ]
@@ -354,6 +357,8 @@ _CSV_TAIL = (
     "predicted_step_s",
     "predicted_peak_memory_bytes",
     "predicted_scaling_speedup",
+    "tensor_peak_bytes",
+    "predicted_tensor_bytes",
 )
 # the cell's identification, its figures (the registry's, in its order), then its ratios and predictions
 CSV_FIELDS = (*_CSV_HEAD, *(name for c in FIGURES for name in c.csv(c.name, None)), *_CSV_TAIL)
@@ -401,6 +406,8 @@ def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dic
         "predicted_step_s": _median(cell.predicted_step_s),
         "predicted_peak_memory_bytes": _median(cell.predicted_peak_bytes),
         "predicted_scaling_speedup": scaling.predicted_speedup if scaling else None,
+        "tensor_peak_bytes": _median(cell.tensor_peak_bytes),
+        "predicted_tensor_bytes": _median(cell.predicted_tensor_bytes),
     }
 
 
@@ -428,10 +435,12 @@ def cell_json(cell: Cell) -> dict[str, Any]:
         "contended_runs": cell.contended_runs,
         "step_split_s": cell.step_split,
         "step_s": _spread(cell.step_s),
+        "tensor_peak_bytes": _spread(cell.tensor_peak_bytes),
         "predicted": {
             "step_s": _spread(cell.predicted_step_s),
             "comm_exposed_s": _spread(cell.predicted_comm_s),
             "peak_memory_bytes": _spread(cell.predicted_peak_bytes),
+            "tensor_bytes": _spread(cell.predicted_tensor_bytes),
             "speedup": cell.scaling.predicted_speedup if cell.scaling else None,
         }
         if cell.predicted_step_s or cell.predicted_peak_bytes

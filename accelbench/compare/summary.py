@@ -137,6 +137,10 @@ class _Host(_View):
     contended: bool
 
 
+class _TensorPeak(_View):
+    peak_bytes: int = Field(ge=0, le=MAX_BYTES)
+
+
 class _Metrics(_View):
     compile_s: float | None = Field(ge=0, le=MAX_MEASURED_S)
     epochs: list[_Epoch]
@@ -146,6 +150,7 @@ class _Metrics(_View):
     peak_memory_max_bytes: int | None = Field(ge=0, le=MAX_BYTES)
     peak: _Source | None
     host: _Host | None = None
+    tensor_peak: _TensorPeak | None = None  # absent in records from before it was measured
 
 
 class _Profile(_View):
@@ -157,6 +162,7 @@ class _Prediction(_View):
     step_time_s: float | None = None
     comm_exposed_s: float | None = None
     peak_memory_bytes: float | None = None
+    memory_bytes: dict[str, float | None] = Field(default_factory=dict)
 
 
 class RecordView(_View):
@@ -226,6 +232,8 @@ class RunFigures:
     )
     predicted_comm_s: float | None = None  # ... its exposed communication per step
     predicted_peak_bytes: float | None = None  # ... its peak memory per device
+    tensor_peak_bytes: int | None = None  # measured: one untimed step's live tensor peak (largest rank's)
+    predicted_tensor_bytes: float | None = None  # the prediction's tensors (its peak less its runtime share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,10 +295,14 @@ def _fraction(value: Any) -> float | None:
 def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
     if prediction is None:
         return {}
+    peak = prediction.peak_memory_bytes
     return {
         "predicted_step_s": prediction.step_time_s,
         "predicted_comm_s": prediction.comm_exposed_s,
-        "predicted_peak_bytes": prediction.peak_memory_bytes,
+        "predicted_peak_bytes": peak,
+        "predicted_tensor_bytes": peak - (prediction.memory_bytes.get("runtime") or 0.0)
+        if peak is not None
+        else None,
     }
 
 
@@ -317,6 +329,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             step_s=statistics.median(e.wall_s for e in steady) / metrics.epochs[-1].steps
             if steady and metrics.epochs[-1].steps
             else None,
+            tensor_peak_bytes=metrics.tensor_peak.peak_bytes if metrics.tensor_peak else None,
             **_predicted(view.prediction),
         )
     system = SystemFacts(

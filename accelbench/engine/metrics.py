@@ -57,6 +57,7 @@ class RankLog:
     executor_facts: dict[str, Any] = field(
         default_factory=dict
     )  # Executor.rank_facts(): e.g. a pipeline's idle time
+    tensor_peak: dict[str, int] | None = None  # one untimed step's live tensor peak by kind, with its "total"
 
 
 MIN_STEADY = MIN_STEADY_EPOCHS

@@ -389,6 +389,10 @@ def prepare(
     )
 
 
+PROFILE_WINDOW = "the --profile window"  # the optional steps after the timed epochs, as messages name them
+TENSOR_PEAK_STEP = "the tensor-peak step"
+
+
 @dataclass
 class Measurement:
     """What ``measure`` returns: the job it built (None if building failed), this rank's log and the outcome."""
@@ -422,7 +426,8 @@ def measure(
 
     With ``--profile``, ``checkpoint`` (rank 0's) is called once the timed epochs are done and before the profiled
     window, to write their record: a window that fails leaves a note (the epochs stand), and one that ends the process
-    (the kernel's out-of-memory killer) leaves that record.
+    (the kernel's out-of-memory killer) leaves that record. The tensor-peak step (one untimed step under MemTracker,
+    unless ``--no-tensor-peak``) follows, with a checkpoint before it where no window ran.
     """
     config, backend, device, executor = run.config, run.backend, run.device, run.executor
     world = run.request.world
@@ -434,7 +439,7 @@ def measure(
     )
     log = result.log
     epoch, steps_done = 0, 0
-    profiling = False  # in the --profile window, after the timed epochs
+    following: str | None = None  # the optional step after the timed epochs under way, if any
     try:
         with TERMINATION.measuring():
             result.runtime_bytes = memory_before_model(backend, device)
@@ -499,11 +504,18 @@ def measure(
             result.epochs_complete = True
             if config.profile:  # after the timed epochs: profiling never changes a measured epoch
                 progress.close()
-                profiling = True
+                following = PROFILE_WINDOW
                 if checkpoint is not None:
                     checkpoint(result)
                 result.profile = profile_or_note(run, job, shard, steps, log.epoch_wall_s, result.notes)
-                profiling = False
+                following = None
+            if not config.no_tensor_peak:  # one untimed step after them (and the profile), under MemTracker
+                progress.close()
+                following = TENSOR_PEAK_STEP
+                if checkpoint is not None and not config.profile:
+                    checkpoint(result)
+                log.tensor_peak = tensor_peak_or_note(run, job, shard, len(log.epoch_wall_s), result.notes)
+                following = None
     except ConfigError:
         raise
     except TrainingDiverged as exc:
@@ -511,9 +523,9 @@ def measure(
     except (KeyboardInterrupt, RunInterrupted) as exc:
         what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         where = (
-            f"during the --profile window, after the {len(log.epoch_wall_s)} timed epoch(s), which are all kept "
-            "(no profile)"
-            if profiling
+            f"during {following}, after the {len(log.epoch_wall_s)} timed epoch(s), which are all kept (no "
+            f"{'profile' if following == PROFILE_WINDOW else 'tensor peak'})"
+            if following
             else f"during epoch {epoch + 1} after {steps_done} steps; {len(log.epoch_wall_s)} completed epoch(s) kept"
         )
         result.outcome = Outcome(status="interrupted", message=f"{what} {where}")
@@ -574,6 +586,42 @@ def profile_or_note(
         notes.append(
             f"the --profile window {kind} ({text}); the {len(walls)} timed epoch(s) before it are complete and "
             "unaffected, and the record has no profile"
+        )
+        if run.launch.world_size > 1:
+            release_peers()
+        return None
+
+
+def tensor_peak_or_note(
+    run: PreparedRun, job: TrainingJob, shard: DataShard, epochs: int, notes: list[str]
+) -> dict[str, int] | None:
+    """The live tensor peak of one untimed training step on this rank (:mod:`accelbench.engine.tensor_peak`), or
+    None with a note saying why there is none: like the --profile window, an optional step whose failure never costs
+    the timed epochs (a peer still in its collectives is let go). Every rank runs it (its collectives must meet)."""
+    from accelbench.engine.tensor_peak import measure_step, why_not_measurable
+
+    executor, device = run.executor, run.device
+    why = why_not_measurable(executor, run.config.compile)
+    if why is not None:
+        if run.launch.rank == 0:
+            notes.append(f"no tensor peak: {why}")
+        return None
+    try:
+        inputs, targets = next(job.data.batches(epochs, shard.index, shard.count))
+        inputs, targets = inputs.to(device), targets.to(device)
+        peak = measure_step(
+            lambda: executor.train_step(inputs, targets),
+            executor.model,  # type: ignore[attr-defined]  # checked by why_not_measurable
+            executor.optimizer,  # type: ignore[attr-defined]
+            device,
+            (inputs, targets),
+        )
+        run.backend.synchronize(device)
+        return peak
+    except Exception as exc:  # noqa: BLE001 - recorded as a note; the measured epochs stand
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        notes.append(
+            f"the tensor-peak step failed ({text}); the timed epochs before it are complete and unaffected"
         )
         if run.launch.world_size > 1:
             release_peers()
@@ -752,6 +800,11 @@ def _write_records(
             update={"message": f"{outcome.message}; {notes}" if outcome.message else notes}
         )
     record = records.build(m, logs, outcome)
+    if record.metrics is not None:  # the untimed step's live tensor peak, beside the backend's reading
+        from accelbench.engine.tensor_peak import tensor_peak_of
+
+        metrics = record.metrics.model_copy(update={"tensor_peak": tensor_peak_of(logs)})
+        record = record.model_copy(update={"metrics": metrics})
     trace = None
     if m.profile is not None:
         trace = config.output_dir / m.profile.trace if m.profile.trace else None
@@ -837,7 +890,7 @@ class _Records:
 
     def before_profile(self, m: Measurement) -> None:
         """``measure``'s checkpoint: the record of the timed epochs (every rank's as each published it after its
-        last epoch), before the --profile window runs."""
+        last epoch), before the --profile window (or, without one, the tensor-peak step) runs."""
         world = self.run_.launch.world_size
         logs = [m.log]
         outcome = Outcome(status="ok")
@@ -850,7 +903,8 @@ class _Records:
             else:
                 outcome = Outcome(status="ok", message="metrics below are rank 0's only (a rank's epochs were not "
                                   "published in time)")  # fmt: skip
-        self.draft(self.build(m, logs, outcome), "during the --profile window")
+        during = PROFILE_WINDOW if self.run_.config.profile else TENSOR_PEAK_STEP
+        self.draft(self.build(m, logs, outcome), f"during {during}")
 
 
 def _published_logs(world_size: int, epochs: int, wait_s: float) -> list[RankLog] | None:

@@ -8,6 +8,7 @@ hatched) for the step time and the peak memory, with the relative error written 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from accelbench.compare import Comparison, WorkloadGroup
@@ -32,17 +33,12 @@ def predicted_figures(comparison: Comparison) -> list[ReportFigure]:
     groups = [g for g in comparison.groups if has_predictions(g)]
     titles, common = titles_apart([g.describe() for g in groups])
     figures: list[ReportFigure] = []
-    for what, unit, measured, predicted, scale in (
-        ("Step time", "ms per step", "step_s", "predicted_step_s", 1e3),
-        ("Peak memory per device", "MiB", "peak_memory_bytes", "predicted_peak_bytes", 1 / 2**20),
+    for what, unit, pair, scale in (
+        ("Step time", "ms per step", _step_pair, 1e3),
+        ("Peak memory per device", "MiB", _memory_pair, 1 / 2**20),
     ):
         panels = [
-            Panel(
-                title,
-                functools.partial(
-                    _panel, group=group, measured=measured, predicted=predicted, scale=scale, unit=unit
-                ),
-            )
+            Panel(title, functools.partial(_panel, group=group, pair=pair, scale=scale, unit=unit))
             for group, title in zip(groups, titles, strict=True)
         ]
         figures += [
@@ -51,7 +47,9 @@ def predicted_figures(comparison: Comparison) -> list[ReportFigure]:
                 (f"All panels: {common}. " if common else "")
                 + "Measured (solid) against the analytical model's prediction for the same configuration "
                 "(hatched; accelbench estimate's formulas, stored in each record), with the error "
-                "predicted / measured - 1 over each pair. Definitions and where the model misses: "
+                "predicted / measured - 1 over each pair. Peak memory compares tensors with tensors where the runs "
+                "measured a live tensor peak (the prediction less its runtime share), else the whole prediction "
+                "with the backend's reading (on CPUs the resident set). Definitions and where the model misses: "
                 "docs/estimate.md.",
                 fig,
             )
@@ -60,18 +58,32 @@ def predicted_figures(comparison: Comparison) -> list[ReportFigure]:
     return figures
 
 
-def _median(cell: Cell, name: str) -> float | None:
-    spread: Spread | None = getattr(cell, name)
+Pair = Callable[["Cell"], tuple["Spread | None", "Spread | None"]]
+
+
+def _step_pair(cell: Cell) -> tuple[Spread | None, Spread | None]:
+    """(measured, predicted) step time."""
+    return cell.step_s, cell.predicted_step_s
+
+
+def _memory_pair(cell: Cell) -> tuple[Spread | None, Spread | None]:
+    """(measured, predicted) peak memory: tensors against the measured tensor peak where the runs have one, else
+    the whole prediction against the backend's reading (:meth:`~accelbench.compare.cells.Cell.memory_check`)."""
+    predicted, measured, _ = cell.memory_check()
+    return measured, predicted
+
+
+def _median(spread: Spread | None) -> float | None:
     return spread.median if spread else None
 
 
-def _panel(ax: Axes, group: WorkloadGroup, measured: str, predicted: str, scale: float, unit: str) -> None:
-    cells = [c for c in group.cells if _median(c, predicted) is not None]
+def _panel(ax: Axes, group: WorkloadGroup, pair: Pair, scale: float, unit: str) -> None:
+    cells = [c for c in group.cells if _median(pair(c)[1]) is not None]
     several = len({c.devices for c in cells}) > 1
     labels = [f"{c.system} x{c.devices}" if several else c.system for c in cells]
     width = 0.38
     for i, cell in enumerate(cells):
-        seen, guess = _median(cell, measured), _median(cell, predicted)
+        seen, guess = (_median(s) for s in pair(cell))
         if seen is not None:
             ax.bar(i - width / 2, seen * scale, width, color=MEASURED, label="measured" if i == 0 else None)
         assert guess is not None

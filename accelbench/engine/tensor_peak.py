@@ -1,0 +1,118 @@
+"""The live tensor peak of one training step, measured with PyTorch's own ``MemTracker``.
+
+Why: a CPU backend's memory reading is the process's resident-set high-water mark (the interpreter, its libraries,
+allocator slack and every tensor), while the analytical model predicts tensors. So that predicted and measured
+compare like with like, the runner measures, after the timed epochs, one more (untimed) training step under
+:class:`torch.distributed._tools.mem_tracker.MemTracker`: a ``TorchDispatchMode`` that sees every tensor an
+operator creates and frees, and, through ``track_external``, the model's parameters and buffers, the optimizer's
+state and the step's batch, which existed before. Its peak is the most bytes of tensor storage alive at once, by
+kind (parameters, buffers, gradients, activations, temporaries, optimizer state), on this rank's device.
+
+Why MemTracker and not ``torch.profiler.profile(profile_memory=True)``: the profiler's CPU allocator reports count
+only what is allocated (net of frees) while it profiles, so the tensors alive before the step (weights, moments)
+are missing from its total and there is no breakdown by kind; MemTracker's ``track_external`` counts them.
+
+What it does not see: memory that never becomes a tensor through the dispatcher: buffers a C++ collective or
+library allocates for itself (gloo's and NCCL's scratch, DDP's gradient buckets, which its reducer allocates once
+when it is built), allocator rounding and caching, and the interpreter's own memory. Measured after the timed
+epochs, so it never changes them; skipped (with a reason) where the step cannot run under a dispatch mode as it
+ran timed (``--compile``, CUDA graphs) or the executor exposes no ``model`` and ``optimizer`` (DeepSpeed, Lightning,
+tensor/pipeline parallelism).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accelbench.results import TensorPeak
+
+if TYPE_CHECKING:
+    from accelbench.engine.metrics import RankLog
+
+SOURCE = (
+    "torch.distributed._tools.mem_tracker.MemTracker: live tensor storage over one untimed training step after the "
+    "timed epochs (model, optimizer state and batch registered with track_external); excludes buffers allocated "
+    "outside the dispatcher (collectives' scratch, DDP's gradient buckets), allocator slack and the interpreter"
+)
+
+# MemTracker's kinds (its _MemRefType values) under the names the analytical model's breakdown uses
+KINDS = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Optstate": "optimizer",
+    "Other": "other",
+}
+TOTAL = "total"
+
+
+def why_not_measurable(executor: Any, compiled: bool) -> str | None:
+    """Why the tensor peak cannot be measured for this run (None: it can): a step compiled or replayed as CUDA
+    graphs would run otherwise under a dispatch mode (re-traced or not replayed), and without the executor's
+    ``model`` and ``optimizer`` the tensors that existed before the step are not known."""
+    if compiled:
+        return (
+            "--compile: a compiled step is re-traced under a dispatch mode, so it would not be the step timed"
+        )
+    if getattr(executor, "replays_graphs", False):
+        return "the steps replay CUDA graphs, whose memory no dispatch mode sees"
+    model, optimizer = getattr(executor, "model", None), getattr(executor, "optimizer", None)
+    if not isinstance(model, torch.nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
+        return f"executor {type(executor).__name__} exposes no torch model and optimizer to register"
+    return None
+
+
+def measure_step(
+    step: Callable[[], object],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    existing: Sequence[torch.Tensor] = (),
+) -> dict[str, int]:
+    """Run ``step`` (one training step, already bound to its batch) under MemTracker, with ``model``, ``optimizer``
+    and the ``existing`` tensors (the batch) registered as alive before it; return the peak on ``device`` by kind,
+    with its ``total``. The peak is taken at the moment the total is largest, so the kinds add up to it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, *existing)
+    with tracker:
+        step()
+    snapshot = tracker.get_tracker_snapshot("peak")
+    seen = snapshot.get(device)
+    if seen is None:  # e.g. torch.device("cuda") asked, "cuda:0" recorded
+        seen = next((v for k, v in snapshot.items() if k.type == device.type), {})
+    peak = {KINDS.get(_name(kind), _name(kind)): int(size) for kind, size in seen.items()}
+    return {kind: size for kind, size in peak.items() if size or kind == TOTAL}
+
+
+def _name(kind: object) -> str:
+    """MemTracker's key for a kind (an enum whose value is its name) or its total ('Total')."""
+    value = getattr(kind, "value", kind)
+    return TOTAL if value == "Total" else str(value)
+
+
+def tensor_peak_of(logs: Sequence[RankLog]) -> TensorPeak | None:
+    """The record's tensor peak from every rank's log: the largest rank's peak (and its breakdown), the mean, and
+    each rank's; None where no rank measured one."""
+    totals = [log.tensor_peak.get(TOTAL) if log.tensor_peak else None for log in logs]
+    known = [t for t in totals if t is not None]
+    if not known:
+        return None
+    largest = max(range(len(logs)), key=lambda i: totals[i] or -1)
+    by_kind = dict(logs[largest].tensor_peak or {})
+    by_kind.pop(TOTAL, None)
+    return TensorPeak(
+        peak_bytes=max(known),
+        mean_bytes=statistics.fmean(known),
+        ranks=totals,
+        by_kind=by_kind,
+        rank=logs[largest].rank,
+        source=SOURCE,
+    )

@@ -1,0 +1,194 @@
+"""The live tensor peak: one untimed training step after the timed epochs under torch's MemTracker, recorded beside
+the backend's reading, and what the summary, compare and report set the prediction against.
+
+The measurement is checked against a peak worked out in closed form (a bias-free nn.Linear stack trained with
+AdamW), then on real runs: one process in this one, and (slow) DDP and FSDP over two gloo processes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from core_support import accelbench
+from torch import nn
+
+from accelbench.display import summary_table
+from accelbench.engine.runner import run
+from accelbench.engine.tensor_peak import TOTAL, measure_step, why_not_measurable
+from accelbench.plugins import get_host
+from accelbench.results import ResultRecord, check_prediction, predicted_tensor_bytes, read_record
+from accelbench.testing import tiny_config
+
+
+@pytest.mark.parametrize(("width", "layers", "batch"), [(256, 4, 32), (512, 3, 16), (128, 6, 64)])
+def test_the_peak_of_an_adamw_step_is_the_one_worked_out_in_closed_form(
+    width: int, layers: int, batch: int
+) -> None:
+    """A steady step (the moments exist) of ``layers`` bias-free ``width`` x ``width`` linears with single-tensor
+    AdamW (the CPU's kernels). Its peak is in the optimizer step: the weights W, their gradients W and both moments
+    2W, each layer's float32 ``step`` counter, the batch (x and y, registered as existing), and three weight-sized
+    temporaries: ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)`` makes two (the sqrt is freed once the
+    division is made) while the previous parameter's ``denom`` is still referenced. Anything the tracker missed
+    (the moments, the gradients) or counted twice would move it by a layer's worth or more."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x, y = torch.randn(batch, width), torch.randn(batch, width)
+
+    def step() -> None:
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the moments exist from here on, as in a run's steps after the first
+    peak = measure_step(step, model, optimizer, torch.device("cpu"), (x, y))
+
+    weights = layers * width * width * 4
+    assert peak[TOTAL] >= 4 * weights  # weights + gradients + both moments, at least
+    exact = 4 * weights + 3 * width * width * 4 + 4 * layers + 2 * batch * width * 4
+    assert peak[TOTAL] == pytest.approx(exact, rel=0.01)
+    assert peak["parameters"] == weights and peak["gradients"] == weights
+    assert sum(v for k, v in peak.items() if k != TOTAL) == peak[TOTAL]  # the kinds at the peak add up to it
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[ResultRecord, Path]:
+    """A real run (two-layer 64-wide GPT, 2 epochs of 3 steps) in this process, with its tensor peak."""
+    out = tmp_path_factory.mktemp("tensor-peak")
+    config = tiny_config(epochs=2, steps_per_epoch=3, output_dir=out, n_layer=2, n_embd=64, block_size=32)
+    record, path, status = run(config, get_host())
+    assert status == "ok" and record is not None and path is not None
+    return record, path
+
+
+def test_a_run_records_its_tensor_peak_and_the_summary_compares_tensors_with_tensors(
+    measured: tuple[ResultRecord, Path],
+) -> None:
+    record, path = measured
+    assert record.metrics is not None and record.prediction is not None
+    peak = record.metrics.tensor_peak
+    assert peak is not None and read_record(path).metrics.tensor_peak == peak  # type: ignore[union-attr]
+    assert peak.ranks == [peak.peak_bytes] and peak.rank == 0 and "MemTracker" in peak.source
+    assert sum(peak.by_kind.values()) == peak.peak_bytes
+    weights = record.prediction.memory_bytes["weights"]
+    assert (
+        weights is not None and peak.by_kind["parameters"] == weights
+    )  # the model's fp32 weights, all of them
+    # the resident set holds the interpreter and torch besides: far more than the tensors
+    assert (
+        record.metrics.peak_memory_max_bytes is not None
+        and record.metrics.peak_memory_max_bytes > 20 * peak.peak_bytes
+    )
+
+    check = check_prediction(record)
+    assert check is not None and check.memory_basis == "tensors"
+    assert check.measured_peak_bytes == peak.peak_bytes
+    tensors = predicted_tensor_bytes(record.prediction)
+    assert check.predicted_peak_bytes == tensors
+    assert tensors is not None and tensors < record.prediction.peak_memory_bytes  # type: ignore[operator]
+    assert (
+        check.memory_error is not None and abs(check.memory_error) < 0.1
+    )  # the formula, on what it predicts
+
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(summary_table(record))
+    text = console.export_text()
+    assert "tensor peak" in text and "(MemTracker)" in text
+
+
+def test_without_the_step_or_in_an_old_record_the_prediction_is_against_the_reading(
+    measured: tuple[ResultRecord, Path], tmp_path: Path
+) -> None:
+    """--no-tensor-peak records none, and a record written before the field existed still loads: both compare the
+    whole prediction with the backend's reading, as before."""
+    out = tmp_path / "skipped"
+    record, _, status = run(
+        tiny_config(epochs=1, steps_per_epoch=2, output_dir=out, no_tensor_peak=True), get_host()
+    )
+    assert status == "ok" and record is not None and record.metrics is not None
+    assert record.metrics.tensor_peak is None
+    check = check_prediction(record)
+    assert check is not None and check.memory_basis == "reading"
+    assert check.measured_peak_bytes == record.metrics.peak_memory_max_bytes
+
+    _, path = measured
+    old = json.loads(path.read_text())
+    del old["metrics"]["tensor_peak"], old["config"]["no_tensor_peak"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    loaded = read_record(tmp_path / "old.json")
+    check = check_prediction(loaded)
+    assert check is not None and check.memory_basis == "reading"
+    assert check.predicted_peak_bytes == loaded.prediction.peak_memory_bytes  # type: ignore[union-attr]
+
+
+def test_compare_sets_tensors_against_tensors_and_old_records_against_the_reading(
+    measured: tuple[ResultRecord, Path], tmp_path: Path
+) -> None:
+    """compare's predicted-against-measured table: 'tensors' for a cell whose runs measured a tensor peak, the
+    backend's reading for one of old records (the same run, without the field, as another system)."""
+    record, path = measured
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir()
+    old.mkdir()
+    (new / path.name).write_text(path.read_text())
+    before = json.loads(path.read_text())
+    del before["metrics"]["tensor_peak"], before["config"]["no_tensor_peak"]
+    before["run_id"] = "old-" + before["run_id"]
+    before["system"]["host"] = "older-host"
+    (old / "old.json").write_text(json.dumps(before))
+
+    done = accelbench("compare", str(new), str(old), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    cells = {c["system"]: c for g in json.loads(done.stdout)["groups"] for c in g["cells"]}
+    assert len(cells) == 2
+    (measured_cell,) = (c for c in cells.values() if c["tensor_peak_bytes"] is not None)
+    (old_cell,) = (c for c in cells.values() if c["tensor_peak_bytes"] is None)
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    assert measured_cell["tensor_peak_bytes"]["median"] == record.metrics.tensor_peak.peak_bytes
+    assert measured_cell["predicted"]["tensor_bytes"]["median"] == predicted_tensor_bytes(record.prediction)  # type: ignore[arg-type]
+
+    done = accelbench("compare", str(new), str(old), "--format", "markdown")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "MiB" not in line]
+    header = next(line for line in done.stdout.splitlines() if "peak of" in line)
+    assert header
+    assert any("| tensors |" in row for row in rows) and any("| reading |" in row for row in rows)
+
+
+def test_a_step_it_cannot_trace_as_timed_is_skipped_with_the_reason() -> None:
+    assert "--compile" in (why_not_measurable(object(), compiled=True) or "")
+    assert "exposes no torch model and optimizer" in (why_not_measurable(object(), compiled=False) or "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_every_rank_of_a_gloo_job_measures_its_tensor_peak(strategy: str, tmp_path: Path) -> None:
+    """Two processes over gloo: each rank's peak is recorded, the largest is the headline. DDP holds the whole model
+    and both moments on each rank; FSDP shards the moments (the prediction's per-device optimizer state), and each
+    rank's parameters are its shard plus what it gathers to compute with."""
+    tiny = ["--model", "custom", "--layers", "2", "--heads", "2", "--embd", "64", "--block-size", "32",
+            "--batch-size", "8", "--dropout", "0", "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2"]  # fmt: skip
+    done = accelbench(
+        "run", *tiny, "--strategy", strategy, "--devices", "2", "--output-dir", str(tmp_path), "-q"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    record = read_record(path)
+    assert record.outcome.status == "ok" and not record.outcome.message
+    assert record.metrics is not None and record.prediction is not None
+    peak = record.metrics.tensor_peak
+    assert peak is not None and len(peak.ranks) == 2 and all(peak.ranks)
+    assert peak.peak_bytes == max(r for r in peak.ranks if r)
+    weights, moments = record.prediction.memory_bytes["weights"], record.prediction.memory_bytes["optimizer"]
+    assert weights is not None and moments is not None  # per device: sharded under FSDP
+    # AdamW's two moments per (local) parameter, and a float32 step counter per parameter tensor
+    assert peak.by_kind["optimizer"] == pytest.approx(moments, rel=0.01)
+    if strategy == "ddp":
+        assert peak.by_kind["parameters"] == weights
+    else:
+        assert weights < peak.by_kind["parameters"] < 2 * weights + 0.1 * weights
