@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -192,3 +193,87 @@ def test_every_rank_of_a_gloo_job_measures_its_tensor_peak(strategy: str, tmp_pa
         assert peak.by_kind["parameters"] == weights
     else:
         assert weights < peak.by_kind["parameters"] < 2 * weights + 0.1 * weights
+
+
+# --------------------------------------------------------------------------------------------------------------
+# estimate --trace: the same step traced without storage
+# --------------------------------------------------------------------------------------------------------------
+
+MEASURED_RUN = ["--model", "custom", "--layers", "2", "--heads", "2", "--embd", "64", "--block-size", "32",
+                "--batch-size", "8", "--dropout", "0"]  # fmt: skip  # the `measured` fixture's configuration
+
+
+def estimate_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    from accelbench.cli import main
+
+    assert main(["estimate", *args, "--json"]) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_the_traced_step_agrees_with_the_measured_tensor_peak_and_the_formula(
+    measured: tuple[ResultRecord, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trace of the measured run's configuration (fake tensors, no storage) against that run's tensor peak
+    (real tensors, one real step): the same step, so within a few per cent; and against the formula's tensors,
+    which count the same weights, gradients, moments and activations."""
+    record, _ = measured
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    p = estimate_json([*MEASURED_RUN, "--trace"], capsys)
+    real = record.metrics.tensor_peak
+    assert p["traced_peak_bytes"] == pytest.approx(real.peak_bytes, rel=0.03)
+    assert p["traced_memory_bytes"]["parameters"] == real.by_kind["parameters"]
+    assert p["traced_memory_bytes"]["optimizer"] == pytest.approx(real.by_kind["optimizer"], rel=0.01)
+    formula = p["peak_memory_bytes"] - p["memory"]["runtime_bytes"]
+    assert p["traced_peak_bytes"] == pytest.approx(formula, rel=0.05)
+    assert p["traced_fits"] is True and "FakeTensorMode" in p["traced_source"]
+
+    plain = estimate_json(MEASURED_RUN, capsys)  # without --trace: the formula alone
+    assert plain["traced_peak_bytes"] is None and plain["traced_fits"] is None
+
+
+def test_the_trace_says_whether_the_step_fits_a_device(capsys: pytest.CaptureFixture[str]) -> None:
+    """A device whose memory the traced step exceeds is told so (--runtime-mib counted, as in the formula)."""
+    p = estimate_json([*MEASURED_RUN, "--trace", "--device", "H100", "--runtime-mib", str(80 * 1024)], capsys)
+    assert p["traced_fits"] is False and p["fits"] is False
+    p = estimate_json([*MEASURED_RUN, "--trace", "--device", "H100"], capsys)
+    assert p["traced_fits"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--strategy", "fsdp", "--devices", "2"], "--strategy fsdp shards or splits the model"),
+        (["--strategy", "tp", "--devices", "2"], "--strategy tp shards or splits the model"),
+    ],
+)
+def test_what_the_trace_cannot_build_is_refused_and_the_formula_still_answers(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelbench.cli import main
+
+    assert main(["estimate", *MEASURED_RUN, *args, "--trace"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "--trace traces single and ddp" in err and "Drop --trace" in err
+    assert "Traceback" not in err
+    assert main(["estimate", *MEASURED_RUN, *args, "--json"]) == 0  # the formula answers
+
+
+@pytest.mark.slow
+def test_tracing_gpt2_xl_costs_seconds_and_no_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """1.6 B parameters traced in well under a minute (about 10 s of CPU here), the process growing by far less
+    than the 22 GiB the step's tensors would hold."""
+    import time
+
+    import psutil
+
+    before = psutil.Process().memory_info().rss
+    start = time.perf_counter()
+    p = estimate_json(["--model", "gpt2-xl", "--batch-size", "4", "--precision", "bf16-mixed", "--device", "H100",
+                       "--trace"], capsys)  # fmt: skip
+    assert time.perf_counter() - start < 120
+    assert psutil.Process().memory_info().rss - before < 2 * 2**30
+    weights = p["memory"]["weights_bytes"]
+    assert p["traced_memory_bytes"]["parameters"] == weights  # fp32 parameters under bf16 autocast
+    assert p["traced_peak_bytes"] > 3.9 * weights  # weights, gradients and both moments at least
+    assert p["traced_fits"] is True  # 22 GiB of an H100's 80

@@ -81,4 +81,11 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RECORD",
         help="with --scale-to: start from this result record's measured step time (a record of this configuration)",
     )
+    group.add_argument(
+        "--trace",
+        action="store_true",
+        help="a second opinion on 'fits': trace one training step of the model built without storage (torch "
+        "FakeTensorMode) and report its live tensor peak beside the formula's (seconds, no memory; strategies "
+        "single and ddp)",
+    )
     group.add_argument("--json", action="store_true", help="print the prediction as JSON on stdout")

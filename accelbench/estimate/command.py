@@ -40,6 +40,10 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     host = get_host()
     config = host.resolve(config)
     workload = host.workload(config.workload)
+    if getattr(args, "trace", False):
+        from accelbench.estimate.trace import check_traceable
+
+        check_traceable(config)
     if config.mesh is not None:
         from accelbench.engine.parallel.mesh import check_model_split
 
@@ -86,6 +90,8 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
             "assumptions": [*target.notes, *prediction.assumptions],
         }
     )
+    if getattr(args, "trace", False):
+        prediction = with_trace(prediction, host, workload, config, target.plan)
     if args.json:
         print(prediction.to_json(), flush=True)
         return ExitCode.OK
@@ -93,6 +99,26 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
 
     show(prediction, Console())
     return ExitCode.OK
+
+
+def with_trace(
+    prediction: Prediction, host: PluginHost, workload: Any, config: RunConfig, plan: PrecisionPlan
+) -> Prediction:
+    """``prediction`` with ``--trace``'s second opinion: the traced step's tensor peak, by kind, and whether it (with
+    the runtime given) fits the device (:mod:`accelbench.estimate.trace`)."""
+    from accelbench.estimate.trace import trace_step
+
+    traced = trace_step(host, workload, config, plan)
+    capacity = prediction.device_memory_bytes
+    fits = traced.peak_bytes + prediction.memory.runtime_bytes <= capacity if capacity else None
+    return prediction.model_copy(
+        update={
+            "traced_peak_bytes": float(traced.peak_bytes),
+            "traced_memory_bytes": {kind: float(size) for kind, size in traced.by_kind.items()},
+            "traced_fits": fits,
+            "traced_source": "; ".join([traced.source, *traced.notes]),
+        }
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -427,12 +453,37 @@ def show(prediction: Prediction, out: Console) -> None:
         share = f"{value / total:.0%}" if value is not None and total else ""
         memory.add_row(kind, fmt_bytes(value), share)
     memory.add_row("[bold]total[/]", f"[bold]{fmt_bytes(total)}[/]", "")
+    if p.traced_peak_bytes is not None:  # the second opinion, with the same runtime added
+        memory.add_row(
+            "[bold]traced step (--trace)[/]",
+            f"[bold]{fmt_bytes(p.traced_peak_bytes + m.runtime_bytes)}[/]",
+            "",
+        )
     out.print(memory)
     verdict = {True: "[green]fits[/]", False: "[bold red]predicted out of memory[/]", None: "fit unknown"}[
         p.fits
     ]
     of = f" in {fmt_bytes(capacity)} per device" if capacity else " (the device's memory is unknown)"
     out.print(f"{verdict}: {fmt_bytes(total)}{of}", highlight=False)
+    if p.traced_peak_bytes is not None:
+        traced = {True: "[green]fits[/]", False: "[bold red]out of memory[/]", None: "fit unknown"}[
+            p.traced_fits
+        ]
+        runtime = m.runtime_bytes
+        plus = f" + runtime {fmt_bytes(runtime)}" if runtime else ""
+        formula = total - runtime if total is not None else None
+        against = (
+            f"; the formula's tensors {fmt_bytes(formula)}, {formula / p.traced_peak_bytes - 1:+.0%}"
+            if formula is not None and p.traced_peak_bytes
+            else ""
+        )
+        kinds = ", ".join(f"{kind} {fmt_bytes(size)}" for kind, size in p.traced_memory_bytes.items())
+        out.print(
+            f"traced step (--trace): {traced}: {fmt_bytes(p.traced_peak_bytes)} live tensors{plus}{of}{against}"
+            + (f" ({escape(kinds)})" if kinds else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     if p.comm:
         comm = Table(title="communication per device per step (nccl-tests bus bytes)")
         for column in ("op", "group", "count", "message", "bus bytes", "busbw", "time", "overlaps"):

@@ -178,6 +178,23 @@ class Prediction(_Model):
     scaling: list[ScalingPrediction] = Field(
         default_factory=list, description="Predicted speedups to other device counts (seed 001; --scale-to)."
     )
+    traced_peak_bytes: float | None = Field(
+        default=None,
+        description="--trace: the live tensor peak of one training step traced without storage (FakeTensorMode, "
+        "MemTracker), the runtime not included; None without --trace.",
+    )
+    traced_memory_bytes: dict[str, float] = Field(
+        default_factory=dict,
+        description="--trace: the traced peak by kind (parameters, gradients, activations, temporaries, optimizer, "
+        "...), at the moment of the peak.",
+    )
+    traced_fits: bool | None = Field(
+        default=None,
+        description="--trace: whether the traced peak plus the runtime fits the device's memory; None when unknown.",
+    )
+    traced_source: str | None = Field(
+        default=None, description="--trace: how the step was traced, and its limits."
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
