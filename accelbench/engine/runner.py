@@ -600,7 +600,7 @@ def tensor_peak_or_note(
     the timed epochs (a peer still in its collectives is let go). Every rank runs it (its collectives must meet)."""
     from accelbench.engine.tensor_peak import measure_step, why_not_measurable
 
-    executor, device = run.executor, run.device
+    executor, device, backend = run.executor, run.device, run.backend
     why = why_not_measurable(executor, run.config.compile)
     if why is not None:
         if run.launch.rank == 0:
@@ -609,14 +609,21 @@ def tensor_peak_or_note(
     try:
         inputs, targets = next(job.data.batches(epochs, shard.index, shard.count))
         inputs, targets = inputs.to(device), targets.to(device)
+
+        def step() -> (
+            None
+        ):  # as a timed step: the step's boundary after it (a lazy device runs its graph there)
+            executor.train_step(inputs, targets)
+            backend.end_of_step(device)
+
         peak = measure_step(
-            lambda: executor.train_step(inputs, targets),
+            step,
             executor.model,  # type: ignore[attr-defined]  # checked by why_not_measurable
             executor.optimizer,  # type: ignore[attr-defined]
             device,
             (inputs, targets),
         )
-        run.backend.synchronize(device)
+        backend.synchronize(device)
         return peak
     except Exception as exc:  # noqa: BLE001 - recorded as a note; the measured epochs stand
         text = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
