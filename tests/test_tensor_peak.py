@@ -161,6 +161,43 @@ def test_compare_sets_tensors_against_tensors_and_old_records_against_the_readin
     assert any("| tensors |" in row for row in rows) and any("| reading |" in row for row in rows)
 
 
+def test_the_epochs_are_on_disk_before_the_step_and_a_failed_step_leaves_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record of the timed epochs is written (a draft saying the process ended during the tensor-peak step)
+    before the step runs, so a process killed in it leaves them; a step that fails leaves a note and no tensor
+    peak, and the run is ok."""
+    import accelbench.engine.tensor_peak as tensor_peak
+
+    out = tmp_path / "out"
+    drafts: list[dict[str, Any]] = []
+
+    def broken(*args: Any, **kwargs: Any) -> dict[str, int]:
+        drafts.extend(json.loads(p.read_text()) for p in out.glob("*.json"))
+        raise RuntimeError("tracker broke")
+
+    monkeypatch.setattr(tensor_peak, "measure_step", broken)
+    record, path, status = run(tiny_config(epochs=2, steps_per_epoch=2, output_dir=out), get_host())
+    assert status == "ok" and record is not None and record.metrics is not None
+    ((draft,),) = [drafts]
+    assert draft["outcome"]["status"] == "error"
+    assert (
+        "the process ended during the tensor-peak step, after the timed epochs" in draft["outcome"]["message"]
+    )
+    assert (
+        len(draft["metrics"]["epochs"]) == 2
+        and draft["metrics"]["epochs"]
+        == json.loads(
+            path.read_text()  # type: ignore[union-attr]
+        )["metrics"]["epochs"]
+    )
+    assert record.metrics.tensor_peak is None
+    assert (
+        "the tensor-peak step failed (RuntimeError: tracker broke); the timed epochs before it are complete"
+        in (record.outcome.message or "")
+    )
+
+
 def test_a_step_it_cannot_trace_as_timed_is_skipped_with_the_reason() -> None:
     assert "--compile" in (why_not_measurable(object(), compiled=True) or "")
     assert "exposes no torch model and optimizer" in (why_not_measurable(object(), compiled=False) or "")
