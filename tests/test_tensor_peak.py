@@ -55,6 +55,42 @@ def test_the_peak_of_an_adamw_step_is_the_one_worked_out_in_closed_form(
     assert sum(v for k, v in peak.items() if k != TOTAL) == peak[TOTAL]  # the kinds at the peak add up to it
 
 
+def test_ddp_gradient_buckets_are_counted_once_the_backward_touches_them() -> None:
+    """DDP keeps its gradients in buckets its reducer allocated when it wrapped the model; the tracker counts them
+    from the first operator that touches them on (as temporaries or activations, not gradients), so the same stack's
+    optimizer-step peak is the same under DDP (one gloo process) as alone, to the byte."""
+    import torch.distributed as dist
+
+    width, layers, batch = 256, 4, 32
+    peaks = []
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for wrap in (False, True):
+            torch.manual_seed(0)
+            model: nn.Module = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+            if wrap:
+                model = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+            x, y = torch.randn(batch, width), torch.randn(batch, width)
+
+            def step() -> None:
+                nn.functional.mse_loss(model(x), y).backward()  # noqa: B023 - called within this iteration
+                optimizer.step()  # noqa: B023
+                optimizer.zero_grad(set_to_none=True)  # noqa: B023
+
+            step()
+            peaks.append(measure_step(step, model, optimizer, torch.device("cpu"), (x, y)))
+    finally:
+        dist.destroy_process_group()
+    alone, ddp = peaks
+    assert ddp[TOTAL] == alone[TOTAL]
+    # the bucket is there, under the kind of the phase whose operator first touched it (not "gradients")
+    held = {
+        kind: size for kind, size in ddp.items() if kind not in ("parameters", "optimizer", "other", TOTAL)
+    }
+    assert sum(held.values()) == alone["gradients"] == layers * width * width * 4
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[ResultRecord, Path]:
     """A real run (two-layer 64-wide GPT, 2 epochs of 3 steps) in this process, with its tensor peak."""
@@ -270,11 +306,13 @@ def test_the_traced_step_agrees_with_the_measured_tensor_peak_and_the_formula(
 
 
 def test_the_trace_says_whether_the_step_fits_a_device(capsys: pytest.CaptureFixture[str]) -> None:
-    """A device whose memory the traced step exceeds is told so (--runtime-mib counted, as in the formula)."""
-    p = estimate_json([*MEASURED_RUN, "--trace", "--device", "H100", "--runtime-mib", str(80 * 1024)], capsys)
+    """The device here (this host's memory): a traced step of a few MiB fits; with a runtime larger than the
+    memory (--runtime-mib, counted as in the formula) it does not."""
+    p = estimate_json([*MEASURED_RUN, "--trace"], capsys)
+    assert p["device_memory_bytes"] and p["traced_fits"] is True
+    runtime_mib = p["device_memory_bytes"] // 2**20 + 1
+    p = estimate_json([*MEASURED_RUN, "--trace", "--runtime-mib", str(runtime_mib)], capsys)
     assert p["traced_fits"] is False and p["fits"] is False
-    p = estimate_json([*MEASURED_RUN, "--trace", "--device", "H100"], capsys)
-    assert p["traced_fits"] is True
 
 
 @pytest.mark.parametrize(
@@ -299,18 +337,21 @@ def test_what_the_trace_cannot_build_is_refused_and_the_formula_still_answers(
 @pytest.mark.slow
 def test_tracing_gpt2_xl_costs_seconds_and_no_memory(capsys: pytest.CaptureFixture[str]) -> None:
     """1.6 B parameters traced in well under a minute (about 10 s of CPU here), the process growing by far less
-    than the 22 GiB the step's tensors would hold."""
+    than the 22 GiB the step's tensors would hold (the device: this host's CPU, so no plugin's table is needed)."""
     import time
 
     import psutil
 
     before = psutil.Process().memory_info().rss
     start = time.perf_counter()
-    p = estimate_json(["--model", "gpt2-xl", "--batch-size", "4", "--precision", "bf16-mixed", "--device", "H100",
-                       "--trace"], capsys)  # fmt: skip
+    p = estimate_json(
+        ["--model", "gpt2-xl", "--batch-size", "4", "--precision", "bf16-mixed", "--trace"], capsys
+    )
     assert time.perf_counter() - start < 120
     assert psutil.Process().memory_info().rss - before < 2 * 2**30
     weights = p["memory"]["weights_bytes"]
     assert p["traced_memory_bytes"]["parameters"] == weights  # fp32 parameters under bf16 autocast
     assert p["traced_peak_bytes"] > 3.9 * weights  # weights, gradients and both moments at least
-    assert p["traced_fits"] is True  # 22 GiB of an H100's 80
+    assert p["traced_fits"] is (
+        p["traced_peak_bytes"] <= p["device_memory_bytes"]
+    )  # against this host's memory

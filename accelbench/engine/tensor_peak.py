@@ -13,8 +13,10 @@ only what is allocated (net of frees) while it profiles, so the tensors alive be
 are missing from its total and there is no breakdown by kind; MemTracker's ``track_external`` counts them.
 
 What it does not see: memory that never becomes a tensor through the dispatcher: buffers a C++ collective or
-library allocates for itself (gloo's and NCCL's scratch, DDP's gradient buckets, which its reducer allocates once
-when it is built), allocator rounding and caching, and the interpreter's own memory. Measured after the timed
+library allocates for itself (gloo's and NCCL's scratch), allocator rounding and caching, and the interpreter's own
+memory. DDP's gradient buckets, which its reducer allocates once when it wraps the model, are counted from the
+first operator in the step that touches them (as temporaries or activations, not as gradients), not before: a DDP
+peak in the forward pass leaves them out. Measured after the timed
 epochs, so it never changes them; skipped (with a reason) where the step cannot run under a dispatch mode as it
 ran timed (``--compile``, CUDA graphs) or the executor exposes no ``model`` and ``optimizer`` (DeepSpeed, Lightning,
 tensor/pipeline parallelism).
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
 SOURCE = (
     "torch.distributed._tools.mem_tracker.MemTracker: live tensor storage over one untimed training step after the "
     "timed epochs (model, optimizer state and batch registered with track_external); excludes buffers allocated "
-    "outside the dispatcher (collectives' scratch, DDP's gradient buckets), allocator slack and the interpreter"
+    "outside the dispatcher (collectives' scratch), allocator slack and the interpreter, and counts DDP's gradient "
+    "buckets only once an operator of the step touches them"
 )
 
 # MemTracker's kinds (its _MemRefType values) under the names the analytical model's breakdown uses

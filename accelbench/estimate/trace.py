@@ -10,8 +10,8 @@ MemTracker a run's tensor peak is measured with (:mod:`accelbench.engine.tensor_
 tensor bytes of that step, what a run's measured tensor peak is: gpt2-xl costs seconds and no memory.
 
 What it traces: the strategies whose device runs the whole model's step alone, ``single`` and ``ddp`` (traced as its
-single-device step: DDP's gradient buckets, one gradient-sized buffer allocated when it wraps the model, are not in
-it). Strategies that shard or split the model (FSDP, DeepSpeed ZeRO, tensor and pipeline parallelism) need a
+single-device step, which frees the gradients after each step where DDP keeps them in its buckets: a peak in the
+forward pass is understated by up to one gradient-sized buffer). Strategies that shard or split the model (FSDP, DeepSpeed ZeRO, tensor and pipeline parallelism) need a
 process group to build: refused, and the formula still answers for them. The fake tensors live on a fake CPU: the
 CPU's autocast op lists and optimizer kernels, and no allocator rounding (a CUDA allocator rounds each block up to
 512 bytes).
@@ -83,7 +83,8 @@ def trace_step(host: PluginHost, workload: Workload, config: RunConfig, plan: Pr
     notes = []
     if config.strategy != Strategy.SINGLE:
         notes.append(
-            f"{config.strategy} traced as its single-device step (DDP's gradient buckets not included)"
+            f"{config.strategy} traced as its single-device step (DDP's gradient buckets, held across steps, are "
+            "not: a peak in the forward pass is understated by up to the gradients' size)"
         )
     if config.compile:
         notes.append("traced eagerly: --compile's fused kernels may hold fewer temporaries")
