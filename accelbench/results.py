@@ -144,10 +144,16 @@ class RunPrediction(_Model):
     comm_s: float | None = Field(description="The collectives' time at their bus bandwidth.")
     comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")
     samples_per_s: float | None = Field(description="Samples per second of the whole job.")
-    peak_memory_bytes: float | None = Field(description="Peak memory of one device, the breakdown's sum.")
-    memory_bytes: dict[str, float | None] = Field(
-        default_factory=dict, description="The peak by kind: weights, gradients, optimizer, activations, ..."
+    peak_memory_bytes: float | None = Field(
+        description="Peak memory of one device: the largest phase of a step (forward, backward, optimizer) plus "
+        "the runtime."
     )
+    memory_bytes: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="The memory by kind: weights, gradients, optimizer, activations, transients, buffers, ...; the "
+        "peak is the largest phase's, not their sum.",
+    )
+    peak_phase: str | None = Field(default=None, description="The phase of a step whose high point is the peak.")
     comm_bytes_per_step: float | None = Field(
         description="Bus bytes one device moves per step (nccl-tests' convention)."
     )
@@ -181,6 +187,9 @@ class RunPrediction(_Model):
             "optimizer": breakdown.optimizer_bytes,
             "activations": breakdown.activations_bytes,
             "transient": breakdown.transient_bytes,
+            "buffers": breakdown.buffer_bytes,
+            "start of backward": breakdown.backward_transient_bytes,
+            "optimizer step": breakdown.optimizer_transient_bytes,
             "runtime": breakdown.runtime_bytes,
         }
         return cls(
@@ -192,6 +201,7 @@ class RunPrediction(_Model):
             samples_per_s=p.samples_per_s,
             peak_memory_bytes=p.peak_memory_bytes,
             memory_bytes=memory,
+            peak_phase=p.peak_phase,
             comm_bytes_per_step=p.comm_bytes_per_step,
             flops_per_step=p.flops_per_step,
             peak_flops_per_s=p.peak_flops_per_s,

@@ -37,6 +37,18 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     from accelbench.plugins import get_host
 
     check_estimate_flags(args)
+    from accelbench.estimate.stack import stack_from_flags
+
+    stack = stack_from_flags(
+        attention=args.attention,
+        optimizer=args.optimizer_kernels,
+        ddp_bucket_view=args.ddp_bucket_view,
+        ds_reduce_bucket=args.ds_reduce_bucket,
+        ds_allgather_bucket=args.ds_allgather_bucket,
+        ds_prefetch_bucket=args.ds_prefetch_bucket,
+        fsdp_param_dtype=args.fsdp_param_dtype,
+        activation_checkpointing=args.activation_checkpointing,
+    )
     host = get_host()
     config = host.resolve(config)
     workload = host.workload(config.workload)
@@ -71,7 +83,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     }
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
-        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common)
+        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, stack=stack, **common)
         scaling: list[ScalingPrediction] = [
             predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
             for n in args.scale_to or ()
@@ -417,17 +429,33 @@ def show(prediction: Prediction, out: Console) -> None:
         ("gradients", m.gradients_bytes),
         ("optimizer state (AdamW)", m.optimizer_bytes),
         ("activations", m.activations_bytes),
-        ("transient (gathered, copies, buckets)", m.transient_bytes),
+        ("transient while computing (gathered, copies)", m.transient_bytes),
+        ("buffers (DeepSpeed bucket, DDP buckets)", m.buffer_bytes),
+        ("start of backward (loss gradients)", m.backward_transient_bytes),
+        ("optimizer step temporaries", m.optimizer_transient_bytes),
         ("runtime (given)", m.runtime_bytes),
     ]
     total = p.peak_memory_bytes
+    optional = (
+        "fp32 master weights",
+        "runtime (given)",
+        "buffers (DeepSpeed bucket, DDP buckets)",
+        "optimizer step temporaries",
+    )
     for kind, value in rows:
-        if value == 0.0 and kind in ("fp32 master weights", "runtime (given)"):
+        if value == 0.0 and kind in optional:
             continue
         share = f"{value / total:.0%}" if value is not None and total else ""
         memory.add_row(kind, fmt_bytes(value), share)
-    memory.add_row("[bold]total[/]", f"[bold]{fmt_bytes(total)}[/]", "")
+    if p.phase_bytes:  # the peak is the largest phase, not the rows' sum
+        for phase, value in p.phase_bytes.items():
+            mark = " (the peak)" if phase == p.peak_phase else ""
+            memory.add_row(f"during {phase}{mark}", fmt_bytes(value + m.runtime_bytes), "")
+    memory.add_row("[bold]peak[/]", f"[bold]{fmt_bytes(total)}[/]", "")
     out.print(memory)
+    if p.stack:
+        chosen = ", ".join(f"{key}={value}" for key, value in p.stack.items())
+        out.print(f"stack: {escape(chosen)}", highlight=False, soft_wrap=True)
     verdict = {True: "[green]fits[/]", False: "[bold red]predicted out of memory[/]", None: "fit unknown"}[
         p.fits
     ]
