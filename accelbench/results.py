@@ -153,7 +153,9 @@ class RunPrediction(_Model):
         description="The memory by kind: weights, gradients, optimizer, activations, transients, buffers, ...; the "
         "peak is the largest phase's, not their sum.",
     )
-    peak_phase: str | None = Field(default=None, description="The phase of a step whose high point is the peak.")
+    peak_phase: str | None = Field(
+        default=None, description="The phase of a step whose high point is the peak."
+    )
     comm_bytes_per_step: float | None = Field(
         description="Bus bytes one device moves per step (nccl-tests' convention)."
     )
@@ -241,7 +243,13 @@ class SteadyState(_Model):
     tokens_per_s: float
     achieved_flops_per_s: float
     mfu: float | None = Field(
-        description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown."
+        description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown, or when the ratio "
+        "came out above 1 (mfu_error says so: a peak below what was achieved is the wrong peak, not a figure).",
+    )
+    mfu_error: str | None = Field(
+        default=None,
+        description="Why mfu is None although a peak was known: the ratio exceeded 100%, so the peak cannot be this "
+        "device's for the math that ran (e.g. a sparse or another device's figure, or FLOPs overcounted).",
     )
     joules_per_sample: float | None = Field(default=None, description="Median over the steady epochs.")
     samples_per_joule: float | None = None
@@ -267,6 +275,11 @@ class Metrics(_Model):
     stragglers: list[int] = Field(default_factory=list, description="Ranks >10% slower than the median rank.")
     flops_per_sample: float
     flops_formula: str
+    flop_convention: str | None = Field(
+        default=None,
+        description="What the FLOPs count (model FLOPs, not hardware FLOPs: what a recomputation or padding adds is "
+        "left out); MFU and achieved FLOP/s are in this convention.",
+    )
     megatron_flops_per_sample: float | None = Field(
         default=None,
         description="One sample's training FLOPs by Megatron-LM's count, 72 s l h^2 (1 + s/6h + V/12lh) for a "
