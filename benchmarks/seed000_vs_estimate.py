@@ -42,6 +42,10 @@ def predict(model: str, block_size: int, stack: list[str]) -> dict[str, object]:
     return result
 
 
+def relative_error(predicted_mib: float, seed_mib: float | None) -> str:
+    return f"{predicted_mib / seed_mib - 1:+.0%}" if seed_mib else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -59,11 +63,10 @@ def main() -> None:
         theirs_mib = float(theirs["peak_memory_bytes"]) / 2**20  # type: ignore[arg-type]
         fits = theirs_mib * 2**20 <= A100_80_BYTES
         verdict = f"{'yes' if fits else 'no'} ({'yes' if seed else 'no'})"
-        err = lambda mib: f"{mib / seed - 1:+.0%}" if seed else "-"  # noqa: E731
         seed_text = f"{seed:9.0f}" if seed else "      OOM"
         print(
             f"{model:12} {int(theirs['stored_parameters']) / 1e9:7.2f}B {seed_text} {ours_mib:17.0f} "  # type: ignore[call-overload]
-            f"{err(ours_mib):>6} {theirs_mib:11.0f} {err(theirs_mib):>6} {theirs['peak_phase']!s:>9} {verdict:>19}"
+            f"{relative_error(ours_mib, seed):>6} {theirs_mib:11.0f} {relative_error(theirs_mib, seed):>6} {theirs['peak_phase']!s:>9} {verdict:>19}"
         )
         rows.append({"model": model, "seed_mib": seed, "accelbench_stack_mib": ours_mib,
                      "seed_stack_mib": theirs_mib, "seed_stack_phase": theirs["peak_phase"], "fits": fits})  # fmt: skip
