@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) -> int:
     """Run ``accelbench estimate`` for ``config`` (built from the run flags) and ``args`` (the estimate flags)."""
-    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict, predict_scaling
     from accelbench.plugins import get_host
@@ -56,15 +55,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         from accelbench.engine.parallel.mesh import check_model_split
 
         check_model_split(config, workload.units(config), config.workload)
-    bandwidth: Bandwidth | None = None
-    if args.comm:
-        _check_comm_records(args.comm)
-        bandwidth = load_bus_bandwidth(args.comm)
-        _check_samples(bandwidth)
-    elif args.bus_bandwidth is not None:
-        bandwidth = BusBandwidth.constant(
-            args.bus_bandwidth * 1e9, f"given: --bus-bandwidth {args.bus_bandwidth:g} GB/s"
-        )
+    bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
     target = _target(host, config, args)
     try:
         facts = meta_facts(workload, config)
@@ -157,6 +148,22 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
 
 
+def resolve_bandwidth(comm: list[Path] | None, bus_bandwidth: float | None) -> Bandwidth | None:
+    """The collectives' bus bandwidth from ``--comm`` records (checked: figures no measurement gives are refused,
+    naming the file) or one ``--bus-bandwidth`` figure in GB/s; None without either (communication time unknown).
+    Shared by ``estimate`` and ``plan``; the flags are checked first (:func:`check_estimate_flags`)."""
+    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
+
+    if comm:
+        _check_comm_records(comm)
+        bandwidth = load_bus_bandwidth(comm)
+        _check_samples(bandwidth)
+        return bandwidth
+    if bus_bandwidth is not None:
+        return BusBandwidth.constant(bus_bandwidth * 1e9, f"given: --bus-bandwidth {bus_bandwidth:g} GB/s")
+    return None
+
+
 def _check_comm_records(paths: list[Path]) -> None:
     """Refuse, naming the file, a comm record among ``paths`` (files, or folders of them) whose figures no
     measurement gives (:func:`accelbench.comm.options.implausible`)."""
@@ -206,7 +213,11 @@ def _first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _Target:
+class Target:
+    """The device a prediction is for: its type ('cuda', 'cpu', ...), its description (name, memory), its peak for
+    the run's precision, the peaks measured by ``--measure-peak`` (by precision), what was assumed in finding them,
+    and the precision plan (the matmul math)."""
+
     def __init__(
         self,
         device_type: str,
@@ -226,25 +237,45 @@ class _Target:
         )
 
 
-def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _Target:
-    """The device predicted for, its peak for the run's precision, and any measured peaks."""
+def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Target:
+    """The device predicted for, from the estimate flags (:func:`resolve_target`)."""
+    return resolve_target(
+        host,
+        config,
+        device_name=args.estimate_device,
+        measure_peak=args.measure_peak,
+        refresh_peak=args.refresh_peak,
+    )
+
+
+def resolve_target(
+    host: PluginHost,
+    config: RunConfig,
+    *,
+    device_name: str | None = None,
+    measure_peak: bool = False,
+    refresh_peak: bool = False,
+) -> Target:
+    """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
+    backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached).
+    Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
-    if args.estimate_device:
-        if args.measure_peak:
+    if device_name:
+        if measure_peak:
             raise ConfigError(
                 "--measure-peak times the device here; it cannot be combined with --device NAME"
             )
         from accelbench.estimate.catalog import find_device
 
-        known = find_device(host, args.estimate_device)
+        known = find_device(host, device_name)
         # the run options as a run on that device would check them: another backend's option is refused here
         config = host.check_backend_options(config, known.backend)
         plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
         notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
         notes += [note] if note else [_plan_note(known.backend.name, plan)]
         peak = known.backend.peak_figures(known.device, plan)
-        return _Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
+        return Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
@@ -268,8 +299,8 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
                      "process(es) gets")  # fmt: skip
     peak = backend.peak_figures(device, plan)
     measured: dict[str, PeakFigures] = {}
-    if args.measure_peak:
-        measured = _measure(backend, config, kind, device, args.refresh_peak)
+    if measure_peak:
+        measured = _measure(backend, config, kind, device, refresh_peak)
         mine = measured.get(config.precision)
         if mine is not None:
             if peak is not None:
@@ -283,7 +314,7 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
             notes.append(
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
-    return _Target(kind.type, device, peak, measured, notes, plan)
+    return Target(kind.type, device, peak, measured, notes, plan)
 
 
 def _plan_note(backend: str, plan: PrecisionPlan) -> str:
