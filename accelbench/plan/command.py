@@ -232,19 +232,23 @@ def _targets(
 
     targets: dict[str, Target] = {}
     notes: list[str] = []
+    if args.estimate_device:  # an unknown name is refused as estimate refuses it, listing the known devices
+        from accelbench.estimate.catalog import find_device
+
+        find_device(host, args.estimate_device)
+    first: ConfigError | None = None
     for name in args.precisions or PRECISIONS:
         config = make_config({**base, "precision": name})
         try:
             targets[name] = resolve_target(host, config, device_name=args.estimate_device,
                                            measure_peak=args.measure_peak, refresh_peak=args.refresh_peak)  # fmt: skip
         except ConfigError as exc:
+            first = first or exc
             if args.precisions:
                 raise ConfigError(f"--precisions {name}: {exc}") from None
             notes.append(f"precision {name} not considered: {str(exc).split('; ')[0]}")
-    if not targets:
-        raise ConfigError(
-            f"the device runs none of the precisions {', '.join(PRECISIONS)}: {'; '.join(notes)}"
-        )
+    if not targets:  # the device itself is refused (none detected), or it runs none of them: the first reason
+        raise ConfigError(str(first))
     return targets, notes
 
 

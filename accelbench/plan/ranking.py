@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 
 # fields a plan never sets: where records go is the user's (a sweep's --output-dir)
 _NOT_PLANNED = {"output_dir"}
+# fields a plan always states, defaults or not: what was chosen, so the command line reads as the table's row
+_CHOSEN = ("workload", "model", "strategy", "devices", "batch_size", "precision")
 
 
 def run_options(config: RunConfig) -> dict[str, Any]:
     """The `accelbench run` options of ``config`` that differ from their defaults (field name -> value)."""
     default = RunConfig()
-    return {"workload": config.workload, "model": config.model} | {
+    return {name: getattr(config, name) for name in _CHOSEN} | {
         name: getattr(config, name)
         for name in cli_fields()
         if name not in _NOT_PLANNED and getattr(config, name) != getattr(default, name)
