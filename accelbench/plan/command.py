@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 MAX_DEVICES = 65536
 MAX_MEASURE_STEPS = 10_000
 MAX_MEASURE_EPOCHS = 100
+NOT_OFFERED_SHOWN = 6  # reasons listed under the table; --json has every one
 
 
 def plan_command(args: argparse.Namespace, err: Console) -> int:
@@ -42,17 +43,20 @@ def plan_command(args: argparse.Namespace, err: Console) -> int:
     if args.measure is not None:
         from accelbench.plan.measure import measure_top
 
-        plan = plan.model_copy(update={"comparison": measure_top(plan, args, err)})
+        comparison, status = measure_top(plan, args, err)
+        plan = plan.model_copy(update={"comparison": comparison})
+    else:
+        status = ExitCode.OK
     if args.json:
         print(plan.to_json(), flush=True)
-        return ExitCode.OK
+        return status
     from rich.console import Console
 
     console = Console()
     if not console.is_terminal:  # a file or a pipe: wide enough for the table's columns, not rich's 80
         console = Console(width=max(console.width, 160))
     show(plan, args.top, console)
-    return ExitCode.OK
+    return status
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -331,8 +335,17 @@ def show(plan: Plan, top: int, out: Console) -> None:
             highlight=False,
             soft_wrap=True,
         )
-    for reason, count in sorted(plan.not_offered.items(), key=lambda kv: -kv[1]):
-        out.print(f"  not offered {count}: {escape(reason)}", highlight=False, soft_wrap=True)
+    offered = sorted(plan.not_offered.items(), key=lambda kv: -kv[1])
+    if offered:
+        out.print(f"{sum(plan.not_offered.values())} combination(s) not offered (refused before pricing):",
+                  highlight=False)  # fmt: skip
+    for reason, count in offered[:NOT_OFFERED_SHOWN]:
+        out.print(f"  {count} x {escape(reason)}", highlight=False, soft_wrap=True)
+    if len(offered) > NOT_OFFERED_SHOWN:
+        out.print(
+            f"  ... and {len(offered) - NOT_OFFERED_SHOWN} more reason(s): --json lists them all",
+            highlight=False,
+        )
     if plan.unpriced and not plan.ranked:
         out.print("[bold]unpriced configurations[/]:", highlight=False)
         for run in plan.unpriced[:top]:

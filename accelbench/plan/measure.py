@@ -20,8 +20,10 @@ TOP_PICK_TOLERANCE = 0.05
 SWEEP_NAME = "plan-measure.yaml"
 
 
-def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> Comparison:
-    """Run the top ``args.measure`` of ``plan`` into ``args.out`` and compare them with their predictions."""
+def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Comparison, int]:
+    """Run the top ``args.measure`` of ``plan`` into ``args.out`` and compare them with their predictions; with the
+    sweep's exit status (130 when interrupted: the points not run are reported as such, and a second invocation
+    runs them)."""
     from rich.console import Console
 
     from accelbench.plan.command import write_sweep_file
@@ -40,7 +42,7 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> Compariso
     console = err if not args.json else Console(stderr=True)
     console.print(f"measuring the top {len(top)} in {out} (sweep file {path}; finished points are reused)",
                   highlight=False, soft_wrap=True)  # fmt: skip
-    run_sweep(sweep, out, console, live=False)
+    summary = run_sweep(sweep, out, console, live=False)
     recorded = Recorded.scan(out)
     runs: list[MeasuredRun] = []
     for i, (run, point) in enumerate(zip(top, sweep.points, strict=True), 1):
@@ -63,7 +65,10 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> Compariso
             status=status,
             record=str(files[-1]) if files else None,
         ))  # fmt: skip
-    return compare(runs, str(out))
+    if summary.interrupted:
+        console.print("interrupted: the comparison covers the points measured so far; the same command resumes",
+                      style="yellow", highlight=False)  # fmt: skip
+    return compare(runs, str(out)), summary.exit_code
 
 
 def compare(runs: list[MeasuredRun], out: str) -> Comparison:
