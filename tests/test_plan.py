@@ -119,7 +119,7 @@ def test_the_winner_is_a_command_accelbench_reads_back(capsys: pytest.CaptureFix
     p = plan(capsys, "--model", "gpt-mini", "--devices", "4", "--global-batch", "64", "--batch-sizes", "8,16,64",
              "--precisions", "fp32,bf16-mixed", "--top", "40", *H100)  # fmt: skip
     strategies = set()
-    for run in p.ranked[:40] + p.dropped[:5]:
+    for run in p.ranked + p.dropped:  # every layout: meshes and pipelines (microbatches) too
         words = shlex.split(run.command)
         assert words[:2] == ["accelbench", "run"]
         parsed = config_from_args(build_parser().parse_args(words[1:]))
@@ -128,7 +128,10 @@ def test_the_winner_is_a_command_accelbench_reads_back(capsys: pytest.CaptureFix
             run.strategy, run.mesh, run.batch_size, run.grad_accum, run.precision)  # fmt: skip
         assert run.global_batch == 64  # the per-replica batch times the data-parallel replicas
         strategies.add(run.strategy)
-    assert {"ddp", "fsdp"} <= strategies
+    assert {"ddp", "fsdp", "pp", "mesh"} <= strategies  # tp=2 within meshes; tp=4 alone does not divide 6 heads
+    assert any("4 devices does not divide the model's 6 attention heads" in why for why in p.not_offered)
+    # tp and pp run no gradient accumulation (microbatches instead): those combinations are not offered, and said
+    assert any("does not support --grad-accum" in why for why in p.not_offered)
     main(["plan", "--model", "gpt-mini", "--devices", "2", "--top", "3", *H100])
     out = capsys.readouterr().out
     assert f"winner: {shlex.join(['accelbench', 'run'])}" in out and "samples/s" in out

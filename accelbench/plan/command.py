@@ -37,7 +37,7 @@ NOT_OFFERED_SHOWN = 6  # reasons listed under the table; --json has every one
 def plan_command(args: argparse.Namespace, err: Console) -> int:
     """Run ``accelbench plan``."""
     check_plan_flags(args)
-    plan, configs = make_plan(args)
+    plan = make_plan(args)
     if args.sweep_file is not None:
         write_sweep_file(args.sweep_file, plan.ranked[: args.top], args, measured=False)
     if args.measure is not None:
@@ -131,8 +131,8 @@ def check_plan_flags(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def make_plan(args: argparse.Namespace) -> tuple[Plan, list[RunConfig]]:
-    """Enumerate, price and rank; returns the plan and the candidates' configurations."""
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Enumerate, price and rank (nothing is built but the model on the meta device, nothing runs)."""
     from accelbench.cli import make_config
     from accelbench.estimate.command import resolve_bandwidth
     from accelbench.estimate.facts import meta_facts
@@ -181,9 +181,7 @@ def make_plan(args: argparse.Namespace) -> tuple[Plan, list[RunConfig]]:
     for config, layout in zip(found.configs, found.layouts, strict=True):
         try:
             runs.append(price(config, layout, predict_one, facts.tokens_per_sample, args.token_budget))
-        except (
-            ConfigError
-        ) as exc:  # the model's own refusals (bf16-true under DeepSpeed), as a run refuses them
+        except ConfigError as exc:  # the model's own refusals (bf16-true under DeepSpeed), as a run's
             found.not_offered[f"{config.strategy} {layout.text()}: {str(exc).split('; ')[0]}"] += 1
     if not runs:
         raise ConfigError(
@@ -217,7 +215,7 @@ def make_plan(args: argparse.Namespace) -> tuple[Plan, list[RunConfig]]:
             else f"--measure {args.measure}: no configuration is ranked "
             "(none fits and is priced); see `accelbench plan` without --measure for why"
         )
-    return plan, found.configs
+    return plan
 
 
 def _default_batches() -> list[int]:
