@@ -128,7 +128,12 @@ def test_the_winner_is_a_command_accelbench_reads_back(capsys: pytest.CaptureFix
             run.strategy, run.mesh, run.batch_size, run.grad_accum, run.precision)  # fmt: skip
         assert run.global_batch == 64  # the per-replica batch times the data-parallel replicas
         strategies.add(run.strategy)
-    assert {"ddp", "fsdp", "pp", "mesh"} <= strategies  # tp=2 within meshes; tp=4 alone does not divide 6 heads
+    assert {
+        "ddp",
+        "fsdp",
+        "pp",
+        "mesh",
+    } <= strategies  # tp=2 within meshes; tp=4 alone does not divide 6 heads
     assert any("4 devices does not divide the model's 6 attention heads" in why for why in p.not_offered)
     # tp and pp run no gradient accumulation (microbatches instead): those combinations are not offered, and said
     assert any("does not support --grad-accum" in why for why in p.not_offered)
@@ -168,6 +173,16 @@ def test_json_round_trips_and_unpriced_are_listed_apart(capsys: pytest.CaptureFi
     assert "unpriced" in out and "--bus-bandwidth" in out and "winner" not in out
 
 
+def test_several_nodes_are_one_job(capsys: pytest.CaptureFixture[str]) -> None:
+    p = plan(capsys, "--model", "gpt-mini", "--devices", "2", "--nnodes", "2", "--precisions", "bf16-mixed",
+             "--batch-sizes", "16", *H100)  # fmt: skip
+    assert p.ranked and all(r.options["nnodes"] == 2 and r.options["devices"] == 2 for r in p.ranked)
+    for r in p.ranked:  # layouts over all 4 devices; the command names the node shape
+        dp, tp, pp = (int(part[2:]) for part in r.layout.split())
+        assert dp * tp * pp == 4 and "--nnodes 2" in r.command and "--devices 2" in r.command
+        assert r.global_batch == 16 * dp
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -179,6 +194,12 @@ def test_json_round_trips_and_unpriced_are_listed_apart(capsys: pytest.CaptureFi
             "--measure 2: only 1",
         ),
         (["--model", "gpt-nano", "--top", "0"], "--top 0"),
+        (["--model", "gpt-nano", "--workload", "nosuch"], "unknown workload 'nosuch'"),
+        (["--model", "gpt-nano", "--nnodes", "0"], "--nnodes 0"),
+        (
+            ["--model", "gpt-nano", "--device", "nosuch"],
+            "--device 'nosuch': no installed plugin's peak table",
+        ),
         (
             ["--model", "gpt-nano", "--precisions", "bf16"],
             "unknown precision 'bf16'; did you mean bf16-mixed",
