@@ -1,7 +1,8 @@
 """Each candidate priced by ``estimate``'s :func:`~accelbench.estimate.predict` (the same path ``accelbench
 estimate`` and every run's stored prediction take), then split: ranked (predicted to fit, or fit unknown), dropped
 (predicted not to fit) and unpriced (no step time: the predictor lacks a peak or a bus bandwidth). Ranked by
-predicted samples/s, or by the time to a token budget; ties go to the smaller peak memory."""
+predicted samples/s, or by the time to a token budget; ties go to fewer accumulation steps, then to the smaller
+peak memory."""
 
 from __future__ import annotations
 
@@ -97,7 +98,11 @@ def split(runs: Sequence[PlannedRun]) -> tuple[list[PlannedRun], list[PlannedRun
     unpriced = [r for r in runs if r.samples_per_s is None]
     dropped = [r for r in runs if r.samples_per_s is not None and r.fits is False]
     ranked = [r for r in runs if r.samples_per_s is not None and r.fits is not False]
-    ranked.sort(key=lambda r: (-(r.samples_per_s or 0.0), r.peak_memory_bytes or math.inf, r.label))
+    # ties (the model prices accumulation at nothing: equal FLOPs per step) go to fewer accumulation steps, whose
+    # larger micro-batches use a device better than the model says, then to the smaller peak memory
+    ranked.sort(
+        key=lambda r: (-(r.samples_per_s or 0.0), r.grad_accum, r.peak_memory_bytes or math.inf, r.label)
+    )
     return ranked, dropped, unpriced
 
 
