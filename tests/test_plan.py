@@ -63,6 +63,28 @@ def test_spearman() -> None:
     assert spearman([4, 2, 2, 1], [4, 3, 2, 1]) == pytest.approx(0.9486832980505138)
 
 
+def test_the_comparison_ranks_the_measured_and_judges_the_top_pick() -> None:
+    from accelbench.plan.measure import compare
+    from accelbench.plan.schema import MeasuredRun
+
+    def run(rank: int, predicted: float, measured: float | None) -> MeasuredRun:
+        status = "ok" if measured is not None else "error"
+        return MeasuredRun(label=f"c{rank}", predicted_rank=rank, measured_rank=None,
+                           predicted_samples_per_s=predicted, measured_samples_per_s=measured, status=status)  # fmt: skip
+
+    # the predicted top measured 4% below the best: within 5%; a failed run is left out of the correlation
+    c = compare(
+        [run(1, 300, 96), run(2, 200, 100), run(3, 150, 96), run(4, 100, None), run(5, 50, 10)], "out"
+    )
+    assert [r.measured_rank for r in c.runs] == [2, 1, 2, None, 4]  # equal rates share the better rank
+    assert c.top_pick_gap == pytest.approx(0.04) and c.top_pick_within_5pct is True
+    assert c.spearman == pytest.approx(spearman([300, 200, 150, 50], [96, 100, 96, 10]))
+    assert Plan.model_fields["comparison"] and c.model_validate_json(c.model_dump_json()) == c
+    # the top pick's run failed: no verdict rather than a wrong one
+    failed = compare([run(1, 300, None), run(2, 200, 100)], "out")
+    assert failed.top_pick_gap is None and failed.top_pick_within_5pct is None and failed.spearman is None
+
+
 def test_a_model_that_cannot_split_is_not_offered_tensor_parallelism(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -9,7 +9,7 @@ import argparse
 import statistics
 from typing import TYPE_CHECKING
 
-from accelbench.plan.ranking import ranks, spearman
+from accelbench.plan.ranking import spearman
 from accelbench.plan.schema import Comparison, MeasuredRun, Plan
 
 if TYPE_CHECKING:
@@ -75,9 +75,13 @@ def compare(runs: list[MeasuredRun], out: str) -> Comparison:
     """Measured ranks, Spearman's coefficient and the top pick's gap over the runs that measured a throughput."""
     done = [r for r in runs if r.measured_samples_per_s is not None]
     measured = [r.measured_samples_per_s or 0.0 for r in done]
-    order = ranks(measured)
-    ranked = {id(r): int(k) if k == int(k) else k for r, k in zip(done, order, strict=True)}
-    runs = [r.model_copy(update={"measured_rank": ranked.get(id(r))}) for r in runs]
+    # the measured rank as a table shows it: 1 + how many measured faster (equal rates share the better rank)
+    runs = [
+        r.model_copy(update={"measured_rank": 1 + sum(m > r.measured_samples_per_s for m in measured)})
+        if r.measured_samples_per_s is not None
+        else r
+        for r in runs
+    ]
     rho = spearman([r.predicted_samples_per_s for r in done], measured)
     gap = within = None
     top = runs[0] if runs else None
