@@ -110,6 +110,16 @@ def check_plan_flags(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--measure {args.measure}: give how many of the top configurations to run, 1 or more"
         )
+    if args.measure is not None and args.estimate_device:
+        raise ConfigError(
+            f"--measure {args.measure} runs the configurations on this host's device, but --device "
+            f"{args.estimate_device} plans for another; leave --device out to plan for (and measure on) this one"
+        )
+    if args.measure is not None and args.nnodes > 1:
+        raise ConfigError(
+            f"--measure {args.measure} runs the configurations on this host, but --nnodes {args.nnodes} plans a "
+            "multi-node job; measure with --nnodes 1, or run the --sweep-file on the nodes with your launcher"
+        )
     if not 2 <= args.measure_epochs <= MAX_MEASURE_EPOCHS:
         raise ConfigError(
             f"--measure-epochs {args.measure_epochs}: give 2 to {MAX_MEASURE_EPOCHS} (a warm-up, then at least one "
