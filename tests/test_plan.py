@@ -244,6 +244,11 @@ def test_several_nodes_are_one_job(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["--model", "gpt-nano", "--device", "H100", "--measure-peak"], "--measure-peak"),
         (["--model", "gpt-nano", "--sweep-file", "top.toml"], "--sweep-file top.toml"),
+        # estimate's bandwidth checks, shared: both sources at once, an absurd figure, records that are not there
+        (["--model", "gpt-nano", "--devices", "2", "--comm", "c"], "either --comm (measured records) or"),
+        (["--model", "gpt-nano", "--devices", "2", "--bus-bandwidth", "1e9"], "--bus-bandwidth 1000000000.0"),
+        (["--model", "gpt-nano", "--devices", "2", "--bus-bandwidth", "-1"], "--bus-bandwidth -1"),
+        (["--model", "gpt-nano", "--efficiency", "0"], "--efficiency 0"),
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(
@@ -252,7 +257,8 @@ def test_bad_input_is_refused_before_anything_runs(
     out = tmp_path / "out"
     # an absent device unless the case names one or measures (which runs on this host's device)
     device = [] if "--device" in args or "--measure" in args else ["--device", "H100"]
-    assert main(["plan", *args, *H100[2:], *device, "--out", str(out)]) == 2
+    bandwidth = [] if "--bus-bandwidth" in args else H100[2:]
+    assert main(["plan", *args, *bandwidth, *device, "--out", str(out)]) == 2
     assert says in capsys.readouterr().err
     assert not out.exists()
 
