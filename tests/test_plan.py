@@ -287,3 +287,5 @@ def test_measure_the_top_two_for_real_over_gloo(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert "already recorded" in again.stderr and sorted(out.glob("*.json")) == records
     assert "Spearman's rank correlation" in again.stdout and "predicted against measured" in again.stdout
+    assert "waited" in again.stdout  # each run's host contention, from its record
+    assert all(r.waited is None or 0 <= r.waited <= 1 for r in p.comparison.runs)

@@ -48,13 +48,15 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Com
     for i, (run, point) in enumerate(zip(top, sweep.points, strict=True), 1):
         config = sweep.config(point, out)
         mine = [(status, file) for cfg, status, file in recorded.entries if same_point(config, cfg)]
-        rates, files = [], []
+        rates, files, waited, contended = [], [], [], False
         for status, file in mine:
             if status == "ok":
-                rate = _steady_rate(file)
+                rate, waiting, busy = _steady_rate(file)
                 if rate is not None:
                     rates.append(rate)
                     files.append(file)
+                    waited += [waiting] if waiting is not None else []
+                    contended = contended or busy
         status = "ok" if rates else (mine[-1][0] if mine else "failed (no record: see the sweep log)")
         runs.append(MeasuredRun(
             label=run.label,
@@ -64,6 +66,8 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Com
             measured_samples_per_s=statistics.median(rates) if rates else None,
             status=status,
             record=str(files[-1]) if files else None,
+            waited=max(waited) if waited else None,
+            contended=contended,
         ))  # fmt: skip
     if summary.interrupted:
         console.print("interrupted: the comparison covers the points measured so far; the same command resumes",
@@ -91,15 +95,18 @@ def compare(runs: list[MeasuredRun], out: str) -> Comparison:
     return Comparison(out=out, runs=runs, spearman=rho, top_pick_gap=gap, top_pick_within_5pct=within)
 
 
-def _steady_rate(path: object) -> float | None:
+def _steady_rate(path: object) -> tuple[float | None, float | None, bool]:
+    """A record's steady samples/s (None without steady epochs), the share of ready time its threads waited for a
+    core, and whether the run found the host contended (its figures suspect)."""
     from pathlib import Path
 
     from accelbench.results import read_record
 
     record = read_record(Path(str(path)))
     if record.metrics is None or record.metrics.steady is None:
-        return None
-    return record.metrics.steady.samples_per_s
+        return None, None, False
+    host = record.metrics.host
+    return record.metrics.steady.samples_per_s, host.waiting if host else None, bool(host and host.contended)
 
 
 def show_comparison(comparison: Comparison, out: Console) -> None:
@@ -109,14 +116,21 @@ def show_comparison(comparison: Comparison, out: Console) -> None:
 
     table = Table(title=f"predicted against measured (records in {comparison.out})")
     for column in ("configuration", "pred. rank", "meas. rank", "pred. samples/s", "meas. samples/s", "error",
-                   "status"):  # fmt: skip
+                   "waited", "status"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("configuration", "status") else "right")
     for r in comparison.runs:
         m = r.measured_samples_per_s
         error = f"{r.predicted_samples_per_s / m - 1:+.0%}" if m else ""
         table.add_row(escape(r.label), str(r.predicted_rank), str(r.measured_rank or "-"),
-                      f"{r.predicted_samples_per_s:.4g}", f"{m:.4g}" if m else "-", error, escape(r.status))  # fmt: skip
+                      f"{r.predicted_samples_per_s:.4g}", f"{m:.4g}" if m else "-", error,
+                      f"{r.waited:.0%}" if r.waited is not None else "", escape(r.status))  # fmt: skip
     out.print(table)
+    busy = sum(r.contended for r in comparison.runs)
+    if busy:
+        out.print(f"[yellow]{busy} of {len(comparison.runs)} run(s) found the host contended (their threads waited "
+                  "for a core; 'waited'): their measured figures, and the ranks and correlation below, say little; "
+                  "measure again on an idle host (the same command with a new --out)[/]", highlight=False,
+                  soft_wrap=True)  # fmt: skip
     rho = (
         f"{comparison.spearman:.3f}"
         if comparison.spearman is not None

@@ -51,6 +51,13 @@ class MeasuredRun(_Model):
     measured_samples_per_s: float | None
     status: str = Field(description="The run's outcome: ok, oom, error, ... (the sweep's).")
     record: str | None = Field(default=None, description="The result record's file.")
+    waited: float | None = Field(
+        default=None,
+        description="Share of ready time the run's threads waited for a core (its record's host).",
+    )
+    contended: bool = Field(
+        default=False, description="The run found the host contended: its figures suspect."
+    )
 
 
 class Comparison(_Model):
