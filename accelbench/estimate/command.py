@@ -31,12 +31,23 @@ if TYPE_CHECKING:
 
 def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) -> int:
     """Run ``accelbench estimate`` for ``config`` (built from the run flags) and ``args`` (the estimate flags)."""
-    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict, predict_scaling
     from accelbench.plugins import get_host
 
     check_estimate_flags(args)
+    from accelbench.estimate.stack import stack_from_flags
+
+    stack = stack_from_flags(
+        attention=args.attention,
+        optimizer=args.optimizer_kernels,
+        ddp_bucket_view=args.ddp_bucket_view,
+        ds_reduce_bucket=args.ds_reduce_bucket,
+        ds_allgather_bucket=args.ds_allgather_bucket,
+        ds_prefetch_bucket=args.ds_prefetch_bucket,
+        fsdp_param_dtype=args.fsdp_param_dtype,
+        activation_checkpointing=args.activation_checkpointing,
+    )
     host = get_host()
     config = host.resolve(config)
     workload = host.workload(config.workload)
@@ -48,15 +59,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         from accelbench.engine.parallel.mesh import check_model_split
 
         check_model_split(config, workload.units(config), config.workload)
-    bandwidth: Bandwidth | None = None
-    if args.comm:
-        _check_comm_records(args.comm)
-        bandwidth = load_bus_bandwidth(args.comm)
-        _check_samples(bandwidth)
-    elif args.bus_bandwidth is not None:
-        bandwidth = BusBandwidth.constant(
-            args.bus_bandwidth * 1e9, f"given: --bus-bandwidth {args.bus_bandwidth:g} GB/s"
-        )
+    bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
     target = _target(host, config, args)
     try:
         facts = meta_facts(workload, config)
@@ -75,7 +78,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     }
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
-        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common)
+        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, stack=stack, **common)
         scaling: list[ScalingPrediction] = [
             predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
             for n in args.scale_to or ()
@@ -171,6 +174,22 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
 
 
+def resolve_bandwidth(comm: list[Path] | None, bus_bandwidth: float | None) -> Bandwidth | None:
+    """The collectives' bus bandwidth from ``--comm`` records (checked: figures no measurement gives are refused,
+    naming the file) or one ``--bus-bandwidth`` figure in GB/s; None without either (communication time unknown).
+    Shared by ``estimate`` and ``plan``; the flags are checked first (:func:`check_estimate_flags`)."""
+    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
+
+    if comm:
+        _check_comm_records(comm)
+        bandwidth = load_bus_bandwidth(comm)
+        _check_samples(bandwidth)
+        return bandwidth
+    if bus_bandwidth is not None:
+        return BusBandwidth.constant(bus_bandwidth * 1e9, f"given: --bus-bandwidth {bus_bandwidth:g} GB/s")
+    return None
+
+
 def _check_comm_records(paths: list[Path]) -> None:
     """Refuse, naming the file, a comm record among ``paths`` (files, or folders of them) whose figures no
     measurement gives (:func:`accelbench.comm.options.implausible`)."""
@@ -220,7 +239,11 @@ def _first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _Target:
+class Target:
+    """The device a prediction is for: its type ('cuda', 'cpu', ...), its description (name, memory), its peak for
+    the run's precision, the peaks measured by ``--measure-peak`` (by precision), what was assumed in finding them,
+    and the precision plan (the matmul math)."""
+
     def __init__(
         self,
         device_type: str,
@@ -240,25 +263,45 @@ class _Target:
         )
 
 
-def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _Target:
-    """The device predicted for, its peak for the run's precision, and any measured peaks."""
+def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Target:
+    """The device predicted for, from the estimate flags (:func:`resolve_target`)."""
+    return resolve_target(
+        host,
+        config,
+        device_name=args.estimate_device,
+        measure_peak=args.measure_peak,
+        refresh_peak=args.refresh_peak,
+    )
+
+
+def resolve_target(
+    host: PluginHost,
+    config: RunConfig,
+    *,
+    device_name: str | None = None,
+    measure_peak: bool = False,
+    refresh_peak: bool = False,
+) -> Target:
+    """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
+    backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached).
+    Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
-    if args.estimate_device:
-        if args.measure_peak:
+    if device_name:
+        if measure_peak:
             raise ConfigError(
                 "--measure-peak times the device here; it cannot be combined with --device NAME"
             )
         from accelbench.estimate.catalog import find_device
 
-        known = find_device(host, args.estimate_device)
+        known = find_device(host, device_name)
         # the run options as a run on that device would check them: another backend's option is refused here
         config = host.check_backend_options(config, known.backend)
         plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
         notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
         notes += [note] if note else [_plan_note(known.backend.name, plan)]
         peak = known.backend.peak_figures(known.device, plan)
-        return _Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
+        return Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
@@ -282,8 +325,8 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
                      "process(es) gets")  # fmt: skip
     peak = backend.peak_figures(device, plan)
     measured: dict[str, PeakFigures] = {}
-    if args.measure_peak:
-        measured = _measure(backend, config, kind, device, args.refresh_peak)
+    if measure_peak:
+        measured = _measure(backend, config, kind, device, refresh_peak)
         mine = measured.get(config.precision)
         if mine is not None:
             if peak is not None:
@@ -297,7 +340,7 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
             notes.append(
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
-    return _Target(kind.type, device, peak, measured, notes, plan)
+    return Target(kind.type, device, peak, measured, notes, plan)
 
 
 def _plan_note(backend: str, plan: PrecisionPlan) -> str:
@@ -443,16 +486,29 @@ def show(prediction: Prediction, out: Console) -> None:
         ("gradients", m.gradients_bytes),
         ("optimizer state (AdamW)", m.optimizer_bytes),
         ("activations", m.activations_bytes),
-        ("transient (gathered, copies, buckets)", m.transient_bytes),
+        ("transient while computing (gathered, copies)", m.transient_bytes),
+        ("buffers (DeepSpeed bucket, DDP buckets)", m.buffer_bytes),
+        ("start of backward (loss gradients)", m.backward_transient_bytes),
+        ("optimizer step temporaries", m.optimizer_transient_bytes),
         ("runtime (given)", m.runtime_bytes),
     ]
     total = p.peak_memory_bytes
+    optional = (
+        "fp32 master weights",
+        "runtime (given)",
+        "buffers (DeepSpeed bucket, DDP buckets)",
+        "optimizer step temporaries",
+    )
     for kind, value in rows:
-        if value == 0.0 and kind in ("fp32 master weights", "runtime (given)"):
+        if value == 0.0 and kind in optional:
             continue
         share = f"{value / total:.0%}" if value is not None and total else ""
         memory.add_row(kind, fmt_bytes(value), share)
-    memory.add_row("[bold]total[/]", f"[bold]{fmt_bytes(total)}[/]", "")
+    if p.phase_bytes:  # the peak is the largest phase, not the rows' sum
+        for phase, value in p.phase_bytes.items():
+            mark = " (the peak)" if phase == p.peak_phase else ""
+            memory.add_row(f"during {phase}{mark}", fmt_bytes(value + m.runtime_bytes), "")
+    memory.add_row("[bold]peak[/]", f"[bold]{fmt_bytes(total)}[/]", "")
     if p.traced_peak_bytes is not None:  # the second opinion, with the same runtime added
         memory.add_row(
             "[bold]traced step (--trace)[/]",
@@ -460,6 +516,9 @@ def show(prediction: Prediction, out: Console) -> None:
             "",
         )
     out.print(memory)
+    if p.stack:
+        chosen = ", ".join(f"{key}={value}" for key, value in p.stack.items())
+        out.print(f"stack: {escape(chosen)}", highlight=False, soft_wrap=True)
     verdict = {True: "[green]fits[/]", False: "[bold red]predicted out of memory[/]", None: "fit unknown"}[
         p.fits
     ]
