@@ -97,6 +97,17 @@ def test_a_launchers_core_binding_is_said(
 # real launchers
 
 
+def test_a_missing_slurm_binary_is_a_reason_to_skip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where a package is missing the fixture skips naming what is missing and how to install it; nothing starts."""
+    import cluster_support
+
+    real = cluster_support._binary
+    monkeypatch.setattr(cluster_support, "_binary", lambda name: None if name == "slurmd" else real(name))
+    with pytest.raises(ClusterUnavailable, match=r"slurmd missing\): apt-get install slurm-wlm munge"):
+        start_slurm(tmp_path)
+    assert not (tmp_path / "slurm.conf").exists()
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A one-node Slurm for the session (munge, slurmctld, slurmd), stopped by process id at the end."""
