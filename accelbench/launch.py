@@ -216,6 +216,30 @@ def binding_note(env: LaunchEnv, usable: int, host_cores: int) -> str | None:
     )
 
 
+def check_rendezvous_port(env: LaunchEnv, exported_port: bool) -> None:
+    """Rank 0 of a job srun or mpirun started hosts the rendezvous (torch's TCPStore) on every interface at
+    ``MASTER_PORT``: if something already listens there, say so before anything runs, rather than a DistNetworkError
+    on rank 0 while the other ranks wait. torchrun's agent hosts its own store, so its workers are not checked."""
+    if env.launcher not in ("slurm", "openmpi", "mpich") or env.rank != 0 or not env.distributed:
+        return
+    if env.master_port is None:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore: a port in TIME_WAIT is free
+        try:
+            sock.bind(("", env.master_port))
+        except OSError as exc:
+            source = (
+                "MASTER_PORT"
+                if exported_port
+                else f"the port accelbench derived from the {env.launcher} job id"
+            )
+            raise ConfigError(
+                f"rendezvous port {env.master_port} ({source}) is not available on rank 0's node ({exc.strerror}); "
+                "export MASTER_PORT=<free port> for every rank"
+            ) from None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -24,6 +24,7 @@ from accelbench.launch import (
     LaunchEnv,
     binding_note,
     check_launch,
+    check_rendezvous_port,
     detect_launch,
     launch_workers,
 )
@@ -86,6 +87,7 @@ class Launcher:
         started_by_us = self.env.launcher == "torchrun" and os.environ.get(RUN_ID_ENV) is not None
         if self.env.rank == 0 and not started_by_us:
             self._note_binding()
+            check_rendezvous_port(self.env, exported_port=bool(os.environ.get("MASTER_PORT")))
             spread = preflight()
             if self.env.launcher == "none" and spread:
                 return self.start_and_wait(shape, kind)

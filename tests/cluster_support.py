@@ -204,6 +204,19 @@ class SlurmCluster:
         self.command("scancel", job_id)
         raise AssertionError(f"Slurm job {job_id} did not end within {timeout:.0f} s")
 
+    def stop(self) -> None:
+        """Cancel what is still queued or running (a test that timed out leaves its tasks to slurmstepd, which
+        outlives slurmd), then stop the daemons by process id."""
+        try:
+            jobs = self.command("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
+            if jobs:
+                self.command("scancel", *jobs, timeout=10)
+                deadline = time.monotonic() + 20
+                while self.command("squeue", "-h", timeout=10).stdout.strip() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+        finally:
+            self.daemons.stop()
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {name}\n" + (self.folder / name).read_text(errors="replace")[-3000:]
@@ -260,7 +273,7 @@ def start_slurm(folder: Path) -> SlurmCluster:
             f"the node {node} is not idle after {START_TIMEOUT_S:.0f} s (sinfo: {state!r})\n{cluster.logs()}"
         )
     except BaseException:
-        daemons.stop()
+        cluster.stop()
         raise
 
 

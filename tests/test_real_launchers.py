@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from cluster_support import REPO, ClusterUnavailable, SlurmCluster, check_mpirun
 
 from accelbench.comm.records import read_comm_record
 from accelbench.errors import ConfigError
-from accelbench.launch import LaunchEnv, binding_note, check_launch, detect_launch
+from accelbench.launch import LaunchEnv, binding_note, check_launch, check_rendezvous_port, detect_launch
 from accelbench.results import read_record
 
 # gpt-nano, 1 epoch of 3 steps: a real DDP run of two ranks in a few seconds
@@ -73,6 +74,27 @@ def test_srun_on_one_node_uses_the_loopback_and_the_job_port() -> None:
     assert detect_launch(env) == LaunchEnv("slurm", 1, 1, 2, 2, 1, "127.0.0.1", 10007)
 
 
+def test_a_busy_rendezvous_port_is_refused_on_rank_0_before_anything_runs() -> None:
+    """Something already listens on the port: rank 0 says so (which port, where it came from, what to export)
+    instead of torch's DistNetworkError traceback; torchrun's workers (whose agent holds the port) are not checked."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rank0 = LaunchEnv("openmpi", 0, 0, 2, 2, 1, "127.0.0.1", port)
+        with pytest.raises(
+            ConfigError, match=rf"port {port} \(the port accelbench derived from the openmpi job id\)"
+        ):
+            check_rendezvous_port(rank0, exported_port=False)
+        with pytest.raises(
+            ConfigError, match=rf"port {port} \(MASTER_PORT\) .* export MASTER_PORT=<free port>"
+        ):
+            check_rendezvous_port(LaunchEnv("slurm", 0, 0, 2, 2, 1, "127.0.0.1", port), exported_port=True)
+        check_rendezvous_port(LaunchEnv("openmpi", 1, 1, 2, 2, 1, "127.0.0.1", port), exported_port=False)
+        check_rendezvous_port(LaunchEnv("torchrun", 0, 0, 2, 2, 1, "127.0.0.1", port), exported_port=True)
+    check_rendezvous_port(rank0, exported_port=False)  # free again
+
+
 @pytest.mark.parametrize(
     ("launch", "usable", "cores", "lift"),
     [
@@ -118,7 +140,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     try:
         yield cluster
     finally:
-        cluster.daemons.stop()
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -175,6 +197,41 @@ def test_mpirun_trains_ddp_on_two_ranks_and_records_the_binding(mpirun: list[str
     assert (record.launcher, record.world_size, record.nodes) == ("openmpi", 2, 1)
     assert json.loads(proc.stdout)["launcher"] == "openmpi"  # rank 0 alone prints the record
     assert record.system.cpu_usable_cores == 1 and re.fullmatch(r"\d+", record.system.cpu_affinity or "")
+
+
+@pytest.mark.slow
+def test_mpirun_with_a_busy_rendezvous_port_is_refused_before_training(
+    mpirun: list[str], tmp_path: Path
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _mpirun(
+            mpirun, ["-x", f"MASTER_PORT={port}", *MODULE, *RUN, "--output-dir", str(tmp_path)], tmp_path
+        )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"rendezvous port {port} (MASTER_PORT) is not available" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.slow
+def test_srun_with_a_busy_rendezvous_port_ends_with_kill_on_bad_exit(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Rank 0 refuses the busy port; the other rank cannot tell a busy port from rank 0's own rendezvous, so it
+    would wait the collective timeout: ``srun --kill-on-bad-exit`` (the docs say so) ends the step at once."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = slurm.srun(
+            "-n", "2", "--kill-on-bad-exit=1", f"--export=ALL,MASTER_PORT={port}", *MODULE, *RUN,
+            "--output-dir", str(tmp_path), cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"rendezvous port {port} (MASTER_PORT) is not available" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.glob("*.json"))
 
 
 @pytest.mark.slow
