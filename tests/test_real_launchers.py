@@ -9,6 +9,7 @@ clear error across nodes, the note about a launcher's core binding). The slow on
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -157,9 +158,11 @@ def _only(folder: Path) -> Path:
     return files[0]
 
 
-def _mpirun(mpirun: list[str], args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _mpirun(
+    mpirun: list[str], args: list[str], cwd: Path, ranks: int = 2
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*mpirun, "-np", "2", *args], capture_output=True, text=True, env=job_env(), cwd=cwd, timeout=300,
+        [*mpirun, "-np", str(ranks), *args], capture_output=True, text=True, env=job_env(), cwd=cwd, timeout=300,
         check=False,
     )  # fmt: skip
 
@@ -232,6 +235,28 @@ def test_srun_with_a_busy_rendezvous_port_ends_with_kill_on_bad_exit(
     assert proc.returncode != 0
     assert f"rendezvous port {port} (MASTER_PORT) is not available" in proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.slow
+def test_mpiruns_binding_is_said_and_recorded_and_bind_to_none_lifts_it(
+    mpirun: list[str], tmp_path: Path
+) -> None:
+    """One rank under mpirun is bound to one core of the host's (2 here): rank 0 says so, naming the flag, and the
+    record keeps it; with ``--bind-to none`` the rank gets every core and nothing is said."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip(f"binding to one core changes nothing on a host with {cores} usable core")
+    bound = _mpirun(mpirun, [*MODULE, *RUN, "--output-dir", str(tmp_path / "bound")], tmp_path, ranks=1)
+    assert bound.returncode == 0, bound.stderr[-3000:]
+    assert f"openmpi bound each of this node's 1 rank(s) to 1 core(s) of {os.cpu_count()}" in bound.stderr
+    assert "mpirun --bind-to none gives them all" in bound.stderr
+    assert read_record(_only(tmp_path / "bound")).system.cpu_usable_cores == 1
+    free = _mpirun(
+        mpirun, ["--bind-to", "none", *MODULE, *RUN, "--output-dir", str(tmp_path / "free")], tmp_path, 1
+    )
+    assert free.returncode == 0, free.stderr[-3000:]
+    assert "bound each" not in free.stderr
+    assert read_record(_only(tmp_path / "free")).system.cpu_usable_cores == cores
 
 
 @pytest.mark.slow
