@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from accelbench.contract import Backend
+    from accelbench.estimate.calibration import Calibration
     from accelbench.estimate.catalog import KnownDevice
     from accelbench.plugins import PluginHost
 
@@ -69,9 +70,17 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         "efficiency": args.efficiency,
         "overlap": args.overlap,
     }
+    calibrated: dict[str, Any] = {}
+    if target.calibration is not None:
+        from accelbench.estimate.operators import step_operators
+
+        calibrated = {
+            "calibration": target.calibration,
+            "operators": step_operators(workload, config, target.plan, target.device_type, target.kernels),
+        }
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
-        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common)
+        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common, **calibrated)
         scaling: list[ScalingPrediction] = [
             predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
             for n in args.scale_to or ()
@@ -143,6 +152,14 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
         )
     if args.refresh_peak and not args.measure_peak:
         raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
+    if args.refresh_calibration and not args.calibrate:
+        raise ConfigError("--refresh-calibration measures the calibration again: give it with --calibrate")
+    if args.calibrate and args.estimate_device:
+        raise ConfigError(
+            f"--calibrate measures this machine's device; it cannot predict for --device {args.estimate_device} "
+            "(a calibration is of the device it was measured on): drop --device to predict for the device here, "
+            "or drop --calibrate to predict for that device at --efficiency"
+        )
 
 
 def _check_comm_records(paths: list[Path]) -> None:
@@ -203,6 +220,8 @@ class _Target:
         measured: dict[str, PeakFigures],
         notes: list[str],
         plan: PrecisionPlan,
+        calibration: Calibration | None = None,
+        kernels: str = "foreach",
     ) -> None:
         self.device_type, self.device, self.peak, self.measured, self.notes, self.plan = (
             device_type,
@@ -212,6 +231,7 @@ class _Target:
             notes,
             plan,
         )
+        self.calibration, self.kernels = calibration, kernels
 
 
 def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _Target:
@@ -271,7 +291,40 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
             notes.append(
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
-    return _Target(kind.type, device, peak, measured, notes, plan)
+    calibration = None
+    if args.calibrate:
+        calibration = _calibration(backend, config, kind, device, plan, args.refresh_calibration)
+        notes += calibration.notes
+    kernels = backend.optimizer_implementation(kind)
+    return _Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
+
+
+def _calibration(
+    backend: Backend, config: RunConfig, kind: Any, device: DeviceInfo, plan: PrecisionPlan, refresh: bool
+) -> Calibration:
+    """This device's calibration for the plan's matmul dtype: cached, or measured now on the bound device."""
+    from accelbench.contract import World
+    from accelbench.estimate.calibration import calibrate
+    from accelbench.estimate.peak import matmul_dtype
+
+    bound = backend.setup_device(World(), config.backend_options)
+    dtype = matmul_dtype(plan)
+    try:
+        calibration = calibrate(
+            bound,
+            backend.synchronize,
+            backend=backend.name,
+            device_name=device.name,
+            dtype=dtype,
+            refresh=refresh,
+        )
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        raise ConfigError(
+            f"--calibrate: {backend.name}'s {device.name} cannot be calibrated in {dtype} "
+            f"({type(exc).__name__}: {_first_line(exc)}); predict without --calibrate"
+        ) from None
+    assert calibration is not None  # measured, not only looked up
+    return calibration
 
 
 def _plan_note(backend: str, plan: PrecisionPlan) -> str:
@@ -466,13 +519,22 @@ def show(prediction: Prediction, out: Console) -> None:
             "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)",
             f"{p.megatron_recompute_flops_per_step:.4g}",
         )
-    peak = f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
-    timing.add_row("peak x efficiency", peak)
+    if p.forward_s is not None and p.backward_s is not None:  # calibrated
+        timing.add_row("time model", p.time_model or "calibrated")
+        timing.add_row("compute: forward", _seconds(p.forward_s))
+        timing.add_row("compute: backward", _seconds(p.backward_s))
+        timing.add_row("of the compute, operator dispatch", _seconds(p.dispatch_s))
+    else:
+        peak = (
+            f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
+        )
+        timing.add_row("peak x efficiency", peak)
     timing.add_row("compute", _seconds(p.compute_s))
     if p.bubble:
         timing.add_row("of which pipeline bubble", f"{p.bubble:.1%}")
     timing.add_row(
-        "optimizer update (memory-bound)", _seconds(p.optimizer_s) if p.optimizer_s else "not counted"
+        "optimizer step (calibrated)" if p.forward_s is not None else "optimizer update (memory-bound)",
+        _seconds(p.optimizer_s) if p.optimizer_s else "not counted",
     )
     timing.add_row("communication", _seconds(p.comm_s))
     timing.add_row("communication exposed", _seconds(p.comm_exposed_s))

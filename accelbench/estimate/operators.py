@@ -88,21 +88,25 @@ def step_operators(
     'plain': the backend's ``optimizer_implementation``). The per-device micro-batch is ``batch_size /
     grad_accum``; tensor, pipeline and mesh layouts are traced as the whole replica (the caller divides).
     Cached per (workload, configuration, precision, device type, kernels) within the process."""
-    return _cached(workload, config.model_dump_json(), plan.model_dump_json(), device_type, optimizer_kernels)
+    key = (workload.name, config.model_dump_json(), plan.model_dump_json(), device_type, optimizer_kernels)
+    if key not in _TRACED:
+        if len(_TRACED) >= MAX_TRACED:
+            _TRACED.pop(next(iter(_TRACED)))
+        _TRACED[key] = _trace(workload, config, plan, device_type, optimizer_kernels)
+    return _TRACED[key]
 
 
-@lru_cache(maxsize=32)
-def _cached(
-    workload: Workload, config_json: str, plan_json: str, device_type: str, kernels: str
+# The steps traced in this process, by (workload, configuration, plan, device type, kernels), oldest first.
+_TRACED: dict[tuple[str, ...], StepOperators] = {}
+MAX_TRACED = 32
+
+
+def _trace(
+    workload: Workload, config: RunConfig, plan: PrecisionPlan, device_type: str, kernels: str
 ) -> StepOperators:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from accelbench.config import RunConfig
-    from accelbench.contract import PrecisionPlan
-
-    config = RunConfig.model_validate_json(config_json)
-    plan = PrecisionPlan.model_validate_json(plan_json)
     micro = max(1, config.batch_size // config.grad_accum)
     traced = config.model_copy(update={"batch_size": micro, "grad_accum": 1})
     device = torch.device(device_type)
@@ -147,7 +151,7 @@ _FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "e
 def _recorder_class() -> type[Any]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Recorder(TorchDispatchMode):  # type: ignore[misc]
+    class Recorder(TorchDispatchMode):
         """Records each aten operator that reaches it (under autograd: forward, backward and optimizer alike)."""
 
         def __init__(self) -> None:
