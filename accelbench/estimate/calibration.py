@@ -172,15 +172,19 @@ def calibrate(
     refresh: bool = False,
     cached_only: bool = False,
     directory: Path | None = None,
-    matmul_sizes: Sequence[int] = MATMUL_SIZES,
-    stream_bytes: Sequence[int] = STREAM_BYTES,
+    matmul_sizes: Sequence[int] | None = None,
+    stream_bytes: Sequence[int] | None = None,
 ) -> Calibration | None:
     """This device's calibration for matmuls in ``dtype``: from the cache where this host, device, torch, dtype
     (and CPU thread count) were calibrated before, unless ``refresh`` or the cached one was contended; else
     measured now (seconds) on ``device`` (already bound by the backend), stored and returned. With
     ``cached_only`` nothing is measured: None when nothing usable is cached. An unreadable cache entry is
-    measured again, and the calibration's notes say so."""
+    measured again, and the calibration's notes say so. ``matmul_sizes`` and ``stream_bytes`` replace the grids
+    (:data:`MATMUL_SIZES`, :data:`STREAM_BYTES`)."""
     import torch
+
+    matmul_sizes = matmul_sizes or MATMUL_SIZES
+    stream_bytes = stream_bytes or STREAM_BYTES
 
     key = calibration_key(backend, device_name, dtype, device.type)
     folder = directory or cache_dir()
