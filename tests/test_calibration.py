@@ -136,9 +136,10 @@ def test_the_calibrated_step_is_positive_grows_with_batch_and_says_how_it_was_ma
         facts = meta_facts(get_host().workload("gpt"), config)
         p = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops)
         assert p.forward_s and p.backward_s and p.optimizer_s and p.dispatch_s
-        assert p.compute_s == pytest.approx(p.forward_s + p.backward_s)
+        assert p.compute_s is not None and p.compute_s == pytest.approx(p.forward_s + p.backward_s)
         assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s)
         assert p.time_model and p.time_model.startswith("calibrated:")
+        assert p.step_time_s is not None
         steps.append(p.step_time_s)
     assert 0 < steps[0] < steps[1]
     plain = predict(config, facts, device_type="cpu")
