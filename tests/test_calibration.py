@@ -213,3 +213,30 @@ def test_a_calibrated_prediction_is_near_a_real_gpt_nano_step(
         )
     step = metrics["steady"]["epoch_s_median"] / metrics["epochs"][-1]["steps"]
     assert math.isclose(prediction["step_time_s"], step, rel_tol=0.35), (prediction["step_time_s"], step)
+
+
+def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
+    """A busy host only lowers a rate and lengthens a dispatch: remeasured on a busy host again, each figure is the
+    better of the two measurements."""
+    from accelbench.estimate.calibration import _faster
+
+    earlier = _grid_calibration()
+    now = earlier.model_copy(
+        update={
+            "matmul": [
+                p.model_copy(update={"best_flops_per_s": p.best_flops_per_s * (2 if p.m == 10 else 0.5)})
+                for p in earlier.matmul
+            ],  # fmt: skip
+            "stream": [
+                p.model_copy(update={"best_bytes_per_s": p.best_bytes_per_s / 2}) for p in earlier.stream
+            ],
+            "dispatch_s": 3e-6,
+            "autograd_dispatch_s": 1e-6,
+        }
+    )
+    merged = _faster(now, earlier)
+    assert merged.matmul_rate(10, 100, 100) == pytest.approx(2e5) and merged.matmul_rate(
+        100, 100, 100
+    ) == pytest.approx(1e6)
+    assert merged.stream == earlier.stream
+    assert (merged.dispatch_s, merged.autograd_dispatch_s) == (1e-6, 1e-6)

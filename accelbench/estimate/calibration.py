@@ -190,6 +190,7 @@ def calibrate(
     folder = directory or cache_dir()
     entries, problem = _load(folder / CACHE_FILE)
     notes = [problem] if problem else []
+    earlier: Calibration | None = None
     if key in entries and not refresh:
         try:
             cached = Calibration.model_validate(entries[key])
@@ -197,6 +198,7 @@ def calibrate(
                 raise ValueError(f"version {cached.version}, this accelbench writes {CALIBRATION_VERSION}")
             if cached_only or not cached.contended:
                 return cached
+            earlier = cached
             notes.append("the cached calibration was measured on a busy host: measured again")
         except (ValidationError, ValueError) as exc:
             notes.append(
@@ -242,10 +244,39 @@ def calibrate(
         contended=waiting is not None and waiting >= CONTENDED_WAITING,
         waiting=waiting,
     )
+    if calibration.contended and earlier is not None and not refresh:
+        calibration = _faster(calibration, earlier)
+        notes.append(
+            "measured on a busy host again: each rate is the higher of this and the cached measurement"
+        )
     entries, _ = _load(folder / CACHE_FILE)  # re-read: another process may have stored meanwhile
     entries[key] = calibration.model_dump()
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return calibration.model_copy(update={"notes": notes})
+
+
+def _faster(now: Calibration, earlier: Calibration) -> Calibration:
+    """Two calibrations of one device, both on a busy host: a busy host only lowers a rate and lengthens a
+    dispatch, so each figure is the better of the two (shapes and sizes the earlier one lacks are kept as now)."""
+    matmul = {(p.dtype, p.m, p.n, p.k): p for p in earlier.matmul}
+    stream = {p.bytes_moved: p for p in earlier.stream}
+
+    def better_matmul(p: MatmulPoint) -> MatmulPoint:
+        old = matmul.get((p.dtype, p.m, p.n, p.k))
+        return old if old is not None and old.best_flops_per_s > p.best_flops_per_s else p
+
+    def better_stream(p: StreamPoint) -> StreamPoint:
+        old = stream.get(p.bytes_moved)
+        return old if old is not None and old.best_bytes_per_s > p.best_bytes_per_s else p
+
+    return now.model_copy(
+        update={
+            "matmul": [better_matmul(p) for p in now.matmul],
+            "stream": [better_stream(p) for p in now.stream],
+            "dispatch_s": min(now.dispatch_s, earlier.dispatch_s),
+            "autograd_dispatch_s": min(now.autograd_dispatch_s, earlier.autograd_dispatch_s),
+        }
+    )
 
 
 def _repeat(
