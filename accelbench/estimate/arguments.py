@@ -72,6 +72,13 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --calibrate: measure the calibration again, ignoring the cache",
     )
     group.add_argument(
+        "--from-profile",
+        type=Path,
+        metavar="RECORD",
+        help="with --calibrate: a result record of this configuration made with `accelbench run --profile`; the "
+        "operators it measured (its top operators' kernel time) replace their calibrated times",
+    )
+    group.add_argument(
         "--runtime-mib",
         type=float,
         default=0.0,

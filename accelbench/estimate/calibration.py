@@ -10,6 +10,8 @@ CPU) thread count:
   leaves in fp32); :meth:`Calibration.matmul_rate` interpolates log(rate) linearly in log(m), log(n), log(k);
 - the bandwidth of an elementwise operator (``add``: two streams read, one written) over sizes from cache-resident
   to far larger than any cache (:data:`STREAM_BYTES`), interpolated in log(bytes);
+- the rate (elements/s) of elementwise work that its arithmetic bounds on a CPU, not its memory traffic: random
+  numbers (dropout's ``bernoulli_``), softmax, exp-like activations (:data:`ELEMENTWISE_KINDS`);
 - the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd.
 
 Each is timed between the backend's synchronisations, best and median of repeats kept. A call's dispatch is taken
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     import torch
 
 CACHE_FILE = "calibration.json"
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 # Matmul grid: each of m, n, k from these (27 shapes). 32: a head's width, a tiny batch; 256: a small model's
 # width; 2048: a micro-batch's tokens, a large model's width. Beyond the grid the rate at its edge is used.
 MATMUL_SIZES = (32, 256, 2048)
@@ -53,6 +55,17 @@ STREAM_BYTES = (3 * 2**14, 3 * 2**18, 3 * 2**22, 3 * 2**26)
 DISPATCH_CALLS = 400  # calls of a one-element operator per timed loop
 REPEAT_BUDGET_S = 0.05  # repeats of one shape run this long (at least MIN_REPEATS)
 MIN_REPEATS = 5
+# Elementwise work whose arithmetic, not its memory traffic, bounds it on a CPU: each kind's rate (elements/s) is
+# measured on ELEMENTWISE_ELEMENTS fp32 values with the operator named, and applies to the aten operators listed.
+ELEMENTWISE_KINDS: dict[str, tuple[str, frozenset[str]]] = {
+    "random": ("bernoulli_", frozenset({"bernoulli_", "bernoulli", "native_dropout", "normal_", "uniform_"})),
+    "softmax": ("softmax", frozenset({"_softmax", "_safe_softmax", "_log_softmax"})),
+    "transcendental": (
+        "gelu",
+        frozenset({"gelu", "gelu_backward", "exp", "tanh", "erf", "sigmoid", "silu", "silu_backward", "log"}),
+    ),
+}
+ELEMENTWISE_ELEMENTS = 2**20
 # Of a timed call, at least this share is kept as the work's own time when the dispatch cost is taken out.
 MIN_WORK_SHARE = 0.1
 
@@ -90,6 +103,7 @@ class Calibration(_Model):
     threads: int | None
     matmul: list[MatmulPoint]
     stream: list[StreamPoint]
+    elementwise: dict[str, float] = {}  # elements/s by kind (ELEMENTWISE_KINDS), dispatch taken out
     dispatch_s: float
     autograd_dispatch_s: float
     measured_at: str
@@ -126,14 +140,23 @@ class Calibration(_Model):
         rates = {float(p.bytes_moved): p.best_bytes_per_s for p in self.stream}
         return math.exp((1.0 - t) * math.log(rates[lo]) + t * math.log(rates[hi]))
 
+    def elementwise_rate(self, operator: str) -> float | None:
+        """Elements/s of ``operator`` where its arithmetic is measured (random numbers, softmax, exp-like
+        activations), else None (memory-bound: :meth:`stream_rate`)."""
+        for kind, (_, operators) in ELEMENTWISE_KINDS.items():
+            if operator in operators and kind in self.elementwise:
+                return self.elementwise[kind]
+        return None
+
     def describe(self) -> str:
         square = self.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1])
         small = self.matmul_rate(MATMUL_SIZES[0], MATMUL_SIZES[0], MATMUL_SIZES[0])
         stream = max(p.best_bytes_per_s for p in self.stream)
+        kinds = ", ".join(f"{kind} {rate / 1e9:.2g}" for kind, rate in self.elementwise.items())
         busy = "; the host was busy meanwhile (a lower bound)" if self.contended else ""
         return (
             f"{self.dtype} matmul {small / 1e9:.3g} to {square / 1e9:.3g} GFLOP/s ({MATMUL_SIZES[0]}^3 to "
-            f"{MATMUL_SIZES[-1]}^3), elementwise up to {stream / 1e9:.3g} GB/s, dispatch "
+            f"{MATMUL_SIZES[-1]}^3), elementwise up to {stream / 1e9:.3g} GB/s ({kinds} Gelem/s), dispatch "
             f"{self.dispatch_s * 1e6:.2g} us/op ({self.autograd_dispatch_s * 1e6:.2g} us recorded by autograd); "
             f"measured {self.measured_at} on {self.key}{busy}"
         )
@@ -225,6 +248,10 @@ def calibrate(
             for k in matmul_sizes
         ]
     stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
+    elementwise = {
+        kind: _time_elementwise(device, synchronize, op, dispatch)
+        for kind, (op, _) in ELEMENTWISE_KINDS.items()
+    }
     after = cpu_usage()
     waiting = None
     if before.wait_s is not None and after.wait_s is not None:
@@ -237,6 +264,7 @@ def calibrate(
         threads=torch.get_num_threads() if device.type == "cpu" else None,
         matmul=matmul,
         stream=stream,
+        elementwise=elementwise,
         dispatch_s=dispatch,
         autograd_dispatch_s=autograd_dispatch,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -362,6 +390,25 @@ def _time_stream(
         best_bytes_per_s=moved / _work_time(best, dispatch),
         median_bytes_per_s=moved / _work_time(median, dispatch),
     )
+
+
+def _time_elementwise(
+    device: torch.device, synchronize: Callable[[torch.device], None], operator: str, dispatch: float
+) -> float:
+    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values (rows of 128 for softmax)."""
+    import torch
+
+    x = torch.rand(ELEMENTWISE_ELEMENTS, device=device)
+    run: Callable[[], object]
+    if operator == "bernoulli_":
+        run = lambda: x.bernoulli_(0.9)  # noqa: E731 - dropout's keep probability
+    elif operator == "softmax":
+        rows = x.view(-1, 128)
+        run = lambda: torch.softmax(rows, -1)  # noqa: E731
+    else:
+        run = lambda: getattr(torch.nn.functional, operator)(x)  # noqa: E731
+    best, _ = _repeat(run, lambda: synchronize(device))
+    return ELEMENTWISE_ELEMENTS / _work_time(best, dispatch)
 
 
 def _load(path: Path) -> tuple[dict[str, object], str | None]:

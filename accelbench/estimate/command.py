@@ -74,10 +74,10 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     if target.calibration is not None:
         from accelbench.estimate.operators import step_operators
 
-        calibrated = {
-            "calibration": target.calibration,
-            "operators": step_operators(workload, config, target.plan, target.device_type, target.kernels),
-        }
+        operators = step_operators(workload, config, target.plan, target.device_type, target.kernels)
+        if args.from_profile is not None:
+            operators = operators.refined(*_profiled_times(args.from_profile, config))
+        calibrated = {"calibration": target.calibration, "operators": operators}
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
         prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common, **calibrated)
@@ -154,6 +154,10 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
     if args.refresh_calibration and not args.calibrate:
         raise ConfigError("--refresh-calibration measures the calibration again: give it with --calibrate")
+    if args.from_profile is not None and not args.calibrate:
+        raise ConfigError(
+            f"--from-profile {args.from_profile}: refines the calibrated step time; give --calibrate as well"
+        )
     if args.calibrate and args.estimate_device:
         raise ConfigError(
             f"--calibrate measures this machine's device; it cannot predict for --device {args.estimate_device} "
@@ -410,6 +414,34 @@ def _measured_step(path: Path, config: RunConfig) -> float:
         raise ConfigError(f"--measured {path}: the record has no steady epochs to take a step time from")
     steps = metrics.epochs[-1].steps
     return metrics.steady.epoch_s_median / max(steps, 1)
+
+
+def _profiled_times(path: Path, config: RunConfig) -> tuple[dict[str, float], str]:
+    """The operators' measured seconds per step in a ``run --profile`` record of this configuration, and where
+    from; refused, naming the flag, when the record is unreadable, has no profile or is of another configuration."""
+    from accelbench.errors import ResultFileError
+    from accelbench.estimate.operators import profiled_operator_times
+    from accelbench.results import read_record
+
+    try:
+        record = read_record(path)
+    except ResultFileError as exc:
+        raise ConfigError(f"--from-profile: {exc}") from None
+    if record.profile is None:
+        raise ConfigError(
+            f"--from-profile {path}: the record has no profile; give a record made with `accelbench run --profile`"
+        )
+    same = ("workload", "model", "batch_size", "grad_accum", "precision", "strategy", "devices", "nnodes")
+    differ = [f"{k} {getattr(record.config, k)} (here {getattr(config, k)})" for k in same
+              if getattr(record.config, k) != getattr(config, k)]  # fmt: skip
+    if differ or record.config.workload_options != config.workload_options:
+        differ += ["workload options"] if not differ else []
+        raise ConfigError(
+            f"--from-profile {path}: a profile of another configuration ({', '.join(differ)}); profile this one "
+            f"(`accelbench run ... --profile`) or estimate that one with --config {path}"
+        )
+    times = profiled_operator_times((op.name, op.category, op.seconds) for op in record.profile.top_operators)
+    return times, f"the profile in {path.name} ({record.profile.steps} steps)"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ torch is imported inside the functions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,6 +54,9 @@ class Operator:
     bytes_moved: float
     matmul: MatmulShape | None = None
     autograd: bool = False
+    elements: int = (
+        0  # of its largest output: what compute-bound elementwise work (random numbers, exp) costs by
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,14 @@ class StepOperators:
     micro_batches: int
     device_type: str
     optimizer_kernels: str
+    # --from-profile: seconds per step a profiled run of the same configuration measured for operators by name
+    # (forward and backward, all calls together), and where from; they replace the calibrated times of those
+    measured_s: tuple[tuple[str, float], ...] = ()
+    measured_source: str = ""
+
+    def refined(self, measured_s: dict[str, float], source: str) -> StepOperators:
+        """The same operators with measured times for those ``measured_s`` names (aten names, no namespace)."""
+        return replace(self, measured_s=tuple(sorted(measured_s.items())), measured_source=source)
 
     def phase(self, phase: Phase) -> list[Operator]:
         return [op for op in self.operators if op.phase == phase]
@@ -74,6 +85,18 @@ class StepOperators:
         """FLOPs of one whole step: each micro-batch's forward and backward, and the optimizer."""
         per_micro = sum(op.flops for op in self.operators if op.phase != "optimizer")
         return per_micro * self.micro_batches + sum(op.flops for op in self.phase("optimizer"))
+
+
+def profiled_operator_times(top_operators: Iterable[tuple[str, str, float]]) -> dict[str, float]:
+    """Seconds per step of each aten operator a profile measured as arithmetic, from its top operators
+    (``(name, category, seconds)``: ``run --profile``'s ``top_operators``, accelbench/engine/profile): the
+    ``kernel`` entries named ``aten::NAME``, by NAME. The optimizer's operators are in its own category."""
+    times: dict[str, float] = {}
+    for name, category, seconds in top_operators:
+        if category == "kernel" and name.startswith("aten::"):
+            bare = name.removeprefix("aten::")
+            times[bare] = times.get(bare, 0.0) + seconds
+    return times
 
 
 def step_operators(
@@ -210,6 +233,7 @@ def _operator(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
         flops=flops,
         bytes_moved=moved,
         matmul=_matmul_shape(name, args, out) if flops else None,
+        elements=max((t.numel() for t in outputs), default=0),
         autograd=phase == "forward" and any(t.requires_grad for t in inputs),
     )
 

@@ -140,14 +140,23 @@ def calibrated_times(
     operators: StepOperators, calibration: Calibration, layout: RunShape, notes: Notes
 ) -> CalibratedTimes:
     """Each operator's roofline time at the calibrated rates plus its dispatch, summed by phase: a matrix multiply
-    takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``, other work ``bytes / bandwidth``
-    (elementwise and normalisation work is bound by memory), a view only its dispatch; forward and backward count
+    takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``, random numbers, softmax and exp-like
+    activations ``max(elements / their rate, bytes / bandwidth)``, other work ``bytes / bandwidth`` (elementwise
+    and normalisation work is bound by memory), a view only its dispatch; forward and backward count
     once per micro-batch. A batched product (attention's) is timed as one product of ``batch x m`` rows. For
     tensor, pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
     phases = {phase: 0.0 for phase in PHASES}
     dispatch_total = 0.0
+    measured = dict(operators.measured_s)
+    by_name: dict[
+        str, float
+    ] = {}  # calibrated seconds per step of the profiled operators, forward and backward
+    times = []
     for op in operators.operators:
         work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
+        elementwise = calibration.elementwise_rate(op.name)
+        if elementwise and op.elements:  # random numbers, exp: arithmetic, not memory, bounds them
+            work = max(work, op.elements / elementwise)
         if op.flops:
             shape = op.matmul
             rate = (
@@ -158,8 +167,21 @@ def calibrated_times(
             work = max(work, op.flops / rate)
         dispatch = calibration.autograd_dispatch_s if op.autograd else calibration.dispatch_s
         repeat = operators.micro_batches if op.phase != "optimizer" else 1
-        phases[op.phase] += (work + dispatch) * repeat
-        dispatch_total += dispatch * repeat
+        times.append((op, (work + dispatch) * repeat, dispatch * repeat))
+        if op.name in measured and op.phase != "optimizer":
+            by_name[op.name] = by_name.get(op.name, 0.0) + (work + dispatch) * repeat
+    for op, seconds, dispatch in times:
+        if op.name in by_name and op.phase != "optimizer" and by_name[op.name] > 0:
+            seconds *= (
+                measured[op.name] / by_name[op.name]
+            )  # the profile's time, shared as the calibration shares it
+        phases[op.phase] += seconds
+        dispatch_total += dispatch
+    if by_name:
+        notes.assume(
+            f"measured times from {operators.measured_source} replace the calibrated ones for "
+            f"{', '.join(sorted(by_name))} (forward and backward; the profiler's own overhead included)"
+        )
     share = 1.0
     if layout.strategy in MODEL_PARALLEL:
         share = 1.0 / layout.dims.model_parallel
@@ -171,6 +193,7 @@ def calibrated_times(
         f"calibrated: {len(operators.operators)} operators of a {operators.micro_batch}-sample micro-batch x "
         f"{operators.micro_batches} and the optimizer step ({operators.optimizer_kernels} kernels), at "
         f"{calibration.describe()}"
+        + (f"; refined by {operators.measured_source} for {len(by_name)} operator(s)" if by_name else "")
     )
     notes.assume(
         "compute time: each operator's roofline time (matmul rate by shape, or elementwise bandwidth) plus its "
