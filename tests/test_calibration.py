@@ -240,3 +240,67 @@ def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
     ) == pytest.approx(1e6)
     assert merged.stream == earlier.stream
     assert (merged.dispatch_s, merged.autograd_dispatch_s) == (1e-6, 1e-6)
+
+
+def test_a_profiles_measured_operator_times_replace_the_calibrated_ones(tmp_path: Path) -> None:
+    from accelbench.estimate.operators import profiled_operator_times
+
+    calibration = tiny_calibration(tmp_path)
+    config, ops = traced("gpt-nano", batch_size=4)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    plain = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops)
+    measured = profiled_operator_times(
+        [
+            ("aten::mm", "kernel", 0.5),
+            ("aten::mm", "intra-op dispatch", 9.0),
+            ("aten::linear", "kernel", 0.25),
+            ("Optimizer.step#AdamW.step", "optimizer", 7.0),
+        ]  # fmt: skip
+    )
+    assert measured == {"mm": 0.5, "linear": 0.25}  # arithmetic only, by aten name
+    refined = predict(config, facts, device_type="cpu", calibration=calibration,
+                      operators=ops.refined(measured, "a profile"))  # fmt: skip
+    assert plain.forward_s is not None and plain.backward_s is not None and plain.compute_s is not None
+    assert refined.forward_s is not None and refined.backward_s is not None and refined.compute_s is not None
+    mm = [op for op in ops.operators if op.name == "mm"]
+    assert {op.phase for op in mm} == {
+        "forward",
+        "backward",
+    }  # the logits forward, the linear layers' backward
+    assert (
+        0.5 < refined.compute_s < plain.compute_s + 0.5
+    )  # mm's calibrated time replaced by the measured 0.5 s
+    assert refined.optimizer_s == pytest.approx(plain.optimizer_s)
+    assert refined.time_model and "refined by a profile for 1 operator(s)" in refined.time_model
+
+
+def test_from_profile_needs_calibrate_and_a_profiled_record_of_this_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelbench.cli import main
+
+    assert main(["estimate", "--model", "gpt-nano", "--from-profile", str(tmp_path / "r.json")]) == 2
+    assert "give --calibrate as well" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_estimate_from_a_real_profiled_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelbench.cli import main
+    from accelbench.estimate import calibration as module
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
+    monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    flags = ["--model", "gpt-nano", "--batch-size", "4", "--threads", "1"]
+    assert main(["run", *flags, "--epochs", "2", "--steps-per-epoch", "3", "--profile", "--profile-steps", "3",
+                 "--output-dir", str(tmp_path / "out"), "-q"]) == 0  # fmt: skip
+    record = next(p for p in (tmp_path / "out").glob("*.json") if not p.name.endswith(".trace.json"))
+    capsys.readouterr()
+    assert main(["estimate", *flags, "--calibrate", "--from-profile", str(record), "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert "refined by the profile in" in p["time_model"], p["time_model"]
+    assert main(["estimate", "--model", "gpt-nano", "--batch-size", "8", "--threads", "1", "--calibrate",
+                 "--from-profile", str(record)]) == 2  # fmt: skip
+    assert "a profile of another configuration (batch_size 4 (here 8))" in capsys.readouterr().err
