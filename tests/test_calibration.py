@@ -108,7 +108,8 @@ def _grid_calibration() -> Calibration:
         StreamPoint(bytes_moved=b, best_bytes_per_s=b * 1e3, median_bytes_per_s=b * 1e3) for b in (10, 1000)
     ]
     return Calibration(key="made up", device_type="cpu", dtype="float32", threads=1, matmul=matmul, stream=stream,
-                       dispatch_s=1e-6, autograd_dispatch_s=2e-6, measured_at="now", seconds=0.0)  # fmt: skip
+                       elementwise={"random": 2.0, "softmax": 3.0}, dispatch_s=1e-6, autograd_dispatch_s=2e-6,
+                       measured_at="now", seconds=0.0)  # fmt: skip
 
 
 def test_interpolation_is_log_linear_monotone_and_clamped() -> None:
@@ -230,6 +231,7 @@ def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
             "stream": [
                 p.model_copy(update={"best_bytes_per_s": p.best_bytes_per_s / 2}) for p in earlier.stream
             ],
+            "elementwise": {"random": 1.0, "softmax": 5.0},
             "dispatch_s": 3e-6,
             "autograd_dispatch_s": 1e-6,
         }
@@ -239,6 +241,7 @@ def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
         100, 100, 100
     ) == pytest.approx(1e6)
     assert merged.stream == earlier.stream
+    assert merged.elementwise == {"random": 2.0, "softmax": 5.0}
     assert (merged.dispatch_s, merged.autograd_dispatch_s) == (1e-6, 1e-6)
 
 

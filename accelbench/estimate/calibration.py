@@ -301,6 +301,7 @@ def _faster(now: Calibration, earlier: Calibration) -> Calibration:
         update={
             "matmul": [better_matmul(p) for p in now.matmul],
             "stream": [better_stream(p) for p in now.stream],
+            "elementwise": {k: max(v, earlier.elementwise.get(k, 0.0)) for k, v in now.elementwise.items()},
             "dispatch_s": min(now.dispatch_s, earlier.dispatch_s),
             "autograd_dispatch_s": min(now.autograd_dispatch_s, earlier.autograd_dispatch_s),
         }
