@@ -8,8 +8,9 @@ CPU) thread count:
 - dense matrix multiplies over a small grid of shapes (m, n, k each from :data:`MATMUL_SIZES`: skinny and small
   ones too, as a transformer's are at small batch), in the precision's matmul dtype and in fp32 (what autocast
   leaves in fp32); :meth:`Calibration.matmul_rate` interpolates log(rate) linearly in log(m), log(n), log(k);
-- the bandwidth of an elementwise operator (``add``: two streams read, one written) over sizes from cache-resident
-  to far larger than any cache (:data:`STREAM_BYTES`), interpolated in log(bytes);
+- the bandwidth of an elementwise operator (``add``: two streams read, one written) over sizes from 48 KiB to far
+  larger than any cache (:data:`STREAM_BYTES`), each call on buffers the previous calls did not touch (so read from
+  memory, as a step's backward reads forward's activations), interpolated in log(bytes);
 - the rate (elements/s) of elementwise work that its arithmetic bounds on a CPU, not its memory traffic: random
   numbers (dropout's ``bernoulli_``), softmax, exp-like activations (:data:`ELEMENTWISE_KINDS`);
 - the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd.
@@ -26,6 +27,7 @@ inside the functions.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import platform
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     import torch
 
 CACHE_FILE = "calibration.json"
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 # Matmul grid: each of m, n, k from these (27 shapes). 32: a head's width, a tiny batch; 256: a small model's
 # width; 2048: a micro-batch's tokens, a large model's width. Beyond the grid the rate at its edge is used.
 MATMUL_SIZES = (32, 256, 2048)
@@ -68,6 +70,10 @@ ELEMENTWISE_KINDS: dict[str, tuple[str, frozenset[str]]] = {
     ),
 }
 ELEMENTWISE_ELEMENTS = 2**20
+# The elementwise bandwidth is measured on buffers cycled through, this many bytes in all (several times a CPU's
+# last-level cache slice), at most MAX_BUFFER_SETS sets of them.
+COLD_BYTES = 64 * 2**20
+MAX_BUFFER_SETS = 1024
 # Of a timed call, at least this share is kept as the work's own time when the dispatch cost is taken out.
 MIN_WORK_SHARE = 0.1
 
@@ -379,14 +385,29 @@ def _time_matmul(
 def _time_stream(
     device: torch.device, synchronize: Callable[[torch.device], None], bytes_moved: int, dispatch: float
 ) -> StreamPoint:
+    """``a + b -> out`` moving ``bytes_moved``, each call on the next of several buffer sets (:data:`COLD_BYTES`
+    in all), so that its tensors come from memory, not from the cache the previous call warmed: in a step most
+    elementwise work reads what was written long before (backward reads forward's activations)."""
     import torch
 
     elements = bytes_moved // 12  # three fp32 tensors: a + b -> out
-    a = torch.ones(elements, device=device)
-    b = torch.ones(elements, device=device)
-    out = torch.empty_like(a)
+    sets = max(1, min(MAX_BUFFER_SETS, COLD_BYTES // (elements * 12)))
+    pool = [
+        (
+            torch.ones(elements, device=device),
+            torch.ones(elements, device=device),
+            torch.empty(elements, device=device),
+        )
+        for _ in range(sets)
+    ]
+    turn = itertools.cycle(pool)
+
+    def add() -> None:
+        a, b, out = next(turn)
+        torch.add(a, b, out=out)
+
     calls = max(1, min(DISPATCH_CALLS, 2**22 // bytes_moved))
-    best, median = _repeat(lambda: torch.add(a, b, out=out), lambda: synchronize(device), calls)
+    best, median = _repeat(add, lambda: synchronize(device), calls)
     moved = elements * 12
     return StreamPoint(
         bytes_moved=moved,
