@@ -168,7 +168,7 @@ def _trace(
 
 
 # Operators whose time is the caller's, not the device's: shape queries, and what only moves a tensor's metadata.
-_FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like"})
+_FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like", "_unsafe_view"})
 
 
 def _recorder_class() -> type[Any]:
