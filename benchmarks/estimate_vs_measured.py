@@ -23,8 +23,9 @@ fitted to them:
   imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
   batch 1 for three steps, so that what a first step initialises is counted.
 
-Prints one table of predicted against measured figures with the relative errors, and the host contention each run
-recorded (this machine is shared: a contended run's times say little). --json writes everything for docs/estimate.md.
+Prints one table of predicted against measured figures with the relative errors (the calibrated step also against
+the step's CPU time, the time rank 0's threads ran, which a busy host's waiting leaves out), and the host contention
+each run recorded (this machine is shared: a contended run's times say little). --json writes everything for docs/estimate.md.
 --gpt2 adds gpt2 at batch 2 (about a second and a half per step per process here).
 """
 
@@ -117,8 +118,13 @@ def run(model: str, strategy: str, devices: int, args: argparse.Namespace, out: 
 def measured(record: dict[str, Any]) -> dict[str, Any]:
     m = record["metrics"]
     steps = m["epochs"][-1]["steps"]
+    steady = m["epochs"][1:] or m["epochs"]
+    cpu = sorted(e["cpu_s"] / e["steps"] for e in steady if e.get("cpu_s") is not None)
     return {
         "step_s": m["steady"]["epoch_s_median"] / steps,
+        # the time its threads ran (rank 0's process), without the time they waited for a core: on a shared host
+        # the closer figure to what a step costs a quiet one (its caches still shared)
+        "cpu_step_s": cpu[len(cpu) // 2] if cpu else None,
         "samples_per_s": m["steady"]["samples_per_s"],
         "peak_bytes": m["peak_memory_max_bytes"],
         "waiting": m["host"]["waiting"] if m.get("host") else None,
@@ -271,6 +277,7 @@ def main() -> None:
         r["errors"] = {
             "step": error(r["predicted"]["step_s"], r["measured"]["step_s"]),
             "calibrated_step": error(r["predicted"]["calibrated_step_s"], r["measured"]["step_s"]),
+            "calibrated_cpu_step": error(r["predicted"]["calibrated_step_s"], r["measured"]["cpu_step_s"]),
             "memory": error(r["predicted"]["peak_bytes"], r["measured"]["peak_bytes"]),
             "memory_model_part": error(
                 r["predicted"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
@@ -281,7 +288,8 @@ def main() -> None:
             else None,
         }
     print()
-    header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6} {'calib':>9} {'err':>6}  "
+    header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6} {'calib':>9} {'err':>6} "
+              f"{'cpu ms':>8} {'err':>6}  "
               f"{'peak MiB':>8} {'pred':>8} "
               f"{'err':>6} {'model-part err':>14}  {'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}")  # fmt: skip
     print(header)
@@ -294,7 +302,8 @@ def main() -> None:
         m, p, e = r["measured"], r["predicted"], r["errors"]
         speed = f"{m['speedup']:7.2f} {p['speedup']:6.2f}" if r["devices"] > 1 else f"{'':7} {'':6}"
         print(f"{r['model']:10} {r['strategy']:16} {m['step_s'] * 1e3:9.1f} {p['step_s'] * 1e3:9.1f} "
-              f"{pct(e['step']):>6} {p['calibrated_step_s'] * 1e3:9.1f} {pct(e['calibrated_step']):>6}  "
+              f"{pct(e['step']):>6} {p['calibrated_step_s'] * 1e3:9.1f} {pct(e['calibrated_step']):>6} "
+              f"{(m['cpu_step_s'] or 0) * 1e3:8.1f} {pct(e['calibrated_cpu_step']):>6}  "
               f"{m['peak_bytes'] / 2**20:8.1f} {p['peak_bytes'] / 2**20:8.1f} "
               f"{pct(e['memory']):>6} {pct(e['memory_model_part']):>14}  {speed} {pct(e['speedup']):>6}  "
               f"{m['waiting'] or 0:6.0%}")  # fmt: skip
