@@ -191,7 +191,8 @@ def test_estimate_calibrate_predicts_from_the_calibration(
 def test_a_calibrated_prediction_is_near_a_real_gpt_nano_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The run's stored prediction uses the cached calibration; on a quiet host it is within 35% of the step."""
+    """The run's stored prediction uses the cached calibration and is within 35% of the measured step (on a busy
+    host, of the step's CPU time: the time its one thread ran, which leaves out the waiting)."""
     from accelbench.cli import main
 
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
@@ -208,11 +209,10 @@ def test_a_calibrated_prediction_is_near_a_real_gpt_nano_step(
     record = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     prediction, metrics = record["prediction"], record["metrics"]
     assert prediction["time_model"].startswith("calibrated:"), prediction
-    if metrics["host"]["contended"]:
-        pytest.skip(
-            f"the host was busy during the run ({metrics['host']['note']}): its step time says nothing"
-        )
     step = metrics["steady"]["epoch_s_median"] / metrics["epochs"][-1]["steps"]
+    if metrics["host"]["contended"]:  # a shared host: the time the step's one thread ran, without its waiting
+        cpu = sorted(e["cpu_s"] / e["steps"] for e in metrics["epochs"][1:])
+        step = cpu[len(cpu) // 2]
     assert math.isclose(prediction["step_time_s"], step, rel_tol=0.35), (prediction["step_time_s"], step)
 
 
