@@ -296,7 +296,7 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
     calibration = None
-    if args.calibrate:
+    if getattr(args, "calibrate", False):  # a command sharing _target without the flag does not calibrate
         calibration = _calibration(backend, config, kind, device, plan, args.refresh_calibration)
         notes += calibration.notes
     kernels = backend.optimizer_implementation(kind)
