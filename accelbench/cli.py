@@ -95,6 +95,14 @@ def build_parser(
     _add_declared(estimate, workload_options, _WORKLOAD, "workload options")
     _add_declared(estimate, backend_options, _BACKEND, "backend options (from plugins)")
     add_estimate_arguments(estimate)
+    from accelbench.plan.arguments import add_plan_arguments
+
+    add_plan_arguments(
+        sub.add_parser(
+            "plan",
+            help="choose a configuration: candidates ranked by predicted throughput, optionally measured",
+        )
+    )
     from accelbench.comm.options import add_comm_arguments
 
     add_comm_arguments(
@@ -336,6 +344,7 @@ COMMANDS = {
     "sweep": ("accelbench.sweep", "sweep_command"),
     "estimate": ("accelbench.estimate.command", "estimate_command"),
     "comm": ("accelbench.comm.command", "comm_command"),
+    "plan": ("accelbench.plan.command", "plan_command"),
 }
 
 

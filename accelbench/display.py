@@ -262,12 +262,13 @@ def summary_table(record: ResultRecord) -> Table:
         table.add_row(
             "achieved", f"{s.achieved_flops_per_s / 1e12:.4g} TFLOP/s ({short_formula(m.flops_formula)})"
         )
-        table.add_row(
-            "MFU",
-            f"{s.mfu:.1%} of {m.peak.source}"
-            if s.mfu is not None and m.peak
-            else "unknown (no peak figure; give --peak-tflops)",
-        )
+        if s.mfu is not None and m.peak:
+            mfu_text = f"{s.mfu:.1%} of {m.peak.source}"
+        elif s.mfu_error:
+            mfu_text = f"[bold red]error[/]: {escape(s.mfu_error)}"
+        else:
+            mfu_text = "unknown (no peak figure; give --peak-tflops)"
+        table.add_row("MFU", mfu_text)
     elif m.epochs:
         table.add_row("steady state", "needs at least 2 epochs (the first is the warm-up)")
     if record.profile is not None:

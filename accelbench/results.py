@@ -144,9 +144,17 @@ class RunPrediction(_Model):
     comm_s: float | None = Field(description="The collectives' time at their bus bandwidth.")
     comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")
     samples_per_s: float | None = Field(description="Samples per second of the whole job.")
-    peak_memory_bytes: float | None = Field(description="Peak memory of one device, the breakdown's sum.")
+    peak_memory_bytes: float | None = Field(
+        description="Peak memory of one device: the largest phase of a step (forward, backward, optimizer) plus "
+        "the runtime."
+    )
     memory_bytes: dict[str, float | None] = Field(
-        default_factory=dict, description="The peak by kind: weights, gradients, optimizer, activations, ..."
+        default_factory=dict,
+        description="The memory by kind: weights, gradients, optimizer, activations, transients, buffers, ...; the "
+        "peak is the largest phase's, not their sum.",
+    )
+    peak_phase: str | None = Field(
+        default=None, description="The phase of a step whose high point is the peak."
     )
     comm_bytes_per_step: float | None = Field(
         description="Bus bytes one device moves per step (nccl-tests' convention)."
@@ -186,6 +194,9 @@ class RunPrediction(_Model):
             "optimizer": breakdown.optimizer_bytes,
             "activations": breakdown.activations_bytes,
             "transient": breakdown.transient_bytes,
+            "buffers": breakdown.buffer_bytes,
+            "start of backward": breakdown.backward_transient_bytes,
+            "optimizer step": breakdown.optimizer_transient_bytes,
             "runtime": breakdown.runtime_bytes,
         }
         return cls(
@@ -197,6 +208,7 @@ class RunPrediction(_Model):
             samples_per_s=p.samples_per_s,
             peak_memory_bytes=p.peak_memory_bytes,
             memory_bytes=memory,
+            peak_phase=p.peak_phase,
             comm_bytes_per_step=p.comm_bytes_per_step,
             flops_per_step=p.flops_per_step,
             peak_flops_per_s=p.peak_flops_per_s,
@@ -237,7 +249,13 @@ class SteadyState(_Model):
     tokens_per_s: float
     achieved_flops_per_s: float
     mfu: float | None = Field(
-        description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown."
+        description="achieved FLOP/s / (peak FLOP/s x devices); None when the peak is unknown, or when the ratio "
+        "came out above 1 (mfu_error says so: a peak below what was achieved is the wrong peak, not a figure).",
+    )
+    mfu_error: str | None = Field(
+        default=None,
+        description="Why mfu is None although a peak was known: the ratio exceeded 100%, so the peak cannot be this "
+        "device's for the math that ran (e.g. a sparse or another device's figure, or FLOPs overcounted).",
     )
     joules_per_sample: float | None = Field(default=None, description="Median over the steady epochs.")
     samples_per_joule: float | None = None
@@ -263,6 +281,11 @@ class Metrics(_Model):
     stragglers: list[int] = Field(default_factory=list, description="Ranks >10% slower than the median rank.")
     flops_per_sample: float
     flops_formula: str
+    flop_convention: str | None = Field(
+        default=None,
+        description="What the FLOPs count (model FLOPs, not hardware FLOPs: what a recomputation or padding adds is "
+        "left out); MFU and achieved FLOP/s are in this convention.",
+    )
     megatron_flops_per_sample: float | None = Field(
         default=None,
         description="One sample's training FLOPs by Megatron-LM's count, 72 s l h^2 (1 + s/6h + V/12lh) for a "

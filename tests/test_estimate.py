@@ -45,6 +45,8 @@ A_MATMUL = 2 * 49_728 + 8_192
 # mode runs the model in bf16); under autocast the two norms' inputs stay fp32: + 4 s b h = 65,536 a layer
 A_ACTIVATIONS_16 = 2 * 557_056 + 81_920 + 131_072
 A_ACTIVATIONS = A_ACTIVATIONS_16 + 2 * 65_536
+# the start of backward: the cross-entropy's gradients for the log-probabilities and the logits, fp32 4 s b V each
+A_LOSS_GRADIENTS = 2 * 4 * 32 * 8 * 128  # 262,144
 
 # B: custom GPT, 1 layer, 4 heads, width 256, context 32; fp32, batch 4 per device, 2 devices, on a CPU (dropout 0.1:
 # torch's CPU attention runs the math path, which keeps the a*s^2 scores).
@@ -58,10 +60,12 @@ B_PARTITIONED = 196_608 + 2 * 262_144  # 720,896
 B_PERSISTENT = B_STORED - B_PARTITIONED  # 110,336
 #   FLOPs: 6 x (815,104 - 8,192) + 12 x 1 x 256 x 32 = 4,939,776 per token, x 32 tokens x 4 samples
 B_FLOPS = 4_939_776 * 32 * 4
-# activations, fp32: Korthikanti's 34 s b h (16-bit) x 2 = 32 x 4 x 256 x 68, and the scores torch's math attention
-# keeps, 12 bytes each (fp32 softmax, dropout noise, dropout output): 12 x a s^2 b = 12 x 4 x 32^2 x 4;
-# outside the layers: 32,768 x (1 + 4 x 4 / 2) + 4 s b V = 4 x 32 x 4 x 128
-B_ACTIVATIONS = 32_768 * 68 + 12 * 4 * 32 * 32 * 4 + 32_768 * 9 + 65_536
+# activations, fp32: Korthikanti's 34 s b h (16-bit) x 2 = 68 s b h, whose two 1-byte dropout masks are fp32 noise
+# tensors on a CPU (+ 2 x 3 - 2 = 4): 32 x 4 x 256 x 72; the scores torch's math attention keeps, 12 bytes each (fp32
+# softmax, dropout noise, dropout output): 12 x a s^2 b = 12 x 4 x 32^2 x 4; outside the layers: 32,768 x (4-byte
+# embedding dropout noise + 4 x 4 / 2) + 4 s b V = 4 x 32 x 4 x 128
+B_ACTIVATIONS = 32_768 * 72 + 12 * 4 * 32 * 32 * 4 + 32_768 * 12 + 65_536
+B_LOSS_GRADIENTS = 2 * 4 * 32 * 4 * 128  # 131,072
 
 
 def test_the_facts_are_the_hand_counted_ones() -> None:
@@ -90,7 +94,12 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
     )
     assert m.transient_bytes == 2 * A_MATMUL
     assert m.activations_bytes == A_ACTIVATIONS
-    assert ddp.peak_memory_bytes == 16 * A_STORED + 2 * A_MATMUL + A_ACTIVATIONS == 3_438_848
+    assert m.backward_transient_bytes == A_LOSS_GRADIENTS
+    # the peak is at the start of backward: everything the forward holds and the loss's gradients
+    assert (
+        ddp.peak_memory_bytes == 16 * A_STORED + 2 * A_MATMUL + A_ACTIVATIONS + A_LOSS_GRADIENTS == 3_700_992
+    )
+    assert ddp.peak_phase == "backward"
     assert ddp.flops_per_step == A_FLOPS and ddp.parameters == A_PARAMETERS
     # all-reduce of the fp32 gradients: 2 (p-1)/p x 4 x 110,336 bytes = 441,344 per device
     assert [(op.op, op.bus_bytes) for op in ddp.comm] == [("all_reduce", 441_344.0)]
@@ -105,9 +114,9 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
     assert m.master_weights_bytes == 2 * A_STORED
     assert m.gradients_bytes == A_STORED + 2 * A_STORED
     assert m.optimizer_bytes == 4 * A_STORED
-    assert m.transient_bytes == 500_000_000 * 2
+    assert m.buffer_bytes == 500_000_000 * 2 and m.transient_bytes == 0
     assert m.activations_bytes == A_ACTIVATIONS_16
-    assert zero3.peak_memory_bytes == 1_002_540_800
+    assert zero3.peak_memory_bytes == 1_002_540_800 + A_LOSS_GRADIENTS
     # nothing to all-gather; reduce-scatter of bf16 gradients: (p-1)/p x 2 x 110,336
     assert [(op.op, op.bus_bytes) for op in zero3.comm] == [("reduce_scatter", 110_336.0)]
     assert zero3.comm_bytes_per_step == 110_336
@@ -116,8 +125,8 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
 def test_b_ddp_against_zero3_on_a_cpu() -> None:
     config, facts = facts_for(**B, strategy="ddp")
     ddp = predict(config, facts, device_type="cpu")
-    assert ddp.memory.activations_bytes == B_ACTIVATIONS == 2_785_280
-    assert ddp.peak_memory_bytes == 16 * B_STORED + B_ACTIVATIONS == 16_084_992
+    assert ddp.memory.activations_bytes == B_ACTIVATIONS == 3_014_656
+    assert ddp.peak_memory_bytes == 16 * B_STORED + B_ACTIVATIONS + B_LOSS_GRADIENTS == 16_445_440
     assert ddp.flops_per_step == B_FLOPS == 632_291_328
     assert ddp.comm_bytes_per_step == 4 * B_STORED  # 2 (p-1)/p x 4 bytes x n, p = 2
 
@@ -129,9 +138,12 @@ def test_b_ddp_against_zero3_on_a_cpu() -> None:
     assert m.gradients_bytes == 4 * B_STORED / 2 + 4 * B_STORED / 2 == 3_324_928
     assert m.optimizer_bytes == 8 * B_STORED / 2 == 3_324_928
     # gathered parameters (all the partitioned ones: under the 5e7 prefetch) + the bucket as far as a CPU writes it
-    assert m.transient_bytes == 4 * B_PARTITIONED + 4 * B_STORED == 6_208_512
+    assert m.transient_bytes == 4 * B_PARTITIONED and m.buffer_bytes == 4 * B_STORED
     # more than DDP's: for so small a model DeepSpeed's copies and bucket outweigh what the sharding saves
-    assert zero3.peak_memory_bytes == 19_189_248
+    held = m.weights_bytes + m.master_weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.buffer_bytes
+    assert (
+        zero3.peak_memory_bytes == held + m.transient_bytes + B_ACTIVATIONS + B_LOSS_GRADIENTS == 19_549_696
+    )
     # all-gather of the partitioned parameters twice, (p-1)/p x 2 x 4 x 720,896; reduce-scatter (p-1)/p x 4 x n
     ops = {op.op: op.bus_bytes for op in zero3.comm}
     assert ops == {"all_gather": 2_883_584.0, "reduce_scatter": 1_662_464.0}
@@ -141,8 +153,16 @@ def test_one_device_frees_its_gradients_so_its_peak_holds_the_larger_of_them_and
     config, facts = facts_for(**{**B, "devices": 1}, strategy="single")
     single = predict(config, facts, device_type="cpu")
     assert single.memory.gradients_bytes == 4 * B_STORED and single.memory.gradients_freed_each_step
-    # weights 4 + moments 8 bytes a parameter, and max(gradients 4 x n = 3,324,928, activations 2,785,280)
-    assert single.peak_memory_bytes == 12 * B_STORED + max(4 * B_STORED, B_ACTIVATIONS) == 13_299_712
+    # weights 4 + moments 8 bytes a parameter, and max(gradients 4 x n = 3,324,928, activations 3,014,656 + the
+    # loss's gradients 131,072): the gradients, at the end of backward and in the optimizer step (fused: no
+    # temporaries)
+    assert single.peak_memory_bytes == 12 * B_STORED + max(4 * B_STORED, B_ACTIVATIONS + B_LOSS_GRADIENTS)
+    assert single.peak_memory_bytes == 13_299_712 and single.peak_phase == "backward"
+    assert single.phase_bytes == {
+        "forward": 12 * B_STORED + B_ACTIVATIONS,
+        "backward": 16 * B_STORED,
+        "optimizer": 16 * B_STORED,
+    }
     assert single.comm == [] and single.comm_bytes_per_step == 0
 
 
@@ -159,8 +179,10 @@ def test_step_time_and_fit_follow_from_peak_bandwidth_and_memory() -> None:
     assert p.optimizer_s == pytest.approx(28 * B_STORED / 1e11)
     assert p.step_time_s == pytest.approx(p.compute_s + p.comm_s + p.optimizer_s)
     assert p.samples_per_s == pytest.approx(2 * 4 / p.step_time_s)
-    # on a GPU-like device no scores are kept: 16 x n + 32,768 x 34 x 2 + 294,912 + 65,536 > 15,000,000 bytes
-    assert p.peak_memory_bytes == 16 * B_STORED + 32_768 * 68 + 32_768 * 9 + 65_536 == 15_888_384
+    # on a GPU-like device no scores are kept and fused dropout's masks are a byte (Korthikanti's 34 s b h at fp32
+    # width, 68, less a byte for each of the two masks): 16 x n + 32,768 x 66 + 294,912 + 65,536 + the loss's
+    # gradients > 15,000,000 bytes
+    assert p.peak_memory_bytes == 16 * B_STORED + 32_768 * 66 + 32_768 * 9 + 65_536 + B_LOSS_GRADIENTS
     assert p.fits is False
     overlapped = predict(config, facts, device_type="cuda", peak=peak, bandwidth=bandwidth, efficiency=0.5,
                          overlap="backward")  # fmt: skip

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
      "accelbench.engine", "accelbench.comm"),
     ("accelbench.display", "accelbench.compare", "accelbench.report", "accelbench.sweep",
      "accelbench.estimate.command"),
-    ("accelbench.cli", "accelbench.commands", "accelbench.testing", "accelbench.__main__"),
+    ("accelbench.cli", "accelbench.commands", "accelbench.testing", "accelbench.__main__", "accelbench.plan"),
 ]  # fmt: skip
 
 

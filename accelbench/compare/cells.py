@@ -179,6 +179,11 @@ class Cell:
         return {name: statistics.median(s.get(name, 0.0) for s in splits) for name in splits[0]}
 
     @cached_property
+    def mfu_errors(self) -> int:
+        """Runs whose MFU came out above 100% (a wrong peak), which are never shown as a figure."""
+        return sum(1 for r in self.ok_runs if r.figures is not None and r.figures.mfu_error)
+
+    @property
     def contended_runs(self) -> int:
         """Successful runs whose host was busy while they ran (their figures understate the system)."""
         return sum(1 for r in self.ok_runs if r.figures is not None and r.figures.contended)

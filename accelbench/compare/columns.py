@@ -71,7 +71,9 @@ def fmt_significant(spread: Spread | None) -> str:
 def fmt_mfu(cell: Cell) -> str:
     if not cell.ok_runs:
         return "-"
-    return "unknown" if cell.mfu is None else f"{cell.mfu.median:.1%}"
+    if cell.mfu is None:
+        return "error: >100%" if cell.mfu_errors else "unknown"
+    return f"{cell.mfu.median:.1%}"
 
 
 def fmt_epoch(cell: Cell) -> str:

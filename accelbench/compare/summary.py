@@ -126,6 +126,7 @@ class _Epoch(_View):
 
 class _Steady(_View):
     mfu: float | None
+    mfu_error: str | None = None
     megatron_tflops_per_device: float | None = None
 
 
@@ -203,6 +204,14 @@ class SystemFacts:
     accelbench: str
 
 
+def _mfu(steady: _Steady | None) -> float | None:
+    """A record's MFU as a figure: above 100% (a record written before accelbench refused such values) it is the
+    wrong peak, not a measurement, and is left out like an error."""
+    if steady is None or steady.mfu is None or steady.mfu > 1.0:
+        return None
+    return steady.mfu
+
+
 @dataclass(frozen=True, slots=True)
 class RunFigures:
     """A run's measurements, as compare pools them: every steady epoch (after the warm-up) is one measurement."""
@@ -215,6 +224,7 @@ class RunFigures:
     mfu: float | None
     compile_s: float | None
     warmup_s: float | None
+    mfu_error: bool = False  # MFU above 100%: the record's peak was wrong; never shown as a figure
     contended: bool = False  # the host was busy while it ran: its figures understate the system
     megatron_tflops_per_device: float | None = None  # achieved TFLOP/s per device, Megatron's count
     bubble: float | None = None  # a pipeline's measured idle fraction (executor.pipeline.bubble)
@@ -307,7 +317,10 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             tokens_per_s=tuple(e.tokens_per_s for e in steady),
             joules_per_sample=tuple(e.joules_per_sample for e in steady),
             peak_memory_bytes=metrics.peak_memory_max_bytes,
-            mfu=metrics.steady.mfu if metrics.steady else None,
+            mfu=_mfu(metrics.steady),
+            mfu_error=_mfu(metrics.steady) is None
+            and metrics.steady is not None
+            and (metrics.steady.mfu_error is not None or (metrics.steady.mfu or 0) > 1),
             compile_s=metrics.compile_s,
             warmup_s=metrics.warmup.wall_s if metrics.warmup else None,
             contended=bool(metrics.host and metrics.host.contended),

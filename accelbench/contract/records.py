@@ -99,6 +99,14 @@ class PeakFigures(_Record):
     source: str = Field(
         description="Where the figure comes from: 'vendor table: H100 SXM', 'user (--peak-tflops)'."
     )
+    table_version: str | None = Field(
+        default=None, description="The version of the plugin's peak table the figure was read from."
+    )
+    conditions: dict[str, str] = Field(
+        default_factory=dict,
+        description="What the device ran under beside the peak, where its plugin reads them (e.g. the enforced "
+        "power limit and the maximum SM clock): a capped or down-clocked part cannot reach a datasheet peak.",
+    )
 
 
 def allocator_memory(

@@ -169,6 +169,44 @@ def epoch_energy(epoch: int, logs: list[RankLog]) -> float | None:
     return sum(by_domain.values()) if by_domain else None
 
 
+# What every record's FLOPs are (Metrics.flop_convention): the workload's formula gives the rest (its flops_formula)
+FLOP_CONVENTION = (
+    "model FLOPs per sample, training = forward + backward (3x the forward), 2 FLOPs a multiply-add, matmuls and "
+    "attention only (norms, activations and the optimizer not counted), whatever the run recomputes or pads left out; "
+    "MFU = achieved / (dense peak of the math that ran x devices)"
+)
+
+
+def model_flops_utilisation(
+    achieved: float, peak: PeakFigures | None, devices: int
+) -> tuple[float | None, str | None]:
+    """MFU and, where it cannot be a figure, why: above 100% the peak is not this device's for the math that ran
+    (a sparse figure, another device's, or the FLOPs overcounted), so it is an error in the record, never a value."""
+    if peak is None or peak.flops_per_s <= 0:
+        return None, None
+    mfu = achieved / (peak.flops_per_s * devices)
+    if mfu > 1.0:
+        return None, (
+            f"MFU came out at {mfu:.0%}, above 100%: {achieved / devices / 1e12:.4g} TFLOP/s achieved per device "
+            f"against a peak of {peak.flops_per_s / 1e12:.4g} TFLOP/s ({peak.source}); that peak cannot be this "
+            "device's for the math that ran. Give the right one with --peak-tflops, or check the workload's FLOPs"
+        )
+    return mfu, None
+
+
+def flop_weighted_peak(flops_by_math: dict[str, float], peaks: dict[str, float]) -> float:
+    """The peak of a step whose operators run in several maths (e.g. FP8 linears beside BF16 attention): the rate
+    at which the step's FLOPs would run if each math ran at its own peak, sum(F) / sum(F_m / P_m). A math with FLOPs
+    and no peak has no answer: KeyError naming it (MFU is then unknown, never against another math's peak)."""
+    total = sum(flops_by_math.values())
+    if total <= 0:
+        raise ValueError("no FLOPs to weigh")
+    missing = [math for math, flops in flops_by_math.items() if flops > 0 and not peaks.get(math)]
+    if missing:
+        raise KeyError(f"no peak for math {', '.join(missing)}")
+    return total / sum(flops / peaks[math] for math, flops in flops_by_math.items() if flops > 0)
+
+
 def build_metrics(
     logs: list[RankLog],
     work: WorkCounts,
@@ -189,6 +227,7 @@ def build_metrics(
         walls = [e.wall_s for e in later]
         samples_per_s = statistics.median(e.samples_per_s for e in later)
         achieved = samples_per_s * work.flops_per_sample
+        mfu, mfu_error = model_flops_utilisation(achieved, peak, devices)
         per_sample = [e.joules_per_sample for e in later if e.joules_per_sample is not None]
         joules = statistics.median(per_sample) if len(per_sample) == len(later) else None  # unknown if any is
         steady = SteadyState(
@@ -199,7 +238,8 @@ def build_metrics(
             samples_per_s=samples_per_s,
             tokens_per_s=samples_per_s * work.tokens_per_sample,
             achieved_flops_per_s=achieved,
-            mfu=achieved / (peak.flops_per_s * devices) if peak else None,
+            mfu=mfu,
+            mfu_error=mfu_error,
             joules_per_sample=joules,
             samples_per_joule=1.0 / joules if joules else None,
             megatron_tflops_per_device=samples_per_s * work.megatron_flops_per_sample / devices / 1e12
@@ -231,6 +271,7 @@ def build_metrics(
         stragglers=find_stragglers(logs),
         flops_per_sample=work.flops_per_sample,
         flops_formula=work.flops_formula,
+        flop_convention=FLOP_CONVENTION,
         megatron_flops_per_sample=work.megatron_flops_per_sample,
         peak=peak,
         energy_source=next((log.energy_source for log in logs if log.energy_source), None),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.notes import Notes
 from accelbench.estimate.parallel import TransformerShape, activation_bytes_per_layer
+from accelbench.estimate.stack import dropout_mask_bytes
 from accelbench.estimate.state import StateBytes
 
 
@@ -30,6 +31,9 @@ def activation_bytes(
     notes: Notes,
     tp: int = 1,
     sequence_parallel: bool = False,
+    *,
+    device_type: str = "cuda",
+    checkpointing: bool = False,
 ) -> float | None:
     """Activations one device keeps at the end of forward (its layers, for one microbatch of ``micro_batch``).
 
@@ -38,11 +42,19 @@ def activation_bytes(
 
     - the ``34 s b h`` part always; under autocast ``+ 4 s b h``, since both norms' inputs (the residual stream)
       stay fp32 where Korthikanti counts 16 bits;
+    - its two dropout masks (1 byte each in Korthikanti's count, fused dropout's bool mask) at the width the device
+      keeps them: torch's CPU dropout multiplies by a noise tensor of the activation's type
+      (:func:`accelbench.estimate.stack.dropout_mask_bytes`);
+    - on a CPU under autocast, attention's inputs q, k and v in fp32 (CPU autocast runs
+      scaled_dot_product_attention in fp32, so it keeps fp32 copies: 12 bytes ``s b h``, not Korthikanti's 6);
     - the ``a s^2`` part only where attention keeps its scores: not with fused attention (flash, memory-efficient
       SDPA), which recomputes them; with torch's math path (a CPU with dropout) 12 bytes a score, not 5 (see
       :data:`MATH_ATTENTION_BYTES_PER_SCORE`);
-    - around the layers (Korthikanti's first and last stages): the embedding dropout mask ``s b h``, the final
-      norm's and output layer's inputs ``4 s b h`` (16-bit) and the fp32 logits ``4 s b V``.
+    - around the layers (Korthikanti's first and last stages): the embedding dropout's mask, the final norm's and
+      output layer's inputs ``4 s b h`` (16-bit) and the fp32 log-probabilities ``4 s b V``.
+
+    With activation checkpointing each layer keeps only its input (the residual stream, fp32 under autocast) and
+    one layer's activations are rebuilt at a time in backward (counted in :func:`backward_transient_bytes`).
     """
     shape = facts.transformer
     if shape is None:
@@ -51,9 +63,36 @@ def activation_bytes(
         )
         return None
     s, h, v, b = shape.sequence, shape.hidden, shape.vocab, micro_batch
-    per_layer = layer_activation_bytes(shape, b, state, keeps_scores, tp, sequence_parallel)
-    note_activations(state, keeps_scores, notes)
-    outside = s * b * h * (1 + 4 * state.activation / 2) + 4 * s * b * v
+    mask = dropout_mask_bytes(device_type, state.activation)
+    if checkpointing:
+        residual = 4 if state.autocast_copy else state.activation
+        per_layer = s * b * h * residual / (tp if sequence_parallel else 1)
+        notes.assume(
+            "activation checkpointing: each layer keeps its input (the residual stream) and rebuilds the rest in "
+            "backward, one layer at a time"
+        )
+    else:
+        per_layer = layer_activation_bytes(
+            shape,
+            b,
+            state,
+            keeps_scores,
+            tp,
+            sequence_parallel,
+            device_type=device_type,
+            dropout=facts.dropout > 0,
+        )
+        note_activations(state, keeps_scores, notes)
+    if facts.dropout > 0:
+        notes.assume(
+            f"dropout masks: {mask} byte(s) a value ("
+            + (
+                "torch's fused dropout keeps a bool mask)"
+                if mask == 1
+                else "torch multiplies by a noise tensor of the activation's type; Korthikanti counts 1 byte)"
+            )
+        )
+    outside = s * b * h * (mask * (facts.dropout > 0) + 4 * state.activation / 2) + 4 * s * b * v
     return per_layer * shape.layers + outside
 
 
@@ -64,15 +103,49 @@ def layer_activation_bytes(
     keeps_scores: bool,
     tp: int = 1,
     sequence_parallel: bool = False,
+    *,
+    device_type: str = "cuda",
+    dropout: bool = True,
 ) -> float:
-    """One layer's activations for one microbatch (see :func:`activation_bytes`)."""
+    """One layer's activations for one microbatch (see :func:`activation_bytes`); without ``dropout`` no masks."""
     s, h, a, b = shape.sequence, shape.hidden, shape.heads, micro_batch
+    split = tp if sequence_parallel else 1
     per_layer = activation_bytes_per_layer(b, s, h, 0, tp, sequence_parallel, state.activation)
+    # Korthikanti's two 1-byte dropout masks (scaled with the width above) at the width the device keeps them
+    mask = dropout_mask_bytes(device_type, state.activation) if dropout else 0
+    per_layer += 2 * s * b * h * (mask - state.activation / 2) / split
     if state.autocast_copy:
-        per_layer += 4 * s * b * h / (tp if sequence_parallel else 1)
+        per_layer += 4 * s * b * h / split
+        if device_type == "cpu":  # q, k, v cast to fp32 for CPU autocast's fp32 attention: 12 bytes, not 6
+            per_layer += 6 * s * b * h / tp
     if keeps_scores:
         per_layer += MATH_ATTENTION_BYTES_PER_SCORE * a * s * s * b / tp
     return per_layer
+
+
+def backward_transient_bytes(
+    facts: WorkloadFacts,
+    micro_batch: int,
+    state: StateBytes,
+    keeps_scores: bool,
+    *,
+    device_type: str = "cuda",
+    checkpointing: bool = False,
+    tp: int = 1,
+) -> float:
+    """What the start of backward holds beside the activations: the cross-entropy's gradients with respect to the
+    log-probabilities and to the logits, fp32 ``4 s b V`` each, and with activation checkpointing the last layer's
+    activations rebuilt (one layer at a time)."""
+    shape = facts.transformer
+    if shape is None:
+        return 0.0
+    s, b = shape.sequence, micro_batch
+    loss = 2 * 4 * s * b * shape.vocab / tp
+    if checkpointing:
+        loss += layer_activation_bytes(
+            shape, b, state, keeps_scores, tp, device_type=device_type, dropout=facts.dropout > 0
+        )
+    return loss
 
 
 def note_activations(state: StateBytes, keeps_scores: bool, notes: Notes) -> None:

@@ -101,3 +101,58 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --scale-to: start from this result record's measured step time (a record of this configuration)",
     )
     group.add_argument("--json", action="store_true", help="print the prediction as JSON on stdout")
+    stack = parser.add_argument_group(
+        "the training stack predicted for (memory: where stacks differ; default: what `accelbench run` does here)"
+    )
+    stack.add_argument(
+        "--attention",
+        choices=("auto", "keeps-scores", "drops-scores"),
+        default="auto",
+        help="whether attention keeps its a*s^2 scores for backward: keeps-scores (the math path, an explicit "
+        "softmax as minGPT's), drops-scores (flash / memory-efficient kernels); auto: what torch's SDPA picks on "
+        "the device (default)",
+    )
+    stack.add_argument(
+        "--optimizer-kernels",
+        choices=("fused", "foreach", "plain"),
+        help="AdamW's kernels: foreach holds a temporary the size of the parameters while stepping (torch's "
+        "default where fused=True is not asked); default: the backend's choice (fused on CPUs and GPUs)",
+    )
+    stack.add_argument(
+        "--ddp-bucket-view",
+        choices=("on", "off"),
+        default="on",
+        help="DDP's gradient_as_bucket_view; off: the buckets are a second copy of the gradients (default: on, "
+        "as accelbench runs DDP)",
+    )
+    stack.add_argument(
+        "--ds-reduce-bucket",
+        type=int,
+        metavar="ELEMENTS",
+        help="DeepSpeed's reduce_bucket_size (default 5e8)",
+    )
+    stack.add_argument(
+        "--ds-allgather-bucket",
+        type=int,
+        metavar="ELEMENTS",
+        help="DeepSpeed's allgather_bucket_size (default 5e8)",
+    )
+    stack.add_argument(
+        "--ds-prefetch-bucket",
+        type=int,
+        metavar="ELEMENTS",
+        help="DeepSpeed's stage3_prefetch_bucket_size (default 5e7)",
+    )
+    stack.add_argument(
+        "--fsdp-param-dtype",
+        choices=("fp32", "bf16", "fp16"),
+        help="FSDP2's MixedPrecisionPolicy param_dtype: what units are gathered and computed in (default: the "
+        "run's parameter dtype, as accelbench's FSDP runs)",
+    )
+    stack.add_argument(
+        "--activation-checkpointing",
+        choices=("on", "off"),
+        default="off",
+        help="each transformer layer keeps only its input and recomputes the rest in backward (default: off, as "
+        "accelbench runs)",
+    )

@@ -32,12 +32,23 @@ if TYPE_CHECKING:
 
 def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) -> int:
     """Run ``accelbench estimate`` for ``config`` (built from the run flags) and ``args`` (the estimate flags)."""
-    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict, predict_scaling
     from accelbench.plugins import get_host
 
     check_estimate_flags(args)
+    from accelbench.estimate.stack import stack_from_flags
+
+    stack = stack_from_flags(
+        attention=args.attention,
+        optimizer=args.optimizer_kernels,
+        ddp_bucket_view=args.ddp_bucket_view,
+        ds_reduce_bucket=args.ds_reduce_bucket,
+        ds_allgather_bucket=args.ds_allgather_bucket,
+        ds_prefetch_bucket=args.ds_prefetch_bucket,
+        fsdp_param_dtype=args.fsdp_param_dtype,
+        activation_checkpointing=args.activation_checkpointing,
+    )
     host = get_host()
     config = host.resolve(config)
     workload = host.workload(config.workload)
@@ -45,15 +56,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         from accelbench.engine.parallel.mesh import check_model_split
 
         check_model_split(config, workload.units(config), config.workload)
-    bandwidth: Bandwidth | None = None
-    if args.comm:
-        _check_comm_records(args.comm)
-        bandwidth = load_bus_bandwidth(args.comm)
-        _check_samples(bandwidth)
-    elif args.bus_bandwidth is not None:
-        bandwidth = BusBandwidth.constant(
-            args.bus_bandwidth * 1e9, f"given: --bus-bandwidth {args.bus_bandwidth:g} GB/s"
-        )
+    bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
     target = _target(host, config, args)
     try:
         facts = meta_facts(workload, config)
@@ -80,7 +83,9 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         calibrated = {"calibration": target.calibration, "operators": operators}
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
-        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, **common, **calibrated)
+        prediction = predict(
+            config, facts, runtime_bytes=args.runtime_mib * 2**20, stack=stack, **common, **calibrated
+        )
         scaling: list[ScalingPrediction] = [
             predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
             for n in args.scale_to or ()
@@ -152,18 +157,37 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
         )
     if args.refresh_peak and not args.measure_peak:
         raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
-    if args.refresh_calibration and not args.calibrate:
+    # the calibration flags are estimate's own: a command sharing these checks (plan) may not have them
+    calibrate = getattr(args, "calibrate", False)
+    from_profile = getattr(args, "from_profile", None)
+    if getattr(args, "refresh_calibration", False) and not calibrate:
         raise ConfigError("--refresh-calibration measures the calibration again: give it with --calibrate")
-    if args.from_profile is not None and not args.calibrate:
+    if from_profile is not None and not calibrate:
         raise ConfigError(
-            f"--from-profile {args.from_profile}: refines the calibrated step time; give --calibrate as well"
+            f"--from-profile {from_profile}: refines the calibrated step time; give --calibrate as well"
         )
-    if args.calibrate and args.estimate_device:
+    if calibrate and getattr(args, "estimate_device", None):
         raise ConfigError(
             f"--calibrate measures this machine's device; it cannot predict for --device {args.estimate_device} "
             "(a calibration is of the device it was measured on): drop --device to predict for the device here, "
             "or drop --calibrate to predict for that device at --efficiency"
         )
+
+
+def resolve_bandwidth(comm: list[Path] | None, bus_bandwidth: float | None) -> Bandwidth | None:
+    """The collectives' bus bandwidth from ``--comm`` records (checked: figures no measurement gives are refused,
+    naming the file) or one ``--bus-bandwidth`` figure in GB/s; None without either (communication time unknown).
+    Shared by ``estimate`` and ``plan``; the flags are checked first (:func:`check_estimate_flags`)."""
+    from accelbench.estimate.comm import BusBandwidth, load_bus_bandwidth
+
+    if comm:
+        _check_comm_records(comm)
+        bandwidth = load_bus_bandwidth(comm)
+        _check_samples(bandwidth)
+        return bandwidth
+    if bus_bandwidth is not None:
+        return BusBandwidth.constant(bus_bandwidth * 1e9, f"given: --bus-bandwidth {bus_bandwidth:g} GB/s")
+    return None
 
 
 def _check_comm_records(paths: list[Path]) -> None:
@@ -215,7 +239,11 @@ def _first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _Target:
+class Target:
+    """The device a prediction is for: its type ('cuda', 'cpu', ...), its description (name, memory), its peak for
+    the run's precision, the peaks measured by ``--measure-peak`` (by precision), what was assumed in finding them,
+    and the precision plan (the matmul math)."""
+
     def __init__(
         self,
         device_type: str,
@@ -238,25 +266,50 @@ class _Target:
         self.calibration, self.kernels = calibration, kernels
 
 
-def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _Target:
-    """The device predicted for, its peak for the run's precision, and any measured peaks."""
+def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Target:
+    """The device predicted for, from the estimate flags (:func:`resolve_target`)."""
+    return resolve_target(
+        host,
+        config,
+        device_name=args.estimate_device,
+        measure_peak=args.measure_peak,
+        refresh_peak=args.refresh_peak,
+        calibrate=args.calibrate,
+        refresh_calibration=args.refresh_calibration,
+    )
+
+
+def resolve_target(
+    host: PluginHost,
+    config: RunConfig,
+    *,
+    device_name: str | None = None,
+    measure_peak: bool = False,
+    refresh_peak: bool = False,
+    calibrate: bool = False,
+    refresh_calibration: bool = False,
+) -> Target:
+    """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
+    backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
+    with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures).
+    Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
-    if args.estimate_device:
-        if args.measure_peak:
+    if device_name:
+        if measure_peak:
             raise ConfigError(
                 "--measure-peak times the device here; it cannot be combined with --device NAME"
             )
         from accelbench.estimate.catalog import find_device
 
-        known = find_device(host, args.estimate_device)
+        known = find_device(host, device_name)
         # the run options as a run on that device would check them: another backend's option is refused here
         config = host.check_backend_options(config, known.backend)
         plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
         notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
         notes += [note] if note else [_plan_note(known.backend.name, plan)]
         peak = known.backend.peak_figures(known.device, plan)
-        return _Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
+        return Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
@@ -280,8 +333,8 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
                      "process(es) gets")  # fmt: skip
     peak = backend.peak_figures(device, plan)
     measured: dict[str, PeakFigures] = {}
-    if args.measure_peak:
-        measured = _measure(backend, config, kind, device, args.refresh_peak)
+    if measure_peak:
+        measured = _measure(backend, config, kind, device, refresh_peak)
         mine = measured.get(config.precision)
         if mine is not None:
             if peak is not None:
@@ -296,11 +349,11 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> _T
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
     calibration = None
-    if getattr(args, "calibrate", False):  # a command sharing _target without the flag does not calibrate
-        calibration = _calibration(backend, config, kind, device, plan, args.refresh_calibration)
+    if calibrate:
+        calibration = _calibration(backend, config, kind, device, plan, refresh_calibration)
         notes += calibration.notes
     kernels = backend.optimizer_implementation(kind)
-    return _Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
+    return Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
 
 
 def _calibration(
@@ -502,17 +555,33 @@ def show(prediction: Prediction, out: Console) -> None:
         ("gradients", m.gradients_bytes),
         ("optimizer state (AdamW)", m.optimizer_bytes),
         ("activations", m.activations_bytes),
-        ("transient (gathered, copies, buckets)", m.transient_bytes),
+        ("transient while computing (gathered, copies)", m.transient_bytes),
+        ("buffers (DeepSpeed bucket, DDP buckets)", m.buffer_bytes),
+        ("start of backward (loss gradients)", m.backward_transient_bytes),
+        ("optimizer step temporaries", m.optimizer_transient_bytes),
         ("runtime (given)", m.runtime_bytes),
     ]
     total = p.peak_memory_bytes
+    optional = (
+        "fp32 master weights",
+        "runtime (given)",
+        "buffers (DeepSpeed bucket, DDP buckets)",
+        "optimizer step temporaries",
+    )
     for kind, value in rows:
-        if value == 0.0 and kind in ("fp32 master weights", "runtime (given)"):
+        if value == 0.0 and kind in optional:
             continue
         share = f"{value / total:.0%}" if value is not None and total else ""
         memory.add_row(kind, fmt_bytes(value), share)
-    memory.add_row("[bold]total[/]", f"[bold]{fmt_bytes(total)}[/]", "")
+    if p.phase_bytes:  # the peak is the largest phase, not the rows' sum
+        for phase, value in p.phase_bytes.items():
+            mark = " (the peak)" if phase == p.peak_phase else ""
+            memory.add_row(f"during {phase}{mark}", fmt_bytes(value + m.runtime_bytes), "")
+    memory.add_row("[bold]peak[/]", f"[bold]{fmt_bytes(total)}[/]", "")
     out.print(memory)
+    if p.stack:
+        chosen = ", ".join(f"{key}={value}" for key, value in p.stack.items())
+        out.print(f"stack: {escape(chosen)}", highlight=False, soft_wrap=True)
     verdict = {True: "[green]fits[/]", False: "[bold red]predicted out of memory[/]", None: "fit unknown"}[
         p.fits
     ]

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 from accelbench.config import RunConfig
 from accelbench.contract.strategies import Strategy
 from accelbench.errors import ConfigError
-from accelbench.estimate.activations import attention_keeps_scores
 from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Bandwidth, Hardware
@@ -45,6 +44,7 @@ from accelbench.estimate.schema import (
     ScalingPrediction,
 )
 from accelbench.estimate.shape import MODEL_PARALLEL, STRATEGIES, RunShape, model_ranks
+from accelbench.estimate.stack import Stack
 from accelbench.estimate.state import state_bytes
 from accelbench.estimate.step_time import (
     Overlap,
@@ -83,10 +83,15 @@ def predict_step(
     efficiency: float = DEFAULT_EFFICIENCY,
     overlap: Overlap = "auto",
     runtime_bytes: float = 0.0,
+    stack: Stack | None = None,
     calibration: Calibration | None = None,
     operators: StepOperators | None = None,
 ) -> Prediction:
     """The prediction for one configuration on one kind of device (see the module's docstring for conventions).
+
+    ``stack`` describes the implementation where training stacks differ (:class:`~accelbench.estimate.stack.Stack`:
+    attention kernel, optimizer kernels, DDP's bucket view, DeepSpeed's buckets, FSDP's parameter dtype, activation
+    checkpointing); by default what ``accelbench run`` does on the device type. The prediction records it.
 
     With a ``calibration`` of the device and the step's traced ``operators`` the compute and optimizer times are
     the calibrated ones (:func:`~accelbench.estimate.step_time.calibrated_times`); without, FLOPs over the peak
@@ -115,13 +120,24 @@ def predict_step(
             f"--batch-size {layout.batch_size} is not divisible by --grad-accum {layout.grad_accum}"
         )
     notes = Notes()
+    stack = stack or Stack()
     state = state_bytes(layout.precision, layout.strategy)
-    keeps_scores = attention_keeps_scores(hardware.device_type, facts.dropout)
+    keeps_scores = stack.keeps_scores(hardware.device_type, facts.dropout)
     if layout.strategy in MODEL_PARALLEL:
-        memory, comm, flops, bubble = model_parallel_breakdown(facts, layout, state, keeps_scores, notes)
+        memory, comm, flops, bubble = model_parallel_breakdown(
+            facts, layout, state, keeps_scores, notes, device_type=hardware.device_type, stack=stack
+        )
     else:
-        memory, comm = data_parallel_breakdown(facts, layout, state, keeps_scores, hardware, notes)
+        memory, comm = data_parallel_breakdown(facts, layout, state, keeps_scores, hardware, notes, stack)
         flops, bubble = facts.flops_per_sample * layout.batch_size, 0.0
+        if stack.activation_checkpointing and facts.megatron_flops_per_sample:
+            # one more forward pass of the layers: Megatron's count with recomputation over the one without
+            recomputed = facts.megatron_recompute_flops_per_sample or facts.megatron_flops_per_sample
+            flops *= recomputed / facts.megatron_flops_per_sample
+            notes.assume(
+                "activation checkpointing recomputes each layer's forward in backward: FLOPs x "
+                f"{recomputed / facts.megatron_flops_per_sample:.3f} (Megatron's counts)"
+            )
     memory = memory.model_copy(update={"runtime_bytes": float(runtime_bytes)})
     if runtime_bytes:
         notes.assume(f"runtime held before the model: {runtime_bytes / 2**20:.0f} MiB (given)")
@@ -173,6 +189,9 @@ def predict_step(
         megatron_recompute_flops_per_step=recompute,
         memory=memory,
         peak_memory_bytes=total,
+        phase_bytes=memory.phases(),
+        peak_phase=memory.peak_phase,
+        stack=stack.described(hardware.device_type, facts.dropout),
         fits=fits,
         comm=comm,
         comm_bytes_per_step=sum(op.bus_bytes for op in comm),
@@ -219,6 +238,7 @@ def predict(
     efficiency: float = DEFAULT_EFFICIENCY,
     overlap: Overlap = "auto",
     runtime_bytes: float = 0.0,
+    stack: Stack | None = None,
     calibration: Calibration | None = None,
     operators: StepOperators | None = None,
 ) -> Prediction:
@@ -253,6 +273,7 @@ def predict(
         efficiency=efficiency,
         overlap=overlap,
         runtime_bytes=runtime_bytes,
+        stack=stack,
         calibration=calibration,
         operators=operators,
     )

@@ -41,8 +41,23 @@ class MemoryBreakdown(_Model):
         description="Activations kept for backward at the end of forward (transformers: Korthikanti et al.)."
     )
     transient_bytes: float = Field(
-        description="Live while computing: full parameters gathered by FSDP/ZeRO-3, autocast's 16-bit weight "
-        "copies, DeepSpeed's gradient bucket."
+        description="Live while computing (forward and backward): full parameters gathered by FSDP/ZeRO-3, "
+        "autocast's 16-bit weight copies."
+    )
+    buffer_bytes: float = Field(
+        default=0.0,
+        description="Buffers held for the whole step beside the state: DeepSpeed's gradient bucket, DDP's buckets "
+        "when they are not the gradients (gradient_as_bucket_view off).",
+    )
+    backward_transient_bytes: float = Field(
+        default=0.0,
+        description="Live at the start of backward beside the activations: the loss's gradients with respect to "
+        "the log-probabilities and the logits (fp32).",
+    )
+    optimizer_transient_bytes: float = Field(
+        default=0.0,
+        description="Live during the optimizer step beside the state: foreach AdamW's temporary the size of the "
+        "parameters it steps, a plain loop's one tensor's, none for fused kernels.",
     )
     runtime_bytes: float = Field(
         default=0.0,
@@ -57,22 +72,42 @@ class MemoryBreakdown(_Model):
         "activations are freed, and the peak holds the larger of the two, not both.",
     )
 
-    @property
-    def total_bytes(self) -> float | None:
+    def phases(self) -> dict[str, float] | None:
+        """Tensor memory (the runtime left out) at the high point of each phase of a step; the peak is the largest.
+
+        - ``forward``: the state (weights, master copy, moments, buffers), the gradients where they persist, the
+          activations kept for backward and the compute transients (gathered parameters, autocast copies);
+        - ``backward``: from its start (the activations and the loss's gradients) while the gradients are made and
+          the activations freed: where the gradients are freed each step the two trade places and the high point
+          holds the larger, else both;
+        - ``optimizer``: the state, every gradient and the optimizer's temporaries.
+        """
         if self.activations_bytes is None:
             return None
-        if self.gradients_freed_each_step:
-            backward = max(self.gradients_bytes, self.activations_bytes)
-        else:
-            backward = self.gradients_bytes + self.activations_bytes
-        return (
-            self.weights_bytes
-            + self.master_weights_bytes
-            + self.optimizer_bytes
-            + backward
-            + self.transient_bytes
-            + self.runtime_bytes
+        state = self.weights_bytes + self.master_weights_bytes + self.optimizer_bytes + self.buffer_bytes
+        grads, acts = self.gradients_bytes, self.activations_bytes
+        persistent_grads = 0.0 if self.gradients_freed_each_step else grads
+        start_of_backward = acts + self.backward_transient_bytes
+        backward = (
+            max(start_of_backward, grads) if self.gradients_freed_each_step else grads + start_of_backward
         )
+        return {
+            "forward": state + persistent_grads + acts + self.transient_bytes,
+            "backward": state + backward + self.transient_bytes,
+            "optimizer": state + grads + self.optimizer_transient_bytes,
+        }
+
+    @property
+    def peak_phase(self) -> str | None:
+        """The phase whose high point is the peak (the first of equals, in step order)."""
+        phases = self.phases()
+        return None if phases is None else max(phases, key=lambda name: phases[name])
+
+    @property
+    def total_bytes(self) -> float | None:
+        """The peak: the largest phase's tensors, plus the runtime."""
+        phases = self.phases()
+        return None if phases is None else max(phases.values()) + self.runtime_bytes
 
 
 class CommOp(_Model):
@@ -150,7 +185,21 @@ class Prediction(_Model):
         + ".",
     )
     memory: MemoryBreakdown
-    peak_memory_bytes: float | None = Field(description="Sum of the breakdown; None when a part is unknown.")
+    peak_memory_bytes: float | None = Field(
+        description="The largest phase's tensor memory plus the runtime; None when a part is unknown."
+    )
+    phase_bytes: dict[str, float] | None = Field(
+        default=None,
+        description="Tensor memory at the high point of each phase of a step (forward, backward, optimizer), the "
+        "runtime left out (MemoryBreakdown.phases).",
+    )
+    peak_phase: str | None = Field(default=None, description="The phase whose high point is the peak.")
+    stack: dict[str, object] = Field(
+        default_factory=dict,
+        description="The implementation choices the memory model assumed (accelbench.estimate.stack.Stack, as "
+        "resolved for the device): attention kernel, optimizer kernels, DDP bucket view, DeepSpeed buckets, FSDP "
+        "parameter dtype, activation checkpointing, dropout masks.",
+    )
     fits: bool | None = Field(description="Whether the peak fits the device's memory; None when unknown.")
     comm: list[CommOp]
     comm_bytes_per_step: float = Field(

@@ -10,7 +10,12 @@ import math
 
 from accelbench.contract.strategies import Strategy
 from accelbench.errors import ConfigError
-from accelbench.estimate.activations import activation_bytes, layer_activation_bytes, note_activations
+from accelbench.estimate.activations import (
+    activation_bytes,
+    backward_transient_bytes,
+    layer_activation_bytes,
+    note_activations,
+)
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
@@ -23,14 +28,11 @@ from accelbench.estimate.parallel import (
 )
 from accelbench.estimate.schema import CommOp, MemoryBreakdown
 from accelbench.estimate.shape import RunShape
+from accelbench.estimate.stack import Stack
 from accelbench.estimate.state import StateBytes, element_type
 
 # torch DistributedDataParallel's default gradient bucket (bucket_cap_mb=25)
 DDP_BUCKET_BYTES = 25 * 2**20
-# DeepSpeed's ZeRO defaults (deepspeed/runtime/zero/config.py, read in DeepSpeed 0.19.8), in elements
-DS_REDUCE_BUCKET = 500_000_000  # reduce_bucket_size: the gradient bucket (allocated whole, filled as it goes)
-DS_ALLGATHER_BUCKET = 500_000_000  # allgather_bucket_size: parameter all-gather after the step (ZeRO-1/2)
-DS_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size: ZeRO-3 parameters fetched ahead of use
 DS_PERSISTENCE_THRESHOLD = (
     100_000  # stage3_param_persistence_threshold: smaller tensors stay whole on every rank
 )
@@ -46,15 +48,26 @@ def data_parallel_breakdown(
     keeps_scores: bool,
     hardware: Hardware,
     notes: Notes,
+    stack: Stack | None = None,
 ) -> tuple[MemoryBreakdown, list[CommOp]]:
     """Memory and collectives of one device under the data-parallel strategies, by ZeRO's partitioning (Rajbhandari
     et al. 2019; seed 001): single and DDP replicate everything; ZeRO-1 shards the optimizer state over the p ranks,
-    ZeRO-2 the gradients too, ZeRO-3 and FSDP the parameters too."""
+    ZeRO-2 the gradients too, ZeRO-3 and FSDP the parameters too. ``stack`` says what the run's implementation
+    does where stacks differ (default: what accelbench's own run does)."""
+    stack = stack or Stack()
     p, n = layout.devices, facts.stored_parameters
     strategy = layout.strategy
     micro = layout.batch_size // layout.grad_accum
-    activations = activation_bytes(facts, micro, state, keeps_scores, notes)
-    autocast = state.autocast_copy * facts.matmul_parameters
+    device_type = hardware.device_type
+    checkpointing = stack.activation_checkpointing
+    activations = activation_bytes(
+        facts, micro, state, keeps_scores, notes, device_type=device_type, checkpointing=checkpointing
+    )
+    start_of_backward = backward_transient_bytes(
+        facts, micro, state, keeps_scores, device_type=device_type, checkpointing=checkpointing
+    )
+    sixteen_bit_fsdp = strategy == Strategy.FSDP and stack.fsdp_param_dtype in ("bf16", "fp16")
+    autocast = 0 if sixteen_bit_fsdp else state.autocast_copy * facts.matmul_parameters
     if autocast:
         notes.assume(
             "autocast keeps a 16-bit copy of every linear weight from forward to backward (2 bytes x "
@@ -63,6 +76,7 @@ def data_parallel_breakdown(
     comm: list[CommOp] = []
     grad_total = n * state.grad
     if strategy in (Strategy.SINGLE, Strategy.DDP):
+        separate_buckets = strategy == Strategy.DDP and not stack.ddp_bucket_view
         memory = MemoryBreakdown(
             weights_bytes=n * state.param,
             master_weights_bytes=0.0,
@@ -70,8 +84,17 @@ def data_parallel_breakdown(
             optimizer_bytes=n * state.optimizer,
             activations_bytes=activations,
             transient_bytes=autocast,
+            buffer_bytes=grad_total if separate_buckets else 0.0,
+            backward_transient_bytes=start_of_backward,
+            optimizer_transient_bytes=optimizer_temporaries(
+                facts, state, stack, device_type, notes, shards=1
+            ),
             gradients_freed_each_step=strategy == Strategy.SINGLE,
         )
+        if separate_buckets:
+            notes.assume(
+                "DDP without gradient_as_bucket_view: its buckets are a second copy of the gradients, held throughout"
+            )
         if strategy == Strategy.DDP and p > 1:
             message = min(grad_total, DDP_BUCKET_BYTES)
             comm.append(
@@ -96,7 +119,13 @@ def data_parallel_breakdown(
     elif strategy == Strategy.FSDP:
         units = facts.unit_parameters or (n,)
         largest = max(units)
-        gathered = (facts.outer_parameters + 2 * largest) * state.param
+        gathered_width = 2 if sixteen_bit_fsdp else state.param
+        gathered = (facts.outer_parameters + 2 * largest) * gathered_width
+        if sixteen_bit_fsdp:
+            notes.assume(
+                f"FSDP gathers and computes in {stack.fsdp_param_dtype} (MixedPrecisionPolicy param_dtype): 2 bytes "
+                "a gathered parameter, no autocast copies"
+            )
         memory = MemoryBreakdown(
             weights_bytes=n * state.param / p,
             master_weights_bytes=0.0,
@@ -104,6 +133,10 @@ def data_parallel_breakdown(
             optimizer_bytes=n * state.optimizer / p,
             activations_bytes=activations,
             transient_bytes=gathered + autocast,
+            backward_transient_bytes=start_of_backward,
+            optimizer_transient_bytes=optimizer_temporaries(
+                facts, state, stack, device_type, notes, shards=p
+            ),
             gradients_freed_each_step=True,
         )
         notes.cite(
@@ -138,13 +171,48 @@ def data_parallel_breakdown(
                 ),
             ]
     else:
-        memory, comm = zero_breakdown(facts, layout, state, activations, hardware, notes)
+        memory, comm = zero_breakdown(facts, layout, state, activations, hardware, notes, stack)
+        memory = memory.model_copy(
+            update={
+                "backward_transient_bytes": start_of_backward,
+                "optimizer_transient_bytes": optimizer_temporaries(
+                    facts, state, stack, device_type, notes, shards=p
+                ),
+            }
+        )
     if p > 1:
         notes.cite(
             "communication: nccl-tests' bus bytes per device: all_reduce 2(p-1)/p S, all_gather and reduce_scatter "
             "(p-1)/p S (shared/notes/MEASUREMENT.md; seed 001's 4(1-1/p)P and 2(1-1/p)P for 2-byte values)"
         )
     return memory, comm
+
+
+def optimizer_temporaries(
+    facts: WorkloadFacts, state: StateBytes, stack: Stack, device_type: str, notes: Notes, *, shards: int
+) -> float:
+    """What AdamW allocates while it steps this device's 1/``shards`` of the parameters, beside the state
+    (torch.optim.adamw in torch 2.x): foreach kernels take the square root of every second moment into a new list
+    (``torch._foreach_sqrt``), one temporary the size of the parameters in the moments' type; a plain loop does the
+    same one tensor at a time; the fused kernel works in place."""
+    kernels = stack.optimizer_kernels(device_type)
+    moment = state.optimizer / 2  # bytes of one moment a parameter
+    if kernels == "fused":
+        temporaries = 0.0
+    elif kernels == "foreach":
+        temporaries = facts.stored_parameters * moment / shards
+    else:
+        temporaries = max(facts.tensor_sizes or (facts.stored_parameters,)) * moment
+    notes.assume(
+        f"AdamW runs {kernels} kernels"
+        + (
+            ""
+            if kernels == "fused"
+            else f": the step holds a temporary of {temporaries / 2**20:.1f} MiB (sqrt of the second moments) "
+            "beside every gradient"
+        )
+    )
+    return temporaries
 
 
 def zero_breakdown(
@@ -154,6 +222,7 @@ def zero_breakdown(
     activations: float | None,
     hardware: Hardware,
     notes: Notes,
+    stack: Stack | None = None,
 ) -> tuple[MemoryBreakdown, list[CommOp]]:
     """DeepSpeed ZeRO stages 1-3 as DeepSpeed 0.19.8 runs them with accelbench's config (its defaults).
 
@@ -168,19 +237,22 @@ def zero_breakdown(
     all-gathers the parameters in forward and again in backward and reduce-scatters the gradients (seed 001).
     Only ZeRO-3 overlaps them (``overlap_comm`` defaults to on for stage 3 alone).
     """
+    stack = stack or Stack()
+    reduce_bucket, prefetch_bucket = stack.ds_reduce_bucket, stack.ds_prefetch_bucket
+    allgather_bucket = stack.ds_allgather_bucket
     p, n = layout.devices, facts.stored_parameters
     stage = Strategy(layout.strategy).zero_stage
-    bucket_elements = DS_REDUCE_BUCKET if hardware.device_type != "cpu" else min(n, DS_REDUCE_BUCKET)
+    bucket_elements = reduce_bucket if hardware.device_type != "cpu" else min(n, reduce_bucket)
     bucket = bucket_elements * state.reduction
     if hardware.device_type == "cpu":
         notes.assume(
-            "DeepSpeed's gradient bucket (reduce_bucket_size, 5e8 elements) is resident on a CPU only as far as it "
-            "is written: at most the gradients"
+            f"DeepSpeed's gradient bucket (reduce_bucket_size, {reduce_bucket:.3g} elements) is resident on a CPU "
+            "only as far as it is written: at most the gradients"
         )
     else:
         notes.assume(
-            f"DeepSpeed allocates its gradient bucket whole: 5e8 elements x {state.reduction} bytes = "
-            f"{DS_REDUCE_BUCKET * state.reduction / 2**30:.1f} GiB, whatever the model's size"
+            f"DeepSpeed allocates its gradient bucket whole: {reduce_bucket:.3g} elements x {state.reduction} bytes "
+            f"= {reduce_bucket * state.reduction / 2**30:.1f} GiB, whatever the model's size"
         )
     fp32_grad_partition = 4 * n / p
     persistent = sum(t for t in facts.tensor_sizes if t < DS_PERSISTENCE_THRESHOLD) if stage == 3 else 0
@@ -188,7 +260,7 @@ def zero_breakdown(
     if stage == 3:
         weights = partitioned * state.param / p + persistent * state.param
         gradients = n * state.grad / p + fp32_grad_partition
-        gathered = float(min(partitioned, DS_PREFETCH_BUCKET + max(facts.tensor_sizes or (0,))) * state.param)
+        gathered = float(min(partitioned, prefetch_bucket + max(facts.tensor_sizes or (0,))) * state.param)
         if persistent:
             notes.assume(
                 f"ZeRO-3 keeps {persistent:,} parameters (tensors under 1e5 elements) whole on every rank"
@@ -203,7 +275,8 @@ def zero_breakdown(
         gradients_bytes=gradients,
         optimizer_bytes=state.optimizer * n / p,
         activations_bytes=activations,
-        transient_bytes=gathered + bucket,
+        transient_bytes=gathered,
+        buffer_bytes=bucket,
     )
     notes.cite(
         f"memory: ZeRO-{stage} (Rajbhandari et al. 2019) as DeepSpeed 0.19.8 runs it: fp32 master partition and "
@@ -214,7 +287,7 @@ def zero_breakdown(
         return memory, comm
     grad_total, param_total = n * state.grad, n * state.param
     if stage in (1, 2):
-        message = min(n, DS_REDUCE_BUCKET) * state.grad
+        message = min(n, reduce_bucket) * state.grad
         comm += [
             CommOp(
                 op="all_reduce",
@@ -233,8 +306,8 @@ def zero_breakdown(
                 axis="dp",
                 ranks=p,
                 what="updated parameter partitions, after the optimizer step",
-                count=math.ceil(n / DS_ALLGATHER_BUCKET),
-                message_bytes=min(n, DS_ALLGATHER_BUCKET) * state.param,
+                count=math.ceil(n / allgather_bucket),
+                message_bytes=min(n, allgather_bucket) * state.param,
                 bus_bytes=allgather_bytes(param_total, p),
                 overlappable=False,
             ),
@@ -262,8 +335,8 @@ def zero_breakdown(
                 axis="dp",
                 ranks=p,
                 what="gradients, in reduce_bucket_size buckets during backward",
-                count=math.ceil(n / DS_REDUCE_BUCKET),
-                message_bytes=min(n, DS_REDUCE_BUCKET) * state.grad,
+                count=math.ceil(n / reduce_bucket),
+                message_bytes=min(n, reduce_bucket) * state.grad,
                 bus_bytes=allgather_bytes(grad_total, p),
                 overlappable=True,
             )
@@ -275,7 +348,14 @@ def zero_breakdown(
 
 
 def model_parallel_breakdown(
-    facts: WorkloadFacts, layout: RunShape, state: StateBytes, keeps_scores: bool, notes: Notes
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    keeps_scores: bool,
+    notes: Notes,
+    *,
+    device_type: str = "cuda",
+    stack: Stack | None = None,
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
     """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate_parallel` (its memory for the first pipeline
     rank, its communication by axis), with this module's state widths; FLOPs per device are the replica's divided
@@ -299,9 +379,23 @@ def model_parallel_breakdown(
     theirs = activation_bytes_per_layer(
         micro, shape.sequence, shape.hidden, shape.heads, mesh.tp, mesh.sequence_parallel, state.activation
     )
-    mine = layer_activation_bytes(shape, micro, state, keeps_scores, mesh.tp, mesh.sequence_parallel)
+    mine = layer_activation_bytes(
+        shape,
+        micro,
+        state,
+        keeps_scores,
+        mesh.tp,
+        mesh.sequence_parallel,
+        device_type=device_type,
+        dropout=facts.dropout > 0,
+    )
     activations = result.activations_bytes * mine / theirs  # its layers and microbatches in flight, our count
     note_activations(state, keeps_scores, notes)
+    stack = stack or Stack()
+    if stack.activation_checkpointing:
+        notes.assume(
+            "activation checkpointing is not modelled for tp/pp/mesh: the layers' activations are kept"
+        )
     autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
     memory = MemoryBreakdown(
         weights_bytes=result.weights_bytes,
@@ -310,6 +404,19 @@ def model_parallel_breakdown(
         optimizer_bytes=result.optimizer_bytes,
         activations_bytes=activations,
         transient_bytes=autocast,
+        backward_transient_bytes=backward_transient_bytes(
+            facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp
+        )
+        if mesh.pp == 1
+        else 0.0,  # the loss is on the last stage; the first stage's memory is the one predicted
+        optimizer_transient_bytes=optimizer_temporaries(
+            facts,
+            state,
+            stack,
+            device_type,
+            notes,
+            shards=mesh.tp * mesh.pp * (mesh.dp if mesh.shards_parameters else 1),
+        ),
     )
     notes.cite(
         "tensor/pipeline parallelism: accelbench.estimate.parallel.estimate_parallel (memory of the first pipeline "

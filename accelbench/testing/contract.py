@@ -53,10 +53,13 @@ TINY_ARGS = ("--model", "custom", "--layers", "1", "--heads", "2", "--embd", "16
 WORKLOAD_TINY_ARGS: dict[str, tuple[str, ...]] = {
     "bert": ("--workload", "bert", "--model", "bert-tiny", "--seq-len", "16", "--batch-size", "8", "--dropout", "0",
              "--data-workers", "0"),
+    "llama": ("--workload", "llama", "--model", "llama-tiny", "--seq-len", "32", "--vocab-size", "512",
+              "--batch-size", "4"),
     **{name: ("--workload", name, "--image-size", "32", "--batch-size", "4", "--data-workers", "0")
        for name in ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")},
 }  # fmt: skip
 NEEDS_TORCHVISION = ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")
+NEEDS_TOKENIZERS = ("llama",)  # its subword tokenizer is trained with Hugging Face's tokenizers (the llama extra)
 
 NOT_PROVEN = (
     "NOT PROVEN"  # the start of every skip reason for a part of the contract this machine cannot check
@@ -402,10 +405,12 @@ class BackendContract:
     def test_short_training_run_of_each_workload(
         self, workload: str, contract_backend: Backend, contract_device: torch.device, tmp_path: Path
     ) -> None:
-        """BERT and the image models at tiny sizes train through this backend too (the image models need the
-        ``vision`` extra: they skip without torchvision)."""
+        """BERT, Llama and the image models at tiny sizes train through this backend too (the image models need
+        the ``vision`` extra, Llama the ``llama`` extra: they skip without torchvision or tokenizers)."""
         if workload in NEEDS_TORCHVISION and importlib.util.find_spec("torchvision") is None:
             pytest.skip("torchvision not installed (pip install 'accelbench[vision]')")
+        if workload in NEEDS_TOKENIZERS and importlib.util.find_spec("tokenizers") is None:
+            pytest.skip("tokenizers not installed (pip install 'accelbench[llama]')")
         precision = self._precision(contract_backend, contract_device)
         command = [sys.executable, "-m", "accelbench.cli", "run", "--backend", self.backend]
         command += [

@@ -53,6 +53,10 @@ def _from_nvml(ordinal: int, gpu: PhysicalGpu) -> DeviceInfo:
         details["compute_capability"] = f"{gpu.capability[0]}.{gpu.capability[1]}"
     if gpu.pci_bus_id:
         details["pci_bus_id"] = gpu.pci_bus_id
+    if gpu.power_limit_w is not None:
+        details["power_limit_w"] = f"{gpu.power_limit_w:g}"
+    if gpu.max_sm_clock_mhz is not None:
+        details["max_sm_clock_mhz"] = f"{gpu.max_sm_clock_mhz:g}"
     return DeviceInfo(
         index=ordinal,
         name=gpu.name,

@@ -59,6 +59,15 @@ def physical_gpus(pynvml: ModuleType) -> list[PhysicalGpu]:
                     pci_bus_id=_optional(
                         lambda h=handle: _text(pynvml.nvmlDeviceGetPciInfo(h).busId), pynvml
                     ),
+                    power_limit_w=_scaled(
+                        _optional(lambda h=handle: pynvml.nvmlDeviceGetEnforcedPowerLimit(h), pynvml), 1e-3
+                    ),
+                    max_sm_clock_mhz=_scaled(
+                        _optional(
+                            lambda h=handle: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM), pynvml
+                        ),
+                        1.0,
+                    ),
                 )
             )
         return gpus
@@ -66,6 +75,10 @@ def physical_gpus(pynvml: ModuleType) -> list[PhysicalGpu]:
         pynvml.NVMLError
     ) as exc:  # GPUs are there but NVML cannot read them: say so rather than "no device"
         raise BackendError(f"NVML failed while listing GPUs: {exc} (check `nvidia-smi`)") from exc
+
+
+def _scaled(value: Any, factor: float) -> float | None:
+    return None if value is None else float(value) * factor
 
 
 def _capability(pair: Any) -> tuple[int, int]:

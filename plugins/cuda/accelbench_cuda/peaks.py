@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 
 T = 1e12
+# Bumped whenever a figure changes, and recorded with every peak read from the table (PeakFigures.table_version)
+TABLE_VERSION = "2026.11-1"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class GpuPeaks:
     tf32: float | None
     fp32: float
     bandwidth: float
+    fp8: float | None = None  # dense FP8 tensor-core FLOP/s (Hopper on); None where the GPU has no FP8 math
 
 
 def _key(name: str) -> str:
@@ -49,9 +52,11 @@ TABLE: tuple[GpuPeaks, ...] = (
     GpuPeaks("A100 SXM4 80GB", _names("NVIDIA A100-SXM4-80GB"), 312 * T, 312 * T, 156 * T, 19.5 * T, 2039e9),
     GpuPeaks("A100 PCIe 40GB", _names("NVIDIA A100-PCIE-40GB"), 312 * T, 312 * T, 156 * T, 19.5 * T, 1555e9),
     GpuPeaks("A100 PCIe 80GB", _names("NVIDIA A100 80GB PCIe"), 312 * T, 312 * T, 156 * T, 19.5 * T, 1935e9),
-    GpuPeaks("H100 SXM5", _names("NVIDIA H100 80GB HBM3"), 989 * T, 989 * T, 495 * T, 67 * T, 3.35e12),
-    GpuPeaks("H100 PCIe", _names("NVIDIA H100 PCIe"), 756 * T, 756 * T, 378 * T, 51 * T, 2.0e12),
-    GpuPeaks("H200 SXM", _names("NVIDIA H200"), 989 * T, 989 * T, 495 * T, 67 * T, 4.8e12),
+    GpuPeaks(
+        "H100 SXM5", _names("NVIDIA H100 80GB HBM3"), 989 * T, 989 * T, 495 * T, 67 * T, 3.35e12, 1979 * T
+    ),
+    GpuPeaks("H100 PCIe", _names("NVIDIA H100 PCIe"), 756 * T, 756 * T, 378 * T, 51 * T, 2.0e12, 1513 * T),
+    GpuPeaks("H200 SXM", _names("NVIDIA H200"), 989 * T, 989 * T, 495 * T, 67 * T, 4.8e12, 1979 * T),
 )
 
 
@@ -89,9 +94,23 @@ def lookup(device_name: str) -> GpuPeaks | None:
     return next((entry for entry in TABLE if key in entry.names), None)
 
 
-def peak_for(device_name: str, plan: PrecisionPlan) -> PeakFigures | None:
+def peaks_by_math(device_name: str) -> dict[str, float]:
+    """Every dense peak the table has for a device, by math (fp32, tf32, bf16, fp16, fp8): what a run mixing maths
+    weighs by its FLOPs (:func:`accelbench.engine.metrics.flop_weighted_peak`). Empty for an unknown device."""
+    entry = lookup(device_name)
+    if entry is None:
+        return {}
+    maths = {"fp32": entry.fp32, "tf32": entry.tf32, "bf16": entry.bf16, "fp16": entry.fp16, "fp8": entry.fp8}
+    return {math: flops for math, flops in maths.items() if flops is not None}
+
+
+def peak_for(
+    device_name: str, plan: PrecisionPlan, details: dict[str, str] | None = None
+) -> PeakFigures | None:
     """The peak for the math ``plan`` really uses: bf16 or fp16 tensor cores for 16-bit plans, TF32 when the plan
-    records TF32 matmuls, IEEE fp32 otherwise. None when the device or that math is not in the table."""
+    records TF32 matmuls, IEEE fp32 otherwise. None when the device or that math is not in the table: never another
+    device's figure. ``details`` (detection's) give the conditions recorded beside it: the enforced power limit and
+    the maximum SM clock NVML reports."""
     entry = lookup(device_name)
     if entry is None:
         return None
@@ -110,4 +129,10 @@ def peak_for(device_name: str, plan: PrecisionPlan) -> PeakFigures | None:
         flops_per_s=flops,
         memory_bandwidth_bytes_per_s=entry.bandwidth,
         source=f"accelbench-cuda table: {entry.label}, {math}",
+        table_version=TABLE_VERSION,
+        conditions={
+            key: value
+            for key, value in (details or {}).items()
+            if key in ("power_limit_w", "max_sm_clock_mhz")
+        },
     )

@@ -172,7 +172,7 @@ class CudaBackend(Backend):
         return readings_with_energy(memory, window.close(pynvml), f"nvml:{window.uuid}", source)
 
     def peak_figures(self, device: DeviceInfo, precision: PrecisionPlan) -> PeakFigures | None:
-        return peaks.peak_for(device.name, precision)
+        return peaks.peak_for(device.name, precision, device.details)
 
     def known_devices(self) -> list[DeviceInfo]:
         return peaks.known_devices()

@@ -24,6 +24,10 @@ class PhysicalGpu:
     memory_bytes: int | None = None
     capability: tuple[int, int] | None = None
     pci_bus_id: str | None = None
+    power_limit_w: float | None = (
+        None  # the enforced power cap (NVML), which bounds the clocks a peak assumes
+    )
+    max_sm_clock_mhz: float | None = None
 
 
 def visible_gpus(value: str | None, gpus: Sequence[PhysicalGpu]) -> list[PhysicalGpu] | None:

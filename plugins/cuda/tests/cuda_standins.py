@@ -45,6 +45,8 @@ class FakeGpu:
     utilization_samples: list[tuple[int, int]] = field(default_factory=list)  # (timestamp in us, percent)
     temperature_c: int = 40
     clock_sm_mhz: int = 1410
+    max_clock_sm_mhz: int = 1410
+    power_limit_mw: int | None = 400_000  # None: NVML answers NOT_SUPPORTED (as for some boards)
 
 
 class NVMLError(Exception):
@@ -212,6 +214,15 @@ class FakeNvml:
         m.nvmlDeviceGetSamples = samples
         m.nvmlDeviceGetTemperature = lambda h, sensor: self._gpu(h).temperature_c
         m.nvmlDeviceGetClockInfo = lambda h, clock: self._gpu(h).clock_sm_mhz
+        m.nvmlDeviceGetMaxClockInfo = lambda h, clock: self._gpu(h).max_clock_sm_mhz
+
+        def power_limit(handle: _Handle) -> int:
+            gpu = self._gpu(handle)
+            if gpu.power_limit_mw is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return gpu.power_limit_mw
+
+        m.nvmlDeviceGetEnforcedPowerLimit = power_limit
         m.nvmlSystemGetDriverVersion = system_call("570.124.06")
         m.nvmlSystemGetCudaDriverVersion = system_call(12080)
         return m

@@ -60,3 +60,36 @@ def test_the_hook_answers_for_a_detected_device() -> None:
     peak = backend.peak_figures(device, plan("bf16-mixed"))
     assert (peak.flops_per_s, peak.memory_bandwidth_bytes_per_s) == (312e12, 1555e9)
     assert backend.peak_figures(DeviceInfo(index=0, name="NVIDIA GeForce RTX 4090"), plan("fp32")) is None
+
+
+def test_a_peak_carries_the_table_version_and_the_conditions_detection_read() -> None:
+    from accelbench_cuda.peaks import TABLE_VERSION, peaks_by_math
+
+    details = {"power_limit_w": "700", "max_sm_clock_mhz": "1980", "uuid": "GPU-x"}
+    peak = peak_for("NVIDIA H100 80GB HBM3", plan("bf16-mixed"), details)
+    assert peak is not None and peak.table_version == TABLE_VERSION
+    assert peak.conditions == {
+        "power_limit_w": "700",
+        "max_sm_clock_mhz": "1980",
+    }  # nothing else of detection's
+    # every math the table has, dense, for a run that mixes them; FP8 only where the GPU has it
+    assert peaks_by_math("NVIDIA H100 80GB HBM3")["fp8"] == 1979e12
+    assert "fp8" not in peaks_by_math("NVIDIA A100-SXM4-80GB")
+    assert peaks_by_math("NVIDIA H100 NVL") == {}  # unknown: nothing, never a neighbour's
+
+
+def test_detection_reads_the_power_limit_and_maximum_clock_where_nvml_has_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accelbench_cuda import detect
+    from cuda_standins import a100, install_gpus
+
+    capped = a100(0)
+    capped.power_limit_mw, capped.max_clock_sm_mhz = 250_000, 1410
+    unsupported = a100(1)
+    unsupported.power_limit_mw = None  # NVML answers NOT_SUPPORTED
+    install_gpus(monkeypatch, [capped, unsupported])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    first, second = detect.detect_devices()
+    assert first.details["power_limit_w"] == "250" and first.details["max_sm_clock_mhz"] == "1410"
+    assert "power_limit_w" not in second.details
