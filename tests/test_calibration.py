@@ -77,6 +77,10 @@ def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path)
     assert len(first.matmul) == 8 and all(
         p.best_flops_per_s >= p.median_flops_per_s > 0 for p in first.matmul
     )
+    largest = max(first.matmul, key=lambda p: p.m * p.n * p.k)
+    assert all(
+        p.best_flops_per_s <= largest.best_flops_per_s for p in first.matmul
+    )  # none beats the dense one
     assert all(p.best_bytes_per_s > 0 for p in first.stream)
     stored = json.loads((tmp_path / CACHE_FILE).read_text())
     assert list(stored) == [first.key] and f"{torch.get_num_threads()} thread(s)" in first.key

@@ -255,6 +255,7 @@ def calibrate(
             for n in matmul_sizes
             for k in matmul_sizes
         ]
+    matmul = _no_faster_than_the_largest(matmul)
     stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
     elementwise = {
         kind: _time_elementwise(device, synchronize, op, dispatch)
@@ -291,6 +292,28 @@ def calibrate(
     return calibration.model_copy(update={"notes": notes})
 
 
+def _no_faster_than_the_largest(points: list[MatmulPoint]) -> list[MatmulPoint]:
+    """Each dtype's rates capped at that of its largest product, whose dispatch is negligible: taking a small
+    product's dispatch out of its time leaves little, and a busy host's dispatch (timed apart) can leave too little,
+    so a small product would seem faster than the device's dense peak, which no product is."""
+    ceiling: dict[str, MatmulPoint] = {}
+    for p in points:
+        if (
+            p.dtype not in ceiling
+            or p.m * p.n * p.k > ceiling[p.dtype].m * ceiling[p.dtype].n * ceiling[p.dtype].k
+        ):
+            ceiling[p.dtype] = p
+    return [
+        p.model_copy(
+            update={
+                "best_flops_per_s": min(p.best_flops_per_s, ceiling[p.dtype].best_flops_per_s),
+                "median_flops_per_s": min(p.median_flops_per_s, ceiling[p.dtype].best_flops_per_s),
+            }
+        )
+        for p in points
+    ]
+
+
 def _faster(now: Calibration, earlier: Calibration) -> Calibration:
     """Two calibrations of one device, both on a busy host: a busy host only lowers a rate and lengthens a
     dispatch, so each figure is the better of the two (shapes and sizes the earlier one lacks are kept as now)."""
@@ -307,7 +330,7 @@ def _faster(now: Calibration, earlier: Calibration) -> Calibration:
 
     return now.model_copy(
         update={
-            "matmul": [better_matmul(p) for p in now.matmul],
+            "matmul": _no_faster_than_the_largest([better_matmul(p) for p in now.matmul]),
             "stream": [better_stream(p) for p in now.stream],
             "elementwise": {k: max(v, earlier.elementwise.get(k, 0.0)) for k, v in now.elementwise.items()},
             "dispatch_s": min(now.dispatch_s, earlier.dispatch_s),
