@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 import uuid
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -90,10 +91,11 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
         )
         local_world = int(per_node.group()) if per_node else max(1, world // nnodes)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+        # one node: this host's loopback, which needs no name resolution; several: the step's first node
+        host = "127.0.0.1" if nnodes == 1 else first_host(nodelist) if nodelist else None
         return _checked(LaunchEnv(
             "slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", default=0), world,
-            local_world, nnodes,
-            addr or (first_host(nodelist) if nodelist else None), port or _port_from_job(env),
+            local_world, nnodes, addr or host, port or _port_from_job(env),
         ), "SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS, SLURM_STEP_TASKS_PER_NODE")  # fmt: skip
     if "OMPI_COMM_WORLD_SIZE" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
@@ -101,7 +103,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
         return _checked(LaunchEnv(
             "openmpi", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0),
             world, local_world, max(1, world // max(1, local_world)),
-            addr or _single_node_addr(world, local_world), port,
+            addr or _single_node_addr(world, local_world), port or _port_from_mpi_job(env, world, local_world),
         ), "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_SIZE")  # fmt: skip
     if "PMI_SIZE" in env and "PMI_RANK" in env:  # Intel MPI, MPICH (hydra)
         world = _int(env, "PMI_SIZE")
@@ -147,6 +149,19 @@ def _port_from_job(env: Mapping[str, str]) -> int | None:
     return 10000 + int(job) % 10000 if job.isdigit() else None
 
 
+OMPI_JOB_VARIABLES = ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE")  # Open MPI 4's job id; PMIx's (Open MPI 5)
+
+
+def _port_from_mpi_job(env: Mapping[str, str], world: int, local_world: int) -> int | None:
+    """A rendezvous port every rank of one single-node Open MPI job derives alike, without communicating: from the
+    job's id, which mpirun gives each rank (20000-29999, apart from Slurm's range). None across nodes, where rank 0's
+    node is not known to the others (the user exports MASTER_ADDR/MASTER_PORT), or without a job id."""
+    if world != local_world:
+        return None
+    job = next((env[name] for name in OMPI_JOB_VARIABLES if env.get(name)), None)
+    return 20000 + zlib.crc32(job.encode()) % 10000 if job else None
+
+
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm node list: 'gpu[003-005,010],cpu01' -> 'gpu003'."""
     match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
@@ -172,11 +187,57 @@ def check_launch(env: LaunchEnv, devices: int | None, nnodes: int | None) -> Non
         raise ConfigError(
             f"--nnodes {nnodes}, but {env.launcher} reports {env.nnodes} node(s); make the node counts agree"
         )
+    if env.distributed and env.nnodes == 1 and env.master_addr and not env.master_port:
+        raise ConfigError(
+            f"{env.launcher} started {env.world_size} ranks on this node but gave them no job id to agree on a "
+            "rendezvous port from; export MASTER_PORT=<free port> for every rank"
+        )
     if env.distributed and not (env.master_addr and env.master_port):
         raise ConfigError(
             f"{env.launcher} started {env.world_size} ranks across nodes but MASTER_ADDR/MASTER_PORT are not set; "
             "export MASTER_ADDR=<first node> MASTER_PORT=<free port> for every rank"
         )
+
+
+def binding_note(env: LaunchEnv, usable: int, host_cores: int) -> str | None:
+    """What to tell the user when the launcher pinned each rank to fewer cores than the host has (mpirun binds each
+    rank to one core by default): the record keeps it (``system.cpu_usable_cores``, ``system.cpu_affinity``); this
+    says it where the user is looking, with the flag that lifts it. None for our own workers and a lone process."""
+    if env.launcher in ("none", "torchrun") or usable * env.local_world_size >= host_cores:
+        return None
+    lift = {
+        "openmpi": "mpirun --bind-to none",
+        "mpich": "mpirun -bind-to none",
+        "slurm": "srun --cpu-bind=none",
+    }
+    return (
+        f"{env.launcher} bound each of this node's {env.local_world_size} rank(s) to {usable} core(s) of {host_cores}"
+        f" (recorded as system.cpu_usable_cores/cpu_affinity); {lift[env.launcher]} gives them all"
+    )
+
+
+def check_rendezvous_port(env: LaunchEnv, exported_port: bool) -> None:
+    """Rank 0 of a job srun or mpirun started hosts the rendezvous (torch's TCPStore) on every interface at
+    ``MASTER_PORT``: if something already listens there, say so before anything runs, rather than a DistNetworkError
+    on rank 0 while the other ranks wait. torchrun's agent hosts its own store, so its workers are not checked."""
+    if env.launcher not in ("slurm", "openmpi", "mpich") or env.rank != 0 or not env.distributed:
+        return
+    if env.master_port is None:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore: a port in TIME_WAIT is free
+        try:
+            sock.bind(("", env.master_port))
+        except OSError as exc:
+            source = (
+                "MASTER_PORT"
+                if exported_port
+                else f"the port accelbench derived from the {env.launcher} job id"
+            )
+            raise ConfigError(
+                f"rendezvous port {env.master_port} ({source}) is not available on rank 0's node ({exc.strerror}); "
+                "export MASTER_PORT=<free port> for every rank"
+            ) from None
 
 
 def free_port() -> int:

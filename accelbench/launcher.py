@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.errors import ResultFileError
 from accelbench.exitcodes import ExitCode
-from accelbench.launch import RUN_ID_ENV, LaunchEnv, check_launch, detect_launch, launch_workers
+from accelbench.launch import (
+    RUN_ID_ENV,
+    LaunchEnv,
+    binding_note,
+    check_launch,
+    check_rendezvous_port,
+    detect_launch,
+    launch_workers,
+)
 from accelbench.results import fallback_dir
 
 if TYPE_CHECKING:
@@ -78,10 +86,19 @@ class Launcher:
         TERMINATION.install()
         started_by_us = self.env.launcher == "torchrun" and os.environ.get(RUN_ID_ENV) is not None
         if self.env.rank == 0 and not started_by_us:
+            self._note_binding()
+            check_rendezvous_port(self.env, exported_port=bool(os.environ.get("MASTER_PORT")))
             spread = preflight()
             if self.env.launcher == "none" and spread:
                 return self.start_and_wait(shape, kind)
         return worker(self.env)
+
+    def _note_binding(self) -> None:
+        from accelbench.hostinfo import usable_cores
+
+        note = binding_note(self.env, usable_cores(), os.cpu_count() or 1)
+        if note:
+            self._say(f"[yellow]note:[/] {_escape(note)}")
 
     def start_and_wait(self, shape: JobShape, kind: RecordKind) -> int:
         """Start this same command as one worker per device through torch.distributed's launcher, wait, and end as

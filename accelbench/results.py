@@ -163,6 +163,11 @@ class RunPrediction(_Model):
     peak_flops_per_s: float | None = None
     peak_source: str | None = None
     efficiency: float | None = Field(default=None, description="Assumed fraction of the peak a step reaches.")
+    time_model: str | None = Field(
+        default=None,
+        description="How compute_s and optimizer_s were made: at the efficiency, or calibrated (this device's "
+        "cached calibration over the step's traced operators).",
+    )
     overlap: str | None = None
     bandwidth_source: str | None = None
     note: str | None = Field(default=None, description="What the prediction lacks, or why there is none.")
@@ -209,6 +214,7 @@ class RunPrediction(_Model):
             peak_flops_per_s=p.peak_flops_per_s,
             peak_source=p.peak_source,
             efficiency=p.efficiency,
+            time_model=p.time_model,
             overlap=p.overlap,
             bandwidth_source=bandwidth_source,
             note="; ".join(missing) or None,

@@ -13,6 +13,9 @@ fitted to them:
 
 - peak FLOP/s: `accelbench estimate`'s measured dense-matmul peak (accelbench.estimate.peak) at the thread count
   each run's processes get, cached; default efficiency (0.4);
+- beside it, the calibrated step time (`accelbench estimate --calibrate`): this CPU's calibration at that thread
+  count (accelbench.estimate.calibration: matmul rates by shape, elementwise bandwidth, dispatch cost; cached) over
+  the step's traced operators (accelbench.estimate.operators);
 - bus bandwidth: an `accelbench comm` record of all_reduce, all_gather and reduce_scatter over 2 gloo processes
   (measured here unless --comm names one);
 - the runtime a process holds besides its model (the CPU backend's peak is the resident-set high-water mark, which
@@ -20,8 +23,9 @@ fitted to them:
   imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
   batch 1 for three steps, so that what a first step initialises is counted.
 
-Prints one table of predicted against measured figures with the relative errors, and the host contention each run
-recorded (this machine is shared: a contended run's times say little). --json writes everything for docs/estimate.md.
+Prints one table of predicted against measured figures with the relative errors (the calibrated step also against
+the step's CPU time, the time rank 0's threads ran, which a busy host's waiting leaves out), and the host contention
+each run recorded (this machine is shared: a contended run's times say little). --json writes everything for docs/estimate.md.
 --gpt2 adds gpt2 at batch 2 (about a second and a half per step per process here).
 """
 
@@ -114,8 +118,13 @@ def run(model: str, strategy: str, devices: int, args: argparse.Namespace, out: 
 def measured(record: dict[str, Any]) -> dict[str, Any]:
     m = record["metrics"]
     steps = m["epochs"][-1]["steps"]
+    steady = m["epochs"][1:] or m["epochs"]
+    cpu = sorted(e["cpu_s"] / e["steps"] for e in steady if e.get("cpu_s") is not None)
     return {
         "step_s": m["steady"]["epoch_s_median"] / steps,
+        # the time its threads ran (rank 0's process), without the time they waited for a core: on a shared host
+        # the closer figure to what a step costs a quiet one (its caches still shared)
+        "cpu_step_s": cpu[len(cpu) // 2] if cpu else None,
         "samples_per_s": m["steady"]["samples_per_s"],
         "peak_bytes": m["peak_memory_max_bytes"],
         "waiting": m["host"]["waiting"] if m.get("host") else None,
@@ -123,21 +132,36 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def predicted(record: dict[str, Any], runtime: int, bandwidth: Any, peaks: dict[int, Any]) -> dict[str, Any]:
-    """The prediction for the run's own configuration, made as `accelbench estimate` makes it."""
+def predicted(
+    record: dict[str, Any], runtime: int, bandwidth: Any, peaks: dict[int, Any], calibrations: dict[int, Any]
+) -> dict[str, Any]:
+    """The prediction for the run's own configuration, made as `accelbench estimate` makes it, at the efficiency
+    and (``calibrated_*``) as `accelbench estimate --calibrate` makes it."""
     from accelbench.config import RunConfig
-    from accelbench.contract import DeviceInfo
+    from accelbench.contract import DeviceInfo, standard_plan
     from accelbench.estimate import predict
     from accelbench.estimate.facts import meta_facts
+    from accelbench.estimate.operators import step_operators
     from accelbench.plugins import get_host
 
     config = RunConfig.model_validate(record["config"])
     threads = int(record["system"]["torch_threads"])
-    facts = meta_facts(get_host().workload(config.workload), config)
+    workload = get_host().workload(config.workload)
+    facts = meta_facts(workload, config)
     device = DeviceInfo.model_validate(record["backend"]["devices"][0])
     p = predict(config, facts, device_type="cpu", device=device, peak=peaks[threads], bandwidth=bandwidth,
                 runtime_bytes=runtime)  # fmt: skip
+    kernels = record["executor"].get("optimizer_implementation") or "fused"
+    operators = step_operators(workload, config, standard_plan(config.precision, "ieee-fp32"), "cpu", kernels)
+    c = predict(config, facts, device_type="cpu", device=device, peak=peaks[threads], bandwidth=bandwidth,
+                runtime_bytes=runtime, calibration=calibrations[threads], operators=operators)  # fmt: skip
     return {
+        "calibrated_step_s": c.step_time_s,
+        "calibrated_forward_s": c.forward_s,
+        "calibrated_backward_s": c.backward_s,
+        "calibrated_optimizer_s": c.optimizer_s,
+        "calibrated_dispatch_s": c.dispatch_s,
+        "calibrated_samples_per_s": c.samples_per_s,
         "step_s": p.step_time_s,
         "compute_s": p.compute_s,
         "comm_s": p.comm_exposed_s,
@@ -179,6 +203,9 @@ def main() -> None:
         "--refresh-peak", action="store_true", help="measure the matmul peaks again (not cached)"
     )
     parser.add_argument(
+        "--refresh-calibration", action="store_true", help="measure the calibration again (not cached)"
+    )
+    parser.add_argument(
         "--again",
         type=Path,
         metavar="JSON",
@@ -191,6 +218,7 @@ def main() -> None:
     import torch
 
     from accelbench.contract import World, standard_plan
+    from accelbench.estimate.calibration import calibrate
     from accelbench.estimate.comm import load_bus_bandwidth
     from accelbench.estimate.peak import measured_peak
     from accelbench.plugins import get_host
@@ -199,6 +227,7 @@ def main() -> None:
     backend = get_host().backends["cpu"]
     device = backend.setup_device(World(), {})
     peaks = {}
+    calibrations: dict[int, Any] = {}
     for threads in [args.threads]:
         torch.set_num_threads(threads)
         peaks[threads] = measured_peak(
@@ -206,6 +235,10 @@ def main() -> None:
         )
         print(f"measured fp32 matmul peak, {threads} thread(s): {peaks[threads].flops_per_s / 1e9:.1f} GFLOP/s, "
               f"copy {peaks[threads].memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s", flush=True)  # fmt: skip
+        name = backend.detect()[0].name
+        calibrations[threads] = calibrate(device, backend.synchronize, backend="cpu", device_name=name,
+                                          dtype="float32", refresh=args.refresh_calibration)  # fmt: skip
+        print(f"calibration, {threads} thread(s): {calibrations[threads].describe()}", flush=True)
     comm = Path(previous["comm"]) if previous else args.comm or comm_record(out / "comm")
     bandwidth = load_bus_bandwidth([comm])
     if previous:
@@ -228,10 +261,11 @@ def main() -> None:
         else:
             record = json.loads(path.read_text())
         row = {"model": model, "strategy": strategy, "devices": devices, "record": str(path),
-               "measured": measured(record), "predicted": predicted(record, runtimes[strategy], bandwidth, peaks)}  # fmt: skip
+               "measured": measured(record), "predicted": predicted(record, runtimes[strategy], bandwidth, peaks, calibrations)}  # fmt: skip
         rows.append(row)
         m, p = row["measured"], row["predicted"]
-        print(f"{model:10} {strategy:16} step {m['step_s'] * 1e3:8.1f} ms (pred {p['step_s'] * 1e3:8.1f}) "
+        print(f"{model:10} {strategy:16} step {m['step_s'] * 1e3:8.1f} ms (pred {p['step_s'] * 1e3:8.1f}, "
+              f"calibrated {p['calibrated_step_s'] * 1e3:8.1f}) "
               f"peak {m['peak_bytes'] / 2**20:7.1f} MiB (pred {p['peak_bytes'] / 2**20:7.1f}) "
               f"waiting {m['waiting'] or 0:.0%}", flush=True)  # fmt: skip
     single = {r["model"]: r for r in rows if r["strategy"] == "single"}
@@ -242,6 +276,8 @@ def main() -> None:
         r["predicted"]["speedup"] = ps / pb if ps and pb else None
         r["errors"] = {
             "step": error(r["predicted"]["step_s"], r["measured"]["step_s"]),
+            "calibrated_step": error(r["predicted"]["calibrated_step_s"], r["measured"]["step_s"]),
+            "calibrated_cpu_step": error(r["predicted"]["calibrated_step_s"], r["measured"]["cpu_step_s"]),
             "memory": error(r["predicted"]["peak_bytes"], r["measured"]["peak_bytes"]),
             "memory_model_part": error(
                 r["predicted"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
@@ -252,7 +288,9 @@ def main() -> None:
             else None,
         }
     print()
-    header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6}  {'peak MiB':>8} {'pred':>8} "
+    header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6} {'calib':>9} {'err':>6} "
+              f"{'cpu ms':>8} {'err':>6}  "
+              f"{'peak MiB':>8} {'pred':>8} "
               f"{'err':>6} {'model-part err':>14}  {'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}")  # fmt: skip
     print(header)
     print("-" * len(header))
@@ -264,14 +302,18 @@ def main() -> None:
         m, p, e = r["measured"], r["predicted"], r["errors"]
         speed = f"{m['speedup']:7.2f} {p['speedup']:6.2f}" if r["devices"] > 1 else f"{'':7} {'':6}"
         print(f"{r['model']:10} {r['strategy']:16} {m['step_s'] * 1e3:9.1f} {p['step_s'] * 1e3:9.1f} "
-              f"{pct(e['step']):>6}  {m['peak_bytes'] / 2**20:8.1f} {p['peak_bytes'] / 2**20:8.1f} "
+              f"{pct(e['step']):>6} {p['calibrated_step_s'] * 1e3:9.1f} {pct(e['calibrated_step']):>6} "
+              f"{(m['cpu_step_s'] or 0) * 1e3:8.1f} {pct(e['calibrated_cpu_step']):>6}  "
+              f"{m['peak_bytes'] / 2**20:8.1f} {p['peak_bytes'] / 2**20:8.1f} "
               f"{pct(e['memory']):>6} {pct(e['memory_model_part']):>14}  {speed} {pct(e['speedup']):>6}  "
               f"{m['waiting'] or 0:6.0%}")  # fmt: skip
     print(f"\nrecords: {out / 'runs'}; this host is shared: 'waited' is the share of ready time the run's threads "
           "waited for a core")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "runtime_bytes": runtimes, "comm": str(comm),
-                                         "peaks": {k: v.model_dump() for k, v in peaks.items()}}, indent=2))  # fmt: skip
+                                         "peaks": {k: v.model_dump() for k, v in peaks.items()},
+                                         "calibrations": {k: v.model_dump() for k, v in calibrations.items()}},
+                                        indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,20 +8,71 @@ reports MFU against, and, with ``--comm-records``, the collectives' bus bandwidt
 ``accelbench estimate`` calls. The prediction never fails a run: what it cannot predict it says in ``note``.
 
 The peak it is against is the one MFU is against: :func:`accelbench.engine.metrics.peak_for`.
+
+The step time is the calibrated one (:mod:`accelbench.estimate.calibration`) when this device has a cached
+calibration for the run's matmul dtype and thread count (made by ``accelbench estimate --calibrate``): the step's
+operators are traced (a few seconds, after every epoch is timed) and timed at its rates. A run never measures a
+calibration itself: that takes seconds on a quiet device, and a run's prediction must not cost its timings. Without
+one, the compute is the peak at the default efficiency, as before; ``time_model`` says which.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.results import RunPrediction
 
 if TYPE_CHECKING:
+    import torch
+
     from accelbench.config import RunConfig
-    from accelbench.contract import DeviceInfo, PeakFigures
+    from accelbench.contract import Backend, DeviceInfo, PeakFigures, PrecisionPlan
+    from accelbench.estimate.calibration import Calibration
     from accelbench.estimate.facts import WorkloadFacts
     from accelbench.estimate.hardware import Bandwidth
+    from accelbench.estimate.operators import StepOperators
+    from accelbench.workloads import Workload
+
+
+@dataclass(frozen=True)
+class CalibratedRun:
+    """What the calibrated step time needs of a run: its workload, the precision plan that ran, the backend and
+    the device it bound."""
+
+    workload: Workload
+    plan: PrecisionPlan
+    backend: Backend
+    device: torch.device
+
+
+def cached_calibration(
+    config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
+) -> tuple[Calibration, StepOperators] | None:
+    """This device's cached calibration and the run's traced step, or None where no calibration is cached for it
+    (or the device is fed from the host, whose timings say nothing of it)."""
+    from accelbench.estimate.calibration import calibrate
+    from accelbench.estimate.operators import step_operators
+    from accelbench.estimate.peak import matmul_dtype
+
+    if run.device.type != run.backend.info.device_type:
+        return None
+    calibration = calibrate(
+        run.device,
+        run.backend.synchronize,
+        backend=run.backend.name,
+        device_name=device.name if device is not None else run.backend.name,
+        dtype=matmul_dtype(run.plan),
+        cached_only=True,
+    )
+    if calibration is None:
+        return None
+    kernels = run.backend.optimizer_implementation(run.device)
+    try:
+        return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
+    except Exception:  # noqa: BLE001 - a model fake tensors cannot trace: the efficiency model predicts instead
+        return None
 
 
 def load_comm_records(config: RunConfig) -> Bandwidth | None:
@@ -45,14 +96,17 @@ def predict_run(
     device: DeviceInfo | None,
     peak: PeakFigures | None,
     runtime_bytes: float | None,
+    calibrated: CalibratedRun | None = None,
 ) -> RunPrediction:
-    """The prediction for ``config`` as it ran: ``estimate``'s, on the facts of the built model."""
+    """The prediction for ``config`` as it ran: ``estimate``'s, on the facts of the built model; calibrated where
+    ``calibrated`` is given and this device has a cached calibration."""
     if facts is None:
         return RunPrediction.absent("the model was never built")
     from accelbench.estimate.predictor import predict
 
     try:
         bandwidth = load_comm_records(config)
+        found = cached_calibration(config, calibrated, device) if calibrated is not None else None
         p = predict(
             config,
             facts,
@@ -61,6 +115,8 @@ def predict_run(
             peak=peak,
             bandwidth=bandwidth,
             runtime_bytes=runtime_bytes or 0.0,
+            calibration=found[0] if found else None,
+            operators=found[1] if found else None,
         )
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
         return RunPrediction.absent(str(exc))

@@ -44,7 +44,7 @@ from accelbench.contract import (
 from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics, peak_for
-from accelbench.engine.prediction import load_comm_records, predict_run
+from accelbench.engine.prediction import CalibratedRun, load_comm_records, predict_run
 from accelbench.engine.profile import (
     MAX_PROFILE_STEPS,
     MIN_EVENTS_PER_STEP,
@@ -938,6 +938,12 @@ def _prediction_or_note(run_: PreparedRun, m: Measurement) -> RunPrediction:
             device=run_.backend_record.devices[0] if run_.backend_record.devices else None,
             peak=run_.peak,
             runtime_bytes=m.runtime_bytes,
+            calibrated=CalibratedRun(
+                run_.workload,
+                run_.executor.effective_precision(run_.request.precision),
+                run_.backend,
+                run_.device,
+            ),
         )
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the prediction is optional; the record is owed
         why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"

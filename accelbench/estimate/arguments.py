@@ -60,6 +60,25 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         "--refresh-peak", action="store_true", help="with --measure-peak: measure again, ignoring the cache"
     )
     group.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="predict the step time from this device's calibration (matmul rates by shape, elementwise bandwidth, "
+        "per-operator dispatch cost; measured once in seconds, cached per host, device, torch version, dtype and "
+        "thread count) summed over the step's traced operators, instead of a fixed efficiency",
+    )
+    group.add_argument(
+        "--refresh-calibration",
+        action="store_true",
+        help="with --calibrate: measure the calibration again, ignoring the cache",
+    )
+    group.add_argument(
+        "--from-profile",
+        type=Path,
+        metavar="RECORD",
+        help="with --calibrate: a result record of this configuration made with `accelbench run --profile`; the "
+        "operators it measured (its top operators' kernel time) replace their calibrated times",
+    )
+    group.add_argument(
         "--runtime-mib",
         type=float,
         default=0.0,

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from accelbench.contract import Backend
+    from accelbench.estimate.calibration import Calibration
     from accelbench.estimate.catalog import KnownDevice
     from accelbench.plugins import PluginHost
 
@@ -76,9 +77,19 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         "efficiency": args.efficiency,
         "overlap": args.overlap,
     }
+    calibrated: dict[str, Any] = {}
+    if target.calibration is not None:
+        from accelbench.estimate.operators import step_operators
+
+        operators = step_operators(workload, config, target.plan, target.device_type, target.kernels)
+        if args.from_profile is not None:
+            operators = operators.refined(*_profiled_times(args.from_profile, config))
+        calibrated = {"calibration": target.calibration, "operators": operators}
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
-        prediction = predict(config, facts, runtime_bytes=args.runtime_mib * 2**20, stack=stack, **common)
+        prediction = predict(
+            config, facts, runtime_bytes=args.runtime_mib * 2**20, stack=stack, **common, **calibrated
+        )
         scaling: list[ScalingPrediction] = [
             predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
             for n in args.scale_to or ()
@@ -172,6 +183,21 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
         )
     if args.refresh_peak and not args.measure_peak:
         raise ConfigError("--refresh-peak measures the peak again: give it with --measure-peak")
+    # the calibration flags are estimate's own: a command sharing these checks (plan) may not have them
+    calibrate = getattr(args, "calibrate", False)
+    from_profile = getattr(args, "from_profile", None)
+    if getattr(args, "refresh_calibration", False) and not calibrate:
+        raise ConfigError("--refresh-calibration measures the calibration again: give it with --calibrate")
+    if from_profile is not None and not calibrate:
+        raise ConfigError(
+            f"--from-profile {from_profile}: refines the calibrated step time; give --calibrate as well"
+        )
+    if calibrate and getattr(args, "estimate_device", None):
+        raise ConfigError(
+            f"--calibrate measures this machine's device; it cannot predict for --device {args.estimate_device} "
+            "(a calibration is of the device it was measured on): drop --device to predict for the device here, "
+            "or drop --calibrate to predict for that device at --efficiency"
+        )
 
 
 def resolve_bandwidth(comm: list[Path] | None, bus_bandwidth: float | None) -> Bandwidth | None:
@@ -252,6 +278,8 @@ class Target:
         measured: dict[str, PeakFigures],
         notes: list[str],
         plan: PrecisionPlan,
+        calibration: Calibration | None = None,
+        kernels: str = "foreach",
     ) -> None:
         self.device_type, self.device, self.peak, self.measured, self.notes, self.plan = (
             device_type,
@@ -261,6 +289,7 @@ class Target:
             notes,
             plan,
         )
+        self.calibration, self.kernels = calibration, kernels
 
 
 def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Target:
@@ -271,6 +300,8 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Ta
         device_name=args.estimate_device,
         measure_peak=args.measure_peak,
         refresh_peak=args.refresh_peak,
+        calibrate=args.calibrate,
+        refresh_calibration=args.refresh_calibration,
     )
 
 
@@ -281,9 +312,12 @@ def resolve_target(
     device_name: str | None = None,
     measure_peak: bool = False,
     refresh_peak: bool = False,
+    calibrate: bool = False,
+    refresh_calibration: bool = False,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
-    backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached).
+    backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
+    with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures).
     Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
@@ -340,7 +374,40 @@ def resolve_target(
             notes.append(
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
-    return Target(kind.type, device, peak, measured, notes, plan)
+    calibration = None
+    if calibrate:
+        calibration = _calibration(backend, config, kind, device, plan, refresh_calibration)
+        notes += calibration.notes
+    kernels = backend.optimizer_implementation(kind)
+    return Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
+
+
+def _calibration(
+    backend: Backend, config: RunConfig, kind: Any, device: DeviceInfo, plan: PrecisionPlan, refresh: bool
+) -> Calibration:
+    """This device's calibration for the plan's matmul dtype: cached, or measured now on the bound device."""
+    from accelbench.contract import World
+    from accelbench.estimate.calibration import calibrate
+    from accelbench.estimate.peak import matmul_dtype
+
+    bound = backend.setup_device(World(), config.backend_options)
+    dtype = matmul_dtype(plan)
+    try:
+        calibration = calibrate(
+            bound,
+            backend.synchronize,
+            backend=backend.name,
+            device_name=device.name,
+            dtype=dtype,
+            refresh=refresh,
+        )
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        raise ConfigError(
+            f"--calibrate: {backend.name}'s {device.name} cannot be calibrated in {dtype} "
+            f"({type(exc).__name__}: {_first_line(exc)}); predict without --calibrate"
+        ) from None
+    assert calibration is not None  # measured, not only looked up
+    return calibration
 
 
 def _plan_note(backend: str, plan: PrecisionPlan) -> str:
@@ -426,6 +493,34 @@ def _measured_step(path: Path, config: RunConfig) -> float:
         raise ConfigError(f"--measured {path}: the record has no steady epochs to take a step time from")
     steps = metrics.epochs[-1].steps
     return metrics.steady.epoch_s_median / max(steps, 1)
+
+
+def _profiled_times(path: Path, config: RunConfig) -> tuple[dict[str, float], str]:
+    """The operators' measured seconds per step in a ``run --profile`` record of this configuration, and where
+    from; refused, naming the flag, when the record is unreadable, has no profile or is of another configuration."""
+    from accelbench.errors import ResultFileError
+    from accelbench.estimate.operators import profiled_operator_times
+    from accelbench.results import read_record
+
+    try:
+        record = read_record(path)
+    except ResultFileError as exc:
+        raise ConfigError(f"--from-profile: {exc}") from None
+    if record.profile is None:
+        raise ConfigError(
+            f"--from-profile {path}: the record has no profile; give a record made with `accelbench run --profile`"
+        )
+    same = ("workload", "model", "batch_size", "grad_accum", "precision", "strategy", "devices", "nnodes")
+    differ = [f"{k} {getattr(record.config, k)} (here {getattr(config, k)})" for k in same
+              if getattr(record.config, k) != getattr(config, k)]  # fmt: skip
+    if differ or record.config.workload_options != config.workload_options:
+        differ += ["workload options"] if not differ else []
+        raise ConfigError(
+            f"--from-profile {path}: a profile of another configuration ({', '.join(differ)}); profile this one "
+            f"(`accelbench run ... --profile`) or estimate that one with --config {path}"
+        )
+    times = profiled_operator_times((op.name, op.category, op.seconds) for op in record.profile.top_operators)
+    return times, f"the profile in {path.name} ({record.profile.steps} steps)"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -576,13 +671,22 @@ def show(prediction: Prediction, out: Console) -> None:
             "FLOPs per device (seed 002: Megatron-LM 96-form, full recompute)",
             f"{p.megatron_recompute_flops_per_step:.4g}",
         )
-    peak = f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
-    timing.add_row("peak x efficiency", peak)
+    if p.forward_s is not None and p.backward_s is not None:  # calibrated
+        timing.add_row("time model", p.time_model or "calibrated")
+        timing.add_row("compute: forward", _seconds(p.forward_s))
+        timing.add_row("compute: backward", _seconds(p.backward_s))
+        timing.add_row("of the compute, operator dispatch", _seconds(p.dispatch_s))
+    else:
+        peak = (
+            f"{p.peak_flops_per_s / 1e12:.4g} TFLOP/s x {p.efficiency:g}" if p.peak_flops_per_s else "unknown"
+        )
+        timing.add_row("peak x efficiency", peak)
     timing.add_row("compute", _seconds(p.compute_s))
     if p.bubble:
         timing.add_row("of which pipeline bubble", f"{p.bubble:.1%}")
     timing.add_row(
-        "optimizer update (memory-bound)", _seconds(p.optimizer_s) if p.optimizer_s else "not counted"
+        "optimizer step (calibrated)" if p.forward_s is not None else "optimizer update (memory-bound)",
+        _seconds(p.optimizer_s) if p.optimizer_s else "not counted",
     )
     timing.add_row("communication", _seconds(p.comm_s))
     timing.add_row("communication exposed", _seconds(p.comm_exposed_s))

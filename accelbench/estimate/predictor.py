@@ -46,12 +46,21 @@ from accelbench.estimate.schema import (
 from accelbench.estimate.shape import MODEL_PARALLEL, STRATEGIES, RunShape, model_ranks
 from accelbench.estimate.stack import Stack
 from accelbench.estimate.state import state_bytes
-from accelbench.estimate.step_time import Overlap, compute_time, exposed_comm, optimizer_time, time_comm
+from accelbench.estimate.step_time import (
+    Overlap,
+    calibrated_times,
+    compute_time,
+    exposed_comm,
+    optimizer_time,
+    time_comm,
+)
 from accelbench.estimate.strategies import data_parallel_breakdown, model_parallel_breakdown
 from accelbench.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
     from accelbench.contract import DeviceInfo, PeakFigures
+    from accelbench.estimate.calibration import Calibration
+    from accelbench.estimate.operators import StepOperators
 
 
 def run_shape(config: RunConfig) -> RunShape:
@@ -75,12 +84,18 @@ def predict_step(
     overlap: Overlap = "auto",
     runtime_bytes: float = 0.0,
     stack: Stack | None = None,
+    calibration: Calibration | None = None,
+    operators: StepOperators | None = None,
 ) -> Prediction:
     """The prediction for one configuration on one kind of device (see the module's docstring for conventions).
 
     ``stack`` describes the implementation where training stacks differ (:class:`~accelbench.estimate.stack.Stack`:
     attention kernel, optimizer kernels, DDP's bucket view, DeepSpeed's buckets, FSDP's parameter dtype, activation
     checkpointing); by default what ``accelbench run`` does on the device type. The prediction records it.
+
+    With a ``calibration`` of the device and the step's traced ``operators`` the compute and optimizer times are
+    the calibrated ones (:func:`~accelbench.estimate.step_time.calibrated_times`); without, FLOPs over the peak
+    at ``efficiency`` and AdamW's streamed bytes over the memory bandwidth.
 
     ``overlap``: ``none`` (every collective exposed, seed 001's ``t_compute + t_comm``), ``backward`` (the
     collectives the engine overlaps hide behind compute), ``auto`` (``backward`` on accelerators, ``none`` on CPUs,
@@ -138,8 +153,17 @@ def predict_step(
     total = memory.total_bytes
     fits = _fits(total, hardware, notes)
     comm = time_comm(comm, hardware, notes)
-    compute_s = compute_time(flops, hardware, efficiency, bubble, notes)
-    optimizer_s = optimizer_time(facts, layout, state, hardware, notes)
+    phases = calibrated_times(operators, calibration, layout, notes) if calibration and operators else None
+    if phases is not None:
+        compute_s: float | None = (phases.forward_s + phases.backward_s) / (1.0 - bubble if bubble else 1.0)
+        optimizer_s: float | None = phases.optimizer_s
+        time_model = phases.description
+    else:
+        compute_s = compute_time(flops, hardware, efficiency, bubble, notes)
+        optimizer_s = optimizer_time(facts, layout, state, hardware, notes)
+        time_model = (
+            f"efficiency {efficiency:g} of the peak FLOP/s; AdamW's streamed bytes over the memory bandwidth"
+        )
     comm_s = None if any(op.time_s is None for op in comm) else sum(op.time_s or 0.0 for op in comm)
     overlap_text, exposed = exposed_comm(comm, comm_s, compute_s, overlap, hardware, notes)
     step = None
@@ -176,6 +200,10 @@ def predict_step(
         efficiency=efficiency,
         compute_s=compute_s,
         optimizer_s=optimizer_s,
+        time_model=time_model,
+        forward_s=phases.forward_s if phases else None,
+        backward_s=phases.backward_s if phases else None,
+        dispatch_s=phases.dispatch_s if phases else None,
         comm_s=comm_s,
         comm_exposed_s=exposed,
         overlap=overlap_text,
@@ -211,6 +239,8 @@ def predict(
     overlap: Overlap = "auto",
     runtime_bytes: float = 0.0,
     stack: Stack | None = None,
+    calibration: Calibration | None = None,
+    operators: StepOperators | None = None,
 ) -> Prediction:
     """Predicted step time, peak memory per device (with its breakdown), communication per device per step and
     FLOPs for ``config`` on ``device`` (of ``device_type``: 'cuda', 'cpu', ...). Pure arithmetic on what it is
@@ -220,7 +250,8 @@ def predict(
     it, as it does for MFU. ``bandwidth`` answers the collectives' bus bandwidth
     (:func:`accelbench.estimate.comm.load_bus_bandwidth`); without it communication time is unknown, and so is
     the step time of a multi-device run. ``runtime_bytes`` is memory the process holds before the model (the CPU
-    backend's resident-set peak counts the interpreter and its libraries).
+    backend's resident-set peak counts the interpreter and its libraries). ``calibration`` and ``operators``
+    (both, or neither): the calibrated step time (:func:`predict_step`).
     """
     flops, source = (peak.flops_per_s, peak.source) if peak is not None else (None, None)
     if config.peak_tflops is not None:
@@ -243,6 +274,8 @@ def predict(
         overlap=overlap,
         runtime_bytes=runtime_bytes,
         stack=stack,
+        calibration=calibration,
+        operators=operators,
     )
 
 

@@ -208,9 +208,25 @@ class Prediction(_Model):
     peak_flops_per_s: float | None
     peak_source: str | None
     efficiency: float = Field(description="Assumed fraction of the peak a step reaches.")
-    compute_s: float | None = Field(description="FLOPs / (peak x efficiency), and the pipeline bubble.")
+    compute_s: float | None = Field(
+        description="Forward and backward: FLOPs / (peak x efficiency), or calibrated (time_model); and the "
+        "pipeline bubble."
+    )
     optimizer_s: float | None = Field(
         default=None, description="AdamW's update, memory-bound: bytes it streams / memory bandwidth."
+    )
+    time_model: str | None = Field(
+        default=None,
+        description="How compute_s and optimizer_s were made: 'efficiency E of the peak ...' or 'calibrated: N "
+        "operators ... at RATES' (each traced operator's roofline time at this device's calibrated rates, plus "
+        "its dispatch cost).",
+    )
+    forward_s: float | None = Field(
+        default=None, description="Calibrated: the forward passes (and the loss)."
+    )
+    backward_s: float | None = Field(default=None, description="Calibrated: the backward passes.")
+    dispatch_s: float | None = Field(
+        default=None, description="Calibrated: of the step's compute, the operators' dispatch cost."
     )
     comm_s: float | None = Field(description="Sum of the collectives' times at their bus bandwidth.")
     comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")

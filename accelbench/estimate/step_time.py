@@ -1,14 +1,21 @@
 """A step's time: compute at a fraction of the peak (and the pipeline bubble), AdamW's memory-bound update, each
-collective's bus bytes over its bus bandwidth, and the part of the communication not hidden behind compute."""
+collective's bus bytes over its bus bandwidth, and the part of the communication not hidden behind compute.
+
+With a :class:`~accelbench.estimate.calibration.Calibration` of the device and the step's traced operators
+(:mod:`accelbench.estimate.operators`), :func:`calibrated_times` replaces the first two: each operator's roofline
+time at the rates measured on this device, plus its dispatch cost, by phase."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
+from accelbench.estimate.calibration import MATMUL_SIZES, Calibration
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
+from accelbench.estimate.operators import PHASES, StepOperators
 from accelbench.estimate.schema import CommOp
 from accelbench.estimate.shape import MODEL_PARALLEL, SHARDED_OPTIMIZER, RunShape
 from accelbench.estimate.state import StateBytes
@@ -115,3 +122,88 @@ def exposed_comm(
         "pass, up to 2/3 of the compute time; the others (ZeRO-1/2's, tensor and pipeline parallelism's) are exposed"
     )
     return "backward: overlappable collectives hidden behind backward compute", comm_s - hidden
+
+
+@dataclass(frozen=True)
+class CalibratedTimes:
+    """One step's compute by phase, from the calibrated rates (:func:`calibrated_times`), per device."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    dispatch_s: float
+    operators: int
+    description: str
+
+
+def calibrated_times(
+    operators: StepOperators, calibration: Calibration, layout: RunShape, notes: Notes
+) -> CalibratedTimes:
+    """Each operator's roofline time at the calibrated rates plus its dispatch, summed by phase: a matrix multiply
+    takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``, random numbers, softmax and exp-like
+    activations ``max(elements / their rate, bytes / bandwidth)``, other work ``bytes / bandwidth`` (elementwise
+    and normalisation work is bound by memory), a view only its dispatch; forward and backward count
+    once per micro-batch. A batched product (attention's) is timed as one product of ``batch x m`` rows. For
+    tensor, pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
+    phases = {phase: 0.0 for phase in PHASES}
+    dispatch_total = 0.0
+    measured = dict(operators.measured_s)
+    by_name: dict[
+        str, float
+    ] = {}  # calibrated seconds per step of the profiled operators, forward and backward
+    times = []
+    for op in operators.operators:
+        work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
+        elementwise = calibration.elementwise_rate(op.name)
+        if elementwise and op.elements:  # random numbers, exp: arithmetic, not memory, bounds them
+            work = max(work, op.elements / elementwise)
+        if op.flops:
+            shape = op.matmul
+            rate = (
+                calibration.matmul_rate(shape.m * shape.batch, shape.n, shape.k, op.dtype)
+                if shape is not None
+                else calibration.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1], op.dtype)
+            )
+            work = max(work, op.flops / rate)
+        dispatch = calibration.autograd_dispatch_s if op.autograd else calibration.dispatch_s
+        repeat = operators.micro_batches if op.phase != "optimizer" else 1
+        times.append((op, (work + dispatch) * repeat, dispatch * repeat))
+        if op.name in measured and op.phase != "optimizer":
+            by_name[op.name] = by_name.get(op.name, 0.0) + (work + dispatch) * repeat
+    for op, seconds, dispatch in times:
+        if op.name in by_name and op.phase != "optimizer" and by_name[op.name] > 0:
+            seconds *= (
+                measured[op.name] / by_name[op.name]
+            )  # the profile's time, shared as the calibration shares it
+        phases[op.phase] += seconds
+        dispatch_total += dispatch
+    if by_name:
+        notes.assume(
+            f"measured times from {operators.measured_source} replace the calibrated ones for "
+            f"{', '.join(sorted(by_name))} (forward and backward; the profiler's own overhead included)"
+        )
+    share = 1.0
+    if layout.strategy in MODEL_PARALLEL:
+        share = 1.0 / layout.dims.model_parallel
+        notes.assume(
+            f"calibrated compute of a {layout.strategy} rank: the replica's operators divided evenly over its "
+            f"{layout.dims.model_parallel} model-parallel ranks (its own smaller matmuls are not traced)"
+        )
+    description = (
+        f"calibrated: {len(operators.operators)} operators of a {operators.micro_batch}-sample micro-batch x "
+        f"{operators.micro_batches} and the optimizer step ({operators.optimizer_kernels} kernels), at "
+        f"{calibration.describe()}"
+        + (f"; refined by {operators.measured_source} for {len(by_name)} operator(s)" if by_name else "")
+    )
+    notes.assume(
+        "compute time: each operator's roofline time (matmul rate by shape, or elementwise bandwidth) plus its "
+        f"dispatch cost, summed over {len(operators.operators)} traced operators"
+    )
+    return CalibratedTimes(
+        forward_s=phases["forward"] * share,
+        backward_s=phases["backward"] * share,
+        optimizer_s=phases["optimizer"] * share,
+        dispatch_s=dispatch_total * share,
+        operators=len(operators.operators),
+        description=description,
+    )

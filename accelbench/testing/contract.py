@@ -59,7 +59,8 @@ WORKLOAD_TINY_ARGS: dict[str, tuple[str, ...]] = {
        for name in ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")},
 }  # fmt: skip
 NEEDS_TORCHVISION = ("resnet50", "efficientnet-b0", "mobilenet-v3-small", "mobilenet-v3-large")
-NEEDS_TOKENIZERS = ("llama",)  # its subword tokenizer is trained with Hugging Face's tokenizers (the llama extra)
+# its subword tokenizer is trained with Hugging Face's tokenizers (the llama extra)
+NEEDS_TOKENIZERS = ("llama",)
 
 NOT_PROVEN = (
     "NOT PROVEN"  # the start of every skip reason for a part of the contract this machine cannot check

@@ -1,0 +1,487 @@
+"""Calibration: the rates this device really reaches for the kinds of work a training step is made of.
+
+A fixed fraction of the peak cannot follow a step whose matrix multiplies are small and skinny, whose elementwise
+and normalisation work is bound by memory, and whose many small operators each cost a dispatch. A
+:class:`Calibration` measures each of these once per host, backend, device, torch version, matmul dtype and (on a
+CPU) thread count:
+
+- dense matrix multiplies over a small grid of shapes (m, n, k each from :data:`MATMUL_SIZES`: skinny and small
+  ones too, as a transformer's are at small batch), in the precision's matmul dtype and in fp32 (what autocast
+  leaves in fp32); :meth:`Calibration.matmul_rate` interpolates log(rate) linearly in log(m), log(n), log(k);
+- the bandwidth of an elementwise operator (``add``: two streams read, one written) over sizes from 48 KiB to far
+  larger than any cache (:data:`STREAM_BYTES`), each call on buffers the previous calls did not touch (so read from
+  memory, as a step's backward reads forward's activations), interpolated in log(bytes);
+- the rate (elements/s) of elementwise work that its arithmetic bounds on a CPU, not its memory traffic: random
+  numbers (dropout's ``bernoulli_``), softmax, exp-like activations (:data:`ELEMENTWISE_KINDS`);
+- the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd.
+
+Each is timed between the backend's synchronisations, best and median of repeats kept. A call's dispatch is taken
+out of the timed matmuls and streams (that of a 1x1 matmul, of a one-element ``add``), so that
+:mod:`accelbench.estimate.step_time` counts it once per operator, as the dispatch cost.
+Results are cached in ``calibration.json`` beside the measured peak (:func:`accelbench.estimate.peak.cache_dir`),
+written atomically; ``refresh`` measures again. A measurement during which the process's threads waited for a
+core is kept but marked contended and measured again on the next call, as the measured peak is. torch is imported
+inside the functions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir
+from accelbench.hostinfo import cpu_usage
+from accelbench.results import _write_atomically
+
+if TYPE_CHECKING:
+    import torch
+
+CACHE_FILE = "calibration.json"
+CALIBRATION_VERSION = 4
+# Matmul grid: each of m, n, k from these (27 shapes). 32: a head's width, a tiny batch; 256: a small model's
+# width; 2048: a micro-batch's tokens, a large model's width. Beyond the grid the rate at its edge is used.
+MATMUL_SIZES = (32, 256, 2048)
+# Elementwise streams, total bytes read and written by one call: from cache-resident (48 KiB) to 192 MiB.
+STREAM_BYTES = (3 * 2**14, 3 * 2**18, 3 * 2**22, 3 * 2**26)
+DISPATCH_CALLS = 400  # calls of a one-element operator per timed loop
+REPEAT_BUDGET_S = 0.05  # repeats of one shape run this long (at least MIN_REPEATS)
+MIN_REPEATS = 5
+# Elementwise work whose arithmetic, not its memory traffic, bounds it on a CPU: each kind's rate (elements/s) is
+# measured on ELEMENTWISE_ELEMENTS fp32 values with the operator named, and applies to the aten operators listed.
+ELEMENTWISE_KINDS: dict[str, tuple[str, frozenset[str]]] = {
+    "random": ("bernoulli_", frozenset({"bernoulli_", "bernoulli", "native_dropout", "normal_", "uniform_"})),
+    "softmax": ("softmax", frozenset({"_softmax", "_safe_softmax", "_log_softmax"})),
+    "transcendental": ("gelu", frozenset({"gelu", "exp", "tanh", "erf", "sigmoid", "silu", "log"})),
+    # their gradients evaluate the function and its derivative: about half the forward's rate on a CPU
+    "transcendental_backward": (
+        "gelu_backward",
+        frozenset({"gelu_backward", "silu_backward", "tanh_backward"}),
+    ),
+}
+ELEMENTWISE_ELEMENTS = 2**20
+# The elementwise bandwidth is measured on buffers cycled through, this many bytes in all (several times a CPU's
+# last-level cache slice), at most MAX_BUFFER_SETS sets of them.
+COLD_BYTES = 64 * 2**20
+MAX_BUFFER_SETS = 1024
+# Of a timed call, at least this share is kept as the work's own time when the dispatch cost is taken out.
+MIN_WORK_SHARE = 0.1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MatmulPoint(_Model):
+    """A timed (m x k) @ (k x n) in ``dtype``: FLOP/s of the best and the median repeat, dispatch taken out."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    best_flops_per_s: float
+    median_flops_per_s: float
+
+
+class StreamPoint(_Model):
+    """A timed elementwise ``add`` of ``bytes_moved`` (read and written): bytes/s, best and median repeat."""
+
+    bytes_moved: int
+    best_bytes_per_s: float
+    median_bytes_per_s: float
+
+
+class Calibration(_Model):
+    """What this device reaches, measured (see the module's docstring); the calibrated step time's rates."""
+
+    version: int = CALIBRATION_VERSION
+    key: str
+    device_type: str
+    dtype: str
+    threads: int | None
+    matmul: list[MatmulPoint]
+    stream: list[StreamPoint]
+    elementwise: dict[str, float] = {}  # elements/s by kind (ELEMENTWISE_KINDS), dispatch taken out
+    dispatch_s: float
+    autograd_dispatch_s: float
+    measured_at: str
+    seconds: float
+    contended: bool = False
+    waiting: float | None = None
+    notes: list[str] = []
+
+    def matmul_rate(self, m: int, n: int, k: int, dtype: str | None = None) -> float:
+        """FLOP/s of an (m x k) @ (k x n) in ``dtype`` (the calibration's matmul dtype when it has no grid for
+        it): log(rate) interpolated linearly in log(m), log(n), log(k) between the grid's shapes, its edge beyond."""
+        points = [p for p in self.matmul if p.dtype == dtype] or [
+            p for p in self.matmul if p.dtype == self.dtype
+        ]
+        grid = {(float(p.m), float(p.n), float(p.k)): p.best_flops_per_s for p in points}
+        axes = [sorted({key[i] for key in grid}) for i in range(3)]
+        brackets = [_bracket(axis, value) for axis, value in zip(axes, (m, n, k), strict=True)]
+        log_rate = 0.0
+        for corner in range(8):
+            weight, shape = 1.0, []
+            for axis in range(3):
+                lo, hi, t = brackets[axis]
+                upper = corner >> axis & 1
+                weight *= t if upper else 1.0 - t
+                shape.append(hi if upper else lo)
+            if weight:
+                log_rate += weight * math.log(grid[(shape[0], shape[1], shape[2])])
+        return math.exp(log_rate)
+
+    def stream_rate(self, bytes_moved: float) -> float:
+        """Bytes/s of elementwise work moving ``bytes_moved``, interpolated in log(bytes), the edge beyond."""
+        sizes = sorted(float(p.bytes_moved) for p in self.stream)
+        lo, hi, t = _bracket(sizes, bytes_moved)
+        rates = {float(p.bytes_moved): p.best_bytes_per_s for p in self.stream}
+        return math.exp((1.0 - t) * math.log(rates[lo]) + t * math.log(rates[hi]))
+
+    def elementwise_rate(self, operator: str) -> float | None:
+        """Elements/s of ``operator`` where its arithmetic is measured (random numbers, softmax, exp-like
+        activations), else None (memory-bound: :meth:`stream_rate`)."""
+        for kind, (_, operators) in ELEMENTWISE_KINDS.items():
+            if operator in operators and kind in self.elementwise:
+                return self.elementwise[kind]
+        return None
+
+    def describe(self) -> str:
+        square = self.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1])
+        small = self.matmul_rate(MATMUL_SIZES[0], MATMUL_SIZES[0], MATMUL_SIZES[0])
+        stream = max(p.best_bytes_per_s for p in self.stream)
+        kinds = ", ".join(f"{kind} {rate / 1e9:.2g}" for kind, rate in self.elementwise.items())
+        busy = "; the host was busy meanwhile (a lower bound)" if self.contended else ""
+        return (
+            f"{self.dtype} matmul {small / 1e9:.3g} to {square / 1e9:.3g} GFLOP/s ({MATMUL_SIZES[0]}^3 to "
+            f"{MATMUL_SIZES[-1]}^3), elementwise up to {stream / 1e9:.3g} GB/s ({kinds} Gelem/s), dispatch "
+            f"{self.dispatch_s * 1e6:.2g} us/op ({self.autograd_dispatch_s * 1e6:.2g} us recorded by autograd); "
+            f"measured {self.measured_at} on {self.key}{busy}"
+        )
+
+
+def _bracket(axis: Sequence[float], value: float) -> tuple[float, float, float]:
+    """The grid values either side of ``value`` and its position between them in log space (clamped to the
+    grid's ends)."""
+    if value <= axis[0]:
+        return axis[0], axis[0], 0.0
+    if value >= axis[-1]:
+        return axis[-1], axis[-1], 0.0
+    i = bisect.bisect_right(axis, value)
+    lo, hi = axis[i - 1], axis[i]
+    return lo, hi, (math.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+
+def calibration_key(backend: str, device_name: str, dtype: str, device_type: str) -> str:
+    """What a calibration depends on: host, backend, device, torch version, matmul dtype and on a CPU the
+    intra-op threads (``torch.get_num_threads``, which a run of several processes divides)."""
+    import torch
+
+    parts = [platform.node(), backend, device_name, f"torch {torch.__version__}", dtype]
+    if device_type == "cpu":
+        parts.append(f"{torch.get_num_threads()} thread(s)")
+    return ", ".join(parts)
+
+
+def calibrate(
+    device: torch.device,
+    synchronize: Callable[[torch.device], None],
+    *,
+    backend: str,
+    device_name: str,
+    dtype: str,
+    refresh: bool = False,
+    cached_only: bool = False,
+    directory: Path | None = None,
+    matmul_sizes: Sequence[int] | None = None,
+    stream_bytes: Sequence[int] | None = None,
+) -> Calibration | None:
+    """This device's calibration for matmuls in ``dtype``: from the cache where this host, device, torch, dtype
+    (and CPU thread count) were calibrated before, unless ``refresh`` or the cached one was contended; else
+    measured now (seconds) on ``device`` (already bound by the backend), stored and returned. With
+    ``cached_only`` nothing is measured: None when nothing usable is cached. An unreadable cache entry is
+    measured again, and the calibration's notes say so. ``matmul_sizes`` and ``stream_bytes`` replace the grids
+    (:data:`MATMUL_SIZES`, :data:`STREAM_BYTES`)."""
+    import torch
+
+    matmul_sizes = matmul_sizes or MATMUL_SIZES
+    stream_bytes = stream_bytes or STREAM_BYTES
+
+    key = calibration_key(backend, device_name, dtype, device.type)
+    folder = directory or cache_dir()
+    entries, problem = _load(folder / CACHE_FILE)
+    notes = [problem] if problem else []
+    earlier: Calibration | None = None
+    if key in entries and not refresh:
+        try:
+            cached = Calibration.model_validate(entries[key])
+            if cached.version != CALIBRATION_VERSION:
+                raise ValueError(f"version {cached.version}, this accelbench writes {CALIBRATION_VERSION}")
+            if cached_only or not cached.contended:
+                return cached
+            earlier = cached
+            notes.append("the cached calibration was measured on a busy host: measured again")
+        except (ValidationError, ValueError) as exc:
+            notes.append(
+                f"the cached calibration for {key} in {folder / CACHE_FILE} is not one this accelbench reads "
+                f"({_first_line(exc)}): measured again"
+            )
+    if cached_only:
+        return None
+    started = time.perf_counter()
+    before = cpu_usage()
+    dispatch = _time_dispatch(device, synchronize, autograd=False)
+    autograd_dispatch = _time_dispatch(device, synchronize, autograd=True)
+    dtypes = [dtype] if dtype == "float32" else [dtype, "float32"]
+    matmul = []
+    for d in dtypes:
+        tiny = _time_matmul(
+            device, synchronize, d, 1, 1, 1, 0.0
+        )  # a matmul's own dispatch: nothing to compute
+        overhead = 2.0 / tiny.median_flops_per_s
+        matmul += [
+            _time_matmul(device, synchronize, d, m, n, k, overhead)
+            for m in matmul_sizes
+            for n in matmul_sizes
+            for k in matmul_sizes
+        ]
+    matmul = _no_faster_than_the_largest(matmul)
+    stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
+    elementwise = {
+        kind: _time_elementwise(device, synchronize, op, dispatch)
+        for kind, (op, _) in ELEMENTWISE_KINDS.items()
+    }
+    after = cpu_usage()
+    waiting = None
+    if before.wait_s is not None and after.wait_s is not None:
+        ran, waited = after.cpu_s - before.cpu_s, max(0.0, after.wait_s - before.wait_s)
+        waiting = waited / (ran + waited) if ran + waited > 0 else 0.0
+    calibration = Calibration(
+        key=key,
+        device_type=device.type,
+        dtype=dtype,
+        threads=torch.get_num_threads() if device.type == "cpu" else None,
+        matmul=matmul,
+        stream=stream,
+        elementwise=elementwise,
+        dispatch_s=dispatch,
+        autograd_dispatch_s=autograd_dispatch,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        seconds=time.perf_counter() - started,
+        contended=waiting is not None and waiting >= CONTENDED_WAITING,
+        waiting=waiting,
+    )
+    if calibration.contended and earlier is not None and not refresh:
+        calibration = _faster(calibration, earlier)
+        notes.append(
+            "measured on a busy host again: each rate is the higher of this and the cached measurement"
+        )
+    entries, _ = _load(folder / CACHE_FILE)  # re-read: another process may have stored meanwhile
+    entries[key] = calibration.model_dump()
+    _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
+    return calibration.model_copy(update={"notes": notes})
+
+
+def _no_faster_than_the_largest(points: list[MatmulPoint]) -> list[MatmulPoint]:
+    """Each dtype's rates capped at that of its largest product, whose dispatch is negligible: taking a small
+    product's dispatch out of its time leaves little, and a busy host's dispatch (timed apart) can leave too little,
+    so a small product would seem faster than the device's dense peak, which no product is."""
+    ceiling: dict[str, MatmulPoint] = {}
+    for p in points:
+        if (
+            p.dtype not in ceiling
+            or p.m * p.n * p.k > ceiling[p.dtype].m * ceiling[p.dtype].n * ceiling[p.dtype].k
+        ):
+            ceiling[p.dtype] = p
+    return [
+        p.model_copy(
+            update={
+                "best_flops_per_s": min(p.best_flops_per_s, ceiling[p.dtype].best_flops_per_s),
+                "median_flops_per_s": min(p.median_flops_per_s, ceiling[p.dtype].best_flops_per_s),
+            }
+        )
+        for p in points
+    ]
+
+
+def _faster(now: Calibration, earlier: Calibration) -> Calibration:
+    """Two calibrations of one device, both on a busy host: a busy host only lowers a rate and lengthens a
+    dispatch, so each figure is the better of the two (shapes and sizes the earlier one lacks are kept as now)."""
+    matmul = {(p.dtype, p.m, p.n, p.k): p for p in earlier.matmul}
+    stream = {p.bytes_moved: p for p in earlier.stream}
+
+    def better_matmul(p: MatmulPoint) -> MatmulPoint:
+        old = matmul.get((p.dtype, p.m, p.n, p.k))
+        return old if old is not None and old.best_flops_per_s > p.best_flops_per_s else p
+
+    def better_stream(p: StreamPoint) -> StreamPoint:
+        old = stream.get(p.bytes_moved)
+        return old if old is not None and old.best_bytes_per_s > p.best_bytes_per_s else p
+
+    return now.model_copy(
+        update={
+            "matmul": _no_faster_than_the_largest([better_matmul(p) for p in now.matmul]),
+            "stream": [better_stream(p) for p in now.stream],
+            "elementwise": {k: max(v, earlier.elementwise.get(k, 0.0)) for k, v in now.elementwise.items()},
+            "dispatch_s": min(now.dispatch_s, earlier.dispatch_s),
+            "autograd_dispatch_s": min(now.autograd_dispatch_s, earlier.autograd_dispatch_s),
+        }
+    )
+
+
+def _repeat(
+    run: Callable[[], object], synchronize: Callable[[], None], calls: int = 1
+) -> tuple[float, float]:
+    """Seconds per call of ``run`` (``calls`` calls per timed repeat): best and median of the repeats, which run
+    for :data:`REPEAT_BUDGET_S` (at least :data:`MIN_REPEATS`), each between synchronisations."""
+    run()  # warm-up: kernel selection, lazy initialisation
+    times: list[float] = []
+    spent = 0.0
+    while spent < REPEAT_BUDGET_S or len(times) < MIN_REPEATS:
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        synchronize()
+        elapsed = time.perf_counter() - start
+        spent += elapsed
+        times.append(elapsed / calls)
+    return min(times), statistics.median(times)
+
+
+def _work_time(per_call: float, dispatch: float) -> float:
+    """A call's time less its dispatch (counted per operator elsewhere), never below a tenth of the call."""
+    return max(per_call - dispatch, per_call * MIN_WORK_SHARE)
+
+
+def _time_dispatch(
+    device: torch.device, synchronize: Callable[[torch.device], None], autograd: bool
+) -> float:
+    """Median seconds per call of ``add`` on one-element tensors (its work is nil): the dispatch, and with
+    ``autograd`` the recording of the graph node too."""
+    import torch
+
+    a = torch.ones(1, device=device, requires_grad=autograd)
+    b = torch.ones(1, device=device)
+    with torch.enable_grad():
+        _, median = _repeat(lambda: torch.add(a, b), lambda: synchronize(device), DISPATCH_CALLS)
+    return median
+
+
+def _time_matmul(
+    device: torch.device,
+    synchronize: Callable[[torch.device], None],
+    dtype: str,
+    m: int,
+    n: int,
+    k: int,
+    dispatch: float,
+) -> MatmulPoint:
+    import torch
+
+    kind = getattr(torch, dtype)
+    a = torch.randn(m, k, device=device).to(kind)
+    b = torch.randn(k, n, device=device).to(kind)
+    flops = 2.0 * m * n * k
+    calls = max(1, min(DISPATCH_CALLS, int(2e6 // (m * n * k))))  # tiny products: several per timed repeat
+    best, median = _repeat(lambda: torch.mm(a, b), lambda: synchronize(device), calls)
+    return MatmulPoint(
+        dtype=dtype,
+        m=m,
+        n=n,
+        k=k,
+        best_flops_per_s=flops / _work_time(best, dispatch),
+        median_flops_per_s=flops / _work_time(median, dispatch),
+    )
+
+
+def _time_stream(
+    device: torch.device, synchronize: Callable[[torch.device], None], bytes_moved: int, dispatch: float
+) -> StreamPoint:
+    """``a + b -> out`` moving ``bytes_moved``, each call on the next of several buffer sets (:data:`COLD_BYTES`
+    in all), so that its tensors come from memory, not from the cache the previous call warmed: in a step most
+    elementwise work reads what was written long before (backward reads forward's activations)."""
+    import torch
+
+    elements = bytes_moved // 12  # three fp32 tensors: a + b -> out
+    sets = max(1, min(MAX_BUFFER_SETS, COLD_BYTES // (elements * 12)))
+    pool = [
+        (
+            torch.ones(elements, device=device),
+            torch.ones(elements, device=device),
+            torch.empty(elements, device=device),
+        )
+        for _ in range(sets)
+    ]
+    turn = itertools.cycle(pool)
+
+    def add() -> None:
+        a, b, out = next(turn)
+        torch.add(a, b, out=out)
+
+    calls = max(1, min(DISPATCH_CALLS, 2**22 // bytes_moved))
+    best, median = _repeat(add, lambda: synchronize(device), calls)
+    moved = elements * 12
+    return StreamPoint(
+        bytes_moved=moved,
+        best_bytes_per_s=moved / _work_time(best, dispatch),
+        median_bytes_per_s=moved / _work_time(median, dispatch),
+    )
+
+
+def _time_elementwise(
+    device: torch.device, synchronize: Callable[[torch.device], None], operator: str, dispatch: float
+) -> float:
+    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values (rows of 128 for softmax)."""
+    import torch
+
+    x = torch.rand(ELEMENTWISE_ELEMENTS, device=device)
+    run: Callable[[], object]
+    if operator == "bernoulli_":
+        run = lambda: x.bernoulli_(0.9)  # noqa: E731 - dropout's keep probability
+    elif operator == "gelu_backward":
+        grad = torch.rand(ELEMENTWISE_ELEMENTS, device=device)
+        run = lambda: torch.ops.aten.gelu_backward(grad, x)  # noqa: E731
+    elif operator == "softmax":
+        rows = x.view(-1, 128)
+        run = lambda: torch.softmax(rows, -1)  # noqa: E731
+    else:
+        run = lambda: getattr(torch.nn.functional, operator)(x)  # noqa: E731
+    best, _ = _repeat(run, lambda: synchronize(device))
+    return ELEMENTWISE_ELEMENTS / _work_time(best, dispatch)
+
+
+def _load(path: Path) -> tuple[dict[str, object], str | None]:
+    """The cache's entries, and what was wrong with the file where it could not be read (it is then rewritten
+    with what is measured now)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, f"the calibration cache {path} cannot be read ({exc}): measured again"
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        return {}, f"the calibration cache {path} is not JSON ({_first_line(exc)}): measured again"
+    if not isinstance(raw, dict):
+        return (
+            {},
+            f"the calibration cache {path} holds no calibrations (a JSON {type(raw).__name__}): measured again",
+        )
+    return raw, None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:200]

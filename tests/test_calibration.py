@@ -1,0 +1,313 @@
+"""The calibrated step time: the traced operators of a step, the device's calibration (measured here for real on
+the CPU, with a tiny grid), and the step time summed from them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelbench.config import RunConfig
+from accelbench.contract import standard_plan
+from accelbench.estimate import predict
+from accelbench.estimate.calibration import CACHE_FILE, Calibration, MatmulPoint, StreamPoint, calibrate
+from accelbench.estimate.facts import meta_facts
+from accelbench.estimate.operators import StepOperators, step_operators
+from accelbench.plugins import get_host
+
+CPU = torch.device("cpu")
+TINY_GRID = {"matmul_sizes": (16, 64), "stream_bytes": (3 * 2**12, 3 * 2**20)}
+
+
+def _nothing(device: torch.device) -> None:
+    """A CPU's synchronisation: its operators have returned when they return."""
+
+
+def traced(
+    model: str = "gpt-nano", precision: str = "fp32", **options: object
+) -> tuple[RunConfig, StepOperators]:
+    host = get_host()
+    config = host.resolve(RunConfig(workload="gpt", model=model, precision=precision, **options))  # type: ignore[arg-type]
+    plan = standard_plan(precision, "ieee-fp32")
+    return config, step_operators(host.workload("gpt"), config, plan, "cpu", "fused")
+
+
+def tiny_calibration(folder: Path, **kwargs: object) -> Calibration:
+    found = calibrate(CPU, _nothing, backend="cpu", device_name="test cpu", dtype="float32", directory=folder,
+                      **TINY_GRID, **kwargs)  # type: ignore[arg-type]  # fmt: skip
+    assert found is not None
+    return found
+
+
+def test_the_traced_flops_are_the_gpts_closed_form_and_its_matmuls_the_models_shapes() -> None:
+    config, ops = traced("gpt-micro", batch_size=4)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    # 6N + 12 l d s per token leaves out the softmax, norms and AdamW's elementwise FLOPs: the matmuls are all
+    assert ops.flops_per_step() == pytest.approx(facts.flops_per_sample * 4, rel=0.01)
+    shape = facts.transformer
+    assert shape is not None
+    tokens, d = 4 * shape.sequence, shape.hidden
+    forward = {(op.matmul.m, op.matmul.n, op.matmul.k) for op in ops.phase("forward") if op.matmul}
+    assert {(tokens, 3 * d, d), (tokens, d, d), (tokens, 4 * d, d), (tokens, d, 4 * d)} <= forward
+    assert (tokens, shape.vocab, d) in forward  # the logits
+    assert all(ops.phase(phase) for phase in ("forward", "backward", "optimizer"))
+    assert not any(op.flops for op in ops.phase("optimizer"))  # AdamW is elementwise: memory, not matmuls
+    # forward 2 N-ish FLOPs per token, backward twice that
+    fwd = sum(op.flops for op in ops.phase("forward"))
+    bwd = sum(op.flops for op in ops.phase("backward"))
+    assert bwd == pytest.approx(2 * fwd, rel=0.02)
+
+
+def test_mixed_precision_is_traced_under_autocast_and_the_trace_is_cached() -> None:
+    _, ops = traced("gpt-nano", precision="bf16-mixed", batch_size=2)
+    linear = {op.dtype for op in ops.phase("forward") if op.name in ("mm", "addmm")}
+    assert linear == {"bfloat16"}  # autocast's 16-bit linear layers
+    # the CPU's attention math path (training with dropout) computes its scores in fp32: what really runs
+    assert {op.dtype for op in ops.phase("forward") if op.name == "bmm"} == {"float32"}
+    _, again = traced("gpt-nano", precision="bf16-mixed", batch_size=2)
+    assert again is ops  # the same configuration is traced once per process
+
+
+def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path) -> None:
+    first = tiny_calibration(tmp_path)
+    assert first.dispatch_s > 0 and first.autograd_dispatch_s > 0
+    assert len(first.matmul) == 8 and all(
+        p.best_flops_per_s >= p.median_flops_per_s > 0 for p in first.matmul
+    )
+    largest = max(first.matmul, key=lambda p: p.m * p.n * p.k)
+    assert all(
+        p.best_flops_per_s <= largest.best_flops_per_s for p in first.matmul
+    )  # none beats the dense one
+    assert all(p.best_bytes_per_s > 0 for p in first.stream)
+    stored = json.loads((tmp_path / CACHE_FILE).read_text())
+    assert list(stored) == [first.key] and f"{torch.get_num_threads()} thread(s)" in first.key
+    if not first.contended:  # a calibration measured on a busy host is measured again: nothing to reload
+        again = tiny_calibration(tmp_path)
+        assert again == first
+    refreshed = tiny_calibration(tmp_path, refresh=True)
+    assert refreshed.matmul != first.matmul  # timed again
+    assert calibrate(CPU, _nothing, backend="cpu", device_name="another", dtype="float32", directory=tmp_path,
+                     cached_only=True) is None  # fmt: skip
+
+
+@pytest.mark.parametrize("content", ["not json {", "[1, 2]", "entry"])
+def test_a_malformed_cache_is_measured_again_and_says_so(tmp_path: Path, content: str) -> None:
+    key = tiny_calibration(tmp_path).key
+    text = json.dumps({key: {"version": 1, "key": key}}) if content == "entry" else content
+    (tmp_path / CACHE_FILE).write_text(text)
+    found = tiny_calibration(tmp_path)
+    assert found.matmul and any("measured again" in note for note in found.notes), found.notes
+    assert Calibration.model_validate(json.loads((tmp_path / CACHE_FILE).read_text())[key])  # rewritten whole
+
+
+def _grid_calibration() -> Calibration:
+    """A calibration whose rates are made up, to pin the interpolation's arithmetic."""
+    sizes = (10, 100, 1000)
+    matmul = [MatmulPoint(dtype="float32", m=m, n=n, k=k, best_flops_per_s=float(m * n * k),
+                          median_flops_per_s=float(m * n * k)) for m in sizes for n in sizes for k in sizes]  # fmt: skip
+    stream = [
+        StreamPoint(bytes_moved=b, best_bytes_per_s=b * 1e3, median_bytes_per_s=b * 1e3) for b in (10, 1000)
+    ]
+    return Calibration(key="made up", device_type="cpu", dtype="float32", threads=1, matmul=matmul, stream=stream,
+                       elementwise={"random": 2.0, "softmax": 3.0}, dispatch_s=1e-6, autograd_dispatch_s=2e-6,
+                       measured_at="now", seconds=0.0)  # fmt: skip
+
+
+def test_interpolation_is_log_linear_monotone_and_clamped() -> None:
+    c = _grid_calibration()
+    assert c.matmul_rate(100, 100, 100) == pytest.approx(1e6)
+    assert c.matmul_rate(10, 1000, 100) == pytest.approx(1e6)
+    # rate = m n k on the grid, so log-linear interpolation is exact between its points too
+    assert c.matmul_rate(31, 200, 500) == pytest.approx(31 * 200 * 500, rel=1e-9)
+    rates = [c.matmul_rate(m, 50, 50) for m in (10, 20, 40, 80, 160, 320, 640, 1000)]
+    assert rates == sorted(rates)
+    assert c.matmul_rate(1, 1, 1) == pytest.approx(1000.0) and c.matmul_rate(
+        10**5, 10**5, 10**5
+    ) == pytest.approx(1e9)
+    assert c.stream_rate(100) == pytest.approx(1e5) and c.stream_rate(10**9) == pytest.approx(1e6)
+    assert c.matmul_rate(100, 100, 100, "bfloat16") == pytest.approx(
+        1e6
+    )  # no grid for it: the calibrated dtype's
+
+
+def test_the_calibrated_step_is_positive_grows_with_batch_and_says_how_it_was_made(tmp_path: Path) -> None:
+    calibration = tiny_calibration(tmp_path)
+    steps = []
+    for batch in (2, 8):
+        config, ops = traced("gpt-micro", batch_size=batch)
+        facts = meta_facts(get_host().workload("gpt"), config)
+        p = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops)
+        assert p.forward_s and p.backward_s and p.optimizer_s and p.dispatch_s
+        assert p.compute_s is not None and p.compute_s == pytest.approx(p.forward_s + p.backward_s)
+        assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s)
+        assert p.time_model and p.time_model.startswith("calibrated:")
+        assert p.step_time_s is not None
+        steps.append(p.step_time_s)
+    assert 0 < steps[0] < steps[1]
+    plain = predict(config, facts, device_type="cpu")
+    assert plain.forward_s is None and plain.time_model and plain.time_model.startswith("efficiency")
+
+
+def test_grad_accumulation_repeats_forward_and_backward_not_the_optimizer(tmp_path: Path) -> None:
+    calibration = tiny_calibration(tmp_path)
+    facts = None
+    times = {}
+    for accum in (1, 2):
+        config, ops = traced("gpt-nano", batch_size=4, grad_accum=accum)
+        assert ops.micro_batch == 4 // accum and ops.micro_batches == accum
+        facts = facts or meta_facts(get_host().workload("gpt"), config)
+        times[accum] = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops)
+    assert ops.flops_per_step() == pytest.approx(
+        traced("gpt-nano", batch_size=4)[1].flops_per_step(), rel=1e-6
+    )
+    assert times[2].optimizer_s == pytest.approx(times[1].optimizer_s)
+
+
+def test_calibrate_refuses_another_device_and_refresh_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    from accelbench.cli import main
+
+    assert main(["estimate", "--model", "gpt-nano", "--device", "A100", "--calibrate"]) == 2
+    err = capsys.readouterr().err
+    assert "--calibrate" in err and "--device A100" in err and "this machine" in err
+    assert main(["estimate", "--model", "gpt-nano", "--refresh-calibration"]) == 2
+    assert "give it with --calibrate" in capsys.readouterr().err
+
+
+def test_estimate_calibrate_predicts_from_the_calibration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelbench.cli import main
+    from accelbench.estimate import calibration as module
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
+    monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    assert main(["estimate", "--model", "gpt-nano", "--calibrate", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["time_model"].startswith("calibrated:") and p["forward_s"] > 0 and p["backward_s"] > 0
+    assert (tmp_path / CACHE_FILE).exists()
+
+
+@pytest.mark.slow
+def test_a_calibrated_prediction_is_near_a_real_gpt_nano_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's stored prediction uses the cached calibration and is within 35% of the measured step (on a busy
+    host, of the step's CPU time: the time its one thread ran, which leaves out the waiting)."""
+    from accelbench.cli import main
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        calibrate(CPU, _nothing, backend="cpu", device_name=get_host().backends["cpu"].detect()[0].name,
+                  dtype="float32", directory=tmp_path / "cache")  # fmt: skip
+        code = main(["run", "--model", "gpt-nano", "--batch-size", "8", "--threads", "1", "--epochs", "3",
+                     "--steps-per-epoch", "10", "--output-dir", str(tmp_path / "out"), "-q"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    record = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    prediction, metrics = record["prediction"], record["metrics"]
+    assert prediction["time_model"].startswith("calibrated:"), prediction
+    step = metrics["steady"]["epoch_s_median"] / metrics["epochs"][-1]["steps"]
+    if metrics["host"]["contended"]:  # a shared host: the time the step's one thread ran, without its waiting
+        cpu = sorted(e["cpu_s"] / e["steps"] for e in metrics["epochs"][1:])
+        step = cpu[len(cpu) // 2]
+    assert math.isclose(prediction["step_time_s"], step, rel_tol=0.35), (prediction["step_time_s"], step)
+
+
+def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
+    """A busy host only lowers a rate and lengthens a dispatch: remeasured on a busy host again, each figure is the
+    better of the two measurements."""
+    from accelbench.estimate.calibration import _faster
+
+    earlier = _grid_calibration()
+    now = earlier.model_copy(
+        update={
+            "matmul": [
+                p.model_copy(update={"best_flops_per_s": p.best_flops_per_s * (2 if p.m == 10 else 0.5)})
+                for p in earlier.matmul
+            ],  # fmt: skip
+            "stream": [
+                p.model_copy(update={"best_bytes_per_s": p.best_bytes_per_s / 2}) for p in earlier.stream
+            ],
+            "elementwise": {"random": 1.0, "softmax": 5.0},
+            "dispatch_s": 3e-6,
+            "autograd_dispatch_s": 1e-6,
+        }
+    )
+    merged = _faster(now, earlier)
+    assert merged.matmul_rate(10, 100, 100) == pytest.approx(2e5) and merged.matmul_rate(
+        100, 100, 100
+    ) == pytest.approx(1e6)
+    assert merged.stream == earlier.stream
+    assert merged.elementwise == {"random": 2.0, "softmax": 5.0}
+    assert (merged.dispatch_s, merged.autograd_dispatch_s) == (1e-6, 1e-6)
+
+
+def test_a_profiles_measured_operator_times_replace_the_calibrated_ones(tmp_path: Path) -> None:
+    from accelbench.estimate.operators import profiled_operator_times
+
+    calibration = tiny_calibration(tmp_path)
+    config, ops = traced("gpt-nano", batch_size=4)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    plain = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops)
+    measured = profiled_operator_times(
+        [
+            ("aten::mm", "kernel", 0.5),
+            ("aten::mm", "intra-op dispatch", 9.0),
+            ("aten::linear", "kernel", 0.25),
+            ("Optimizer.step#AdamW.step", "optimizer", 7.0),
+        ]  # fmt: skip
+    )
+    assert measured == {"mm": 0.5, "linear": 0.25}  # arithmetic only, by aten name
+    refined = predict(config, facts, device_type="cpu", calibration=calibration,
+                      operators=ops.refined(measured, "a profile"))  # fmt: skip
+    assert plain.forward_s is not None and plain.backward_s is not None and plain.compute_s is not None
+    assert refined.forward_s is not None and refined.backward_s is not None and refined.compute_s is not None
+    mm = [op for op in ops.operators if op.name == "mm"]
+    assert {op.phase for op in mm} == {
+        "forward",
+        "backward",
+    }  # the logits forward, the linear layers' backward
+    assert (
+        0.5 < refined.compute_s < plain.compute_s + 0.5
+    )  # mm's calibrated time replaced by the measured 0.5 s
+    assert refined.optimizer_s == pytest.approx(plain.optimizer_s)
+    assert refined.time_model and "refined by a profile for 1 operator(s)" in refined.time_model
+
+
+def test_from_profile_needs_calibrate_and_a_profiled_record_of_this_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelbench.cli import main
+
+    assert main(["estimate", "--model", "gpt-nano", "--from-profile", str(tmp_path / "r.json")]) == 2
+    assert "give --calibrate as well" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_estimate_from_a_real_profiled_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelbench.cli import main
+    from accelbench.estimate import calibration as module
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
+    monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    flags = ["--model", "gpt-nano", "--batch-size", "4", "--threads", "1"]
+    assert main(["run", *flags, "--epochs", "2", "--steps-per-epoch", "3", "--profile", "--profile-steps", "3",
+                 "--output-dir", str(tmp_path / "out"), "-q"]) == 0  # fmt: skip
+    record = next(p for p in (tmp_path / "out").glob("*.json") if not p.name.endswith(".trace.json"))
+    capsys.readouterr()
+    assert main(["estimate", *flags, "--calibrate", "--from-profile", str(record), "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert "refined by the profile in" in p["time_model"], p["time_model"]
+    assert main(["estimate", "--model", "gpt-nano", "--batch-size", "8", "--threads", "1", "--calibrate",
+                 "--from-profile", str(record)]) == 2  # fmt: skip
+    assert "a profile of another configuration (batch_size 4 (here 8))" in capsys.readouterr().err
