@@ -122,6 +122,20 @@ def fmt_bubble(cell: Cell) -> str:
     return f"{cell.bubble.median:.0%}{model}"
 
 
+def fmt_loss(spread: Spread | None) -> str:
+    return "-" if spread is None else f"{spread.median:.4f}"
+
+
+def fmt_target(cell: Cell) -> str:
+    """Training time to --target-loss (the median of the runs that reached it, how many did where some did not),
+    or 'not reached' where none did."""
+    asked, reached = cell.spread("target_loss"), cell.spread("time_to_target_s")
+    if reached is None:
+        return "not reached" if asked is not None else "-"
+    missed = f" ({reached.n}/{asked.n} reached)" if asked is not None and asked.n > reached.n else ""
+    return f"{reached.median:.3g} s{missed}"
+
+
 def fmt_scaling(cell: Cell) -> str:
     s = cell.scaling
     if s is None:
@@ -167,6 +181,7 @@ class Column:
     figure: bool = False  # a measured value of the cell (Cell.spread(name)), carried by CSV and JSON
     csv: CsvFields = _median_field  # a figure's CSV fields from its spread
     optional: bool = False  # shown only when some cell has it (Comparison.any_cell_has(name))
+    optional_on: str | None = None  # ... or, given, when some cell has this other figure
     axis_only: bool = False  # shown only when comparing along an axis (--vs)
     systems_only: bool = False  # ... and only with several systems
     after: str | None = None  # in the text formats, right after this column instead of in registry order
@@ -197,7 +212,7 @@ class Column:
             return False
         if self.systems_only and len(comparison.systems) < 2:
             return False
-        return not self.optional or comparison.any_cell_has(self.name)
+        return not self.optional or comparison.any_cell_has(self.optional_on or self.name)
 
 
 REGISTRY: tuple[Column, ...] = (
@@ -212,6 +227,30 @@ REGISTRY: tuple[Column, ...] = (
         "peak_memory_bytes", "peak memory", lambda c, g: fmt_memory(c.peak_memory_bytes), figure=True, drop=8
     ),
     Column("mfu", "MFU", lambda c, g: fmt_mfu(c), figure=True, drop=6),
+    Column(
+        "val_loss",
+        "val loss",
+        lambda c, g: fmt_loss(c.spread("val_loss")),
+        figure=True,
+        optional=True,
+        after="samples_per_s",
+        drop=4,
+        note="val loss = the held-out loss after each run's last epoch (median over runs): a precision, strategy or "
+        "backend that trains wrong shows here beside its speed.",
+    ),
+    Column(
+        "time_to_target_s",
+        "to target",
+        lambda c, g: fmt_target(c),
+        figure=True,
+        optional=True,
+        optional_on="target_loss",
+        after="samples_per_s",
+        drop=5,
+        note="to target = training time (the timed epochs, evaluation excluded) until the validation loss first "
+        "reached --target-loss; 'not reached' where no run reached it.",
+    ),
+    Column("target_loss", figure=True),
     Column(
         "joules_per_sample",
         "J/sample",

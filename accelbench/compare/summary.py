@@ -159,6 +159,33 @@ class _Prediction(_View):
     peak_memory_bytes: float | None = None
 
 
+class _EpochQuality(_View):
+    val_loss: float | None = None
+
+
+class _Target(_View):
+    loss: float = Field(gt=0)
+    reached: bool
+    time_to_target_s: float | None = Field(default=None, ge=0, le=MAX_MEASURED_S)
+
+
+class _Quality(_View):
+    epochs: list[_EpochQuality] = Field(default_factory=list)
+    target: _Target | None = None
+
+
+def _quality(quality: _Quality | None) -> dict[str, float | None]:
+    if quality is None:
+        return {}
+    measured = [q.val_loss for q in quality.epochs if q.val_loss is not None]
+    target = quality.target
+    return {
+        "val_loss": measured[-1] if measured else None,
+        "target_loss": target.loss if target else None,
+        "time_to_target_s": target.time_to_target_s if target and target.reached else None,
+    }
+
+
 class RecordView(_View):
     """The fields of a current-version result record that compare and report use."""
 
@@ -182,6 +209,7 @@ class RecordView(_View):
     metrics: _Metrics | None
     profile: _Profile | None = None
     prediction: _Prediction | None = None
+    quality: _Quality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +254,9 @@ class RunFigures:
     )
     predicted_comm_s: float | None = None  # ... its exposed communication per step
     predicted_peak_bytes: float | None = None  # ... its peak memory per device
+    val_loss: float | None = None  # the held-out loss after the last epoch (quality.epochs)
+    target_loss: float | None = None  # --target-loss, where one was asked
+    time_to_target_s: float | None = None  # ... the training time until it was reached (None: not reached)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +349,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             if steady and metrics.epochs[-1].steps
             else None,
             **_predicted(view.prediction),
+            **_quality(view.quality),
         )
     system = SystemFacts(
         host=s.host,

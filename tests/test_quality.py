@@ -1,0 +1,208 @@
+"""Is it training right: the held-out loss, --target-loss and the numerics checks (accelbench.engine.quality), on
+real tiny trainings on the CPU."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from core_support import TINY, accelbench
+
+from accelbench.cli import main, make_config
+from accelbench.engine.executor import TorchExecutor
+from accelbench.engine.runner import run
+from accelbench.errors import ConfigError
+from accelbench.plugins import get_host
+from accelbench.results import ResultRecord, read_record
+from accelbench.testing import tiny_config
+from accelbench.workloads import TrainingJob
+from accelbench.workloads.gpt.data import CharCorpus, RandomWindows
+from accelbench.workloads.heldout import HeldOutWindows, held_out_start
+
+QUICK = dict(steps_per_epoch=4, learning_rate=1e-2, threads=1)
+
+
+def train(tmp_path: Path, **values: object) -> ResultRecord:
+    record, _, _ = run(tiny_config(output_dir=tmp_path, **{**QUICK, **values}), get_host())
+    assert record is not None
+    return record
+
+
+def compare_cell(folder: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    capsys.readouterr()
+    assert main(["compare", str(folder), "--format", "json"]) == 0
+    ((cell,),) = [group["cells"] for group in json.loads(capsys.readouterr().out)["groups"]]
+    return cell
+
+
+def test_a_tiny_gpt_reaches_a_target_and_records_the_time_to_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From ~4.2 (ln 65) the tiny GPT's held-out loss falls below 3.5 within a few epochs of 4 steps: the run stops
+    at the end of that epoch, and the time to target is the sum of the timed epochs, evaluation left out."""
+    record = train(tmp_path, epochs=12, target_loss=3.5)
+    assert record.outcome.status == "ok"
+    quality, metrics = record.quality, record.metrics
+    assert quality is not None and metrics is not None and quality.target is not None
+    target = quality.target
+    assert target.reached and target.epoch == len(metrics.epochs) < 12  # it stopped there
+    assert quality.epochs[-1].val_loss is not None and quality.epochs[-1].val_loss <= 3.5
+    assert all(q.val_loss is not None and q.val_loss > 3.5 for q in quality.epochs[:-1])
+    assert target.time_to_target_s == pytest.approx(sum(e.wall_s for e in metrics.epochs))
+    assert target.steps == 4 * len(metrics.epochs) and target.samples == 8 * 4 * len(metrics.epochs)
+    assert "--target-loss 3.5: stopped when it was reached" in (metrics.epochs_decision or "")
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["time_to_target_s"]["median"] == pytest.approx(target.time_to_target_s)
+    assert cell["val_loss"]["median"] == pytest.approx(quality.epochs[-1].val_loss)
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path)]) == 0
+    assert "to target" in capsys.readouterr().out
+
+
+def test_a_target_never_reached_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = train(tmp_path, epochs=2, target_loss=0.01)
+    assert record.outcome.status == "ok"  # its speed stands; it just did not get there
+    assert record.quality is not None and record.quality.target is not None
+    target = record.quality.target
+    assert not target.reached and target.time_to_target_s is None
+    assert target.message.startswith("--target-loss 0.01 not reached in 2 epoch(s); the best validation loss was")
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path)]) == 0
+    assert "not reached" in capsys.readouterr().out
+
+
+def test_validation_is_timed_apart_from_the_epochs(tmp_path: Path) -> None:
+    """60 held-out batches take far longer than 2 training steps: were evaluation inside an epoch's timed region,
+    the epoch would take at least as long as it; every epoch is shorter than its evaluation, and as short as with
+    validation off."""
+    on = train(tmp_path / "on", epochs=3, steps_per_epoch=2, eval_batches=60)
+    off = train(tmp_path / "off", epochs=3, steps_per_epoch=2, eval_batches=0)
+    assert on.quality is not None and on.metrics is not None and off.metrics is not None
+    for epoch, checked in zip(on.metrics.epochs, on.quality.epochs, strict=True):
+        assert checked.val_samples == 60 * 8
+        assert checked.eval_s > epoch.wall_s
+    steady_on = statistics.median(e.wall_s for e in on.metrics.epochs[1:])
+    steady_off = statistics.median(e.wall_s for e in off.metrics.epochs[1:])
+    assert steady_on < 5 * steady_off  # the same order of magnitude on a busy host
+    assert off.quality is not None and all(q.val_loss is None for q in off.quality.epochs)
+    assert off.quality.validation == "off (--eval-batches 0)"
+
+
+def test_the_held_out_split_is_never_trained_on(tmp_path: Path) -> None:
+    """A corpus whose last tenth is the only place 'b' occurs: no training window holds a 'b', every validation
+    window is all 'b'."""
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(b"a" * 450 + b"c" * 450 + b"b" * 100)
+    corpus = CharCorpus.from_file(text)
+    start = held_out_start(len(corpus), 17)
+    assert start == 900
+    b = int(corpus.lookup[ord("b")])
+    training = RandomWindows(corpus, 16, 8, seed=0, end=start)
+    for epoch in range(20):
+        for inputs, targets in training.batches(epoch):
+            assert not (inputs == b).any() and not (targets == b).any()
+    held = HeldOutWindows(lambda idx: corpus.lookup[corpus.data[idx]], start, len(corpus), 17, 4)
+    batches = list(held.batches(0))
+    assert sum(x.shape[0] for x, _ in batches) == 100 // 17
+    assert all(bool((x == b).all()) and bool((y == b).all()) for x, y in batches)
+    assert held_out_start(30, 17) is None  # too short to keep a tenth apart: no validation
+
+
+class CorruptedGradients(TorchExecutor):
+    """A stand-in for a broken precision plan or backend: every gradient multiplied by 10^6 (``scale``) as it is
+    computed. AdamW is blind to a gradient's scale and clipping hides it, so the training loss barely shows it."""
+
+    scale = 1e6
+
+    def setup(self, job: TrainingJob) -> None:
+        super().setup(job)
+        for parameter in self.model.parameters():
+            parameter.register_hook(lambda grad: grad * self.scale)
+
+
+@pytest.mark.parametrize(
+    ("scale", "found", "where"),
+    [
+        (1e6, "the gradient norm exploded: ", "after epoch 1 (step 4), above --grad-norm-limit 10000"),
+        (float("nan"), "training diverged: the loss was nan at step 2 ", "of epoch 1 "),
+    ],
+)
+def test_corrupted_gradients_end_the_run_as_diverged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    scale: float,
+    found: str,
+    where: str,
+) -> None:
+    """The tiny GPT with a stand-in for a broken precision plan: gradients 10^6 times too large are caught by the
+    gradient-norm probe after the first epoch; NaN gradients by the loss they make at the next step."""
+    backend = get_host().select_backend("cpu")
+    monkeypatch.setattr(CorruptedGradients, "scale", scale)
+    monkeypatch.setattr(backend, "executor", CorruptedGradients)
+    record, _, status = run(tiny_config(output_dir=tmp_path, epochs=3, **QUICK), get_host())
+    assert status == "diverged" and record is not None and record.quality is not None
+    message = record.outcome.message or ""
+    assert found in message and where in message
+    assert record.quality.problem == message
+    assert record.metrics is not None and len(record.metrics.epochs) == 1  # it stopped after that epoch
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["outcomes"] == {"diverged": 1} and cell["epoch_s"] is None  # no speed for it
+
+
+def test_a_loss_that_does_not_fall_ends_the_run_with_stall_epochs(tmp_path: Path) -> None:
+    """At a learning rate of 10^-12 the weights do not move: the held-out loss of epoch 3 is not below epoch 1's."""
+    record = train(tmp_path, epochs=4, learning_rate=1e-12, stall_epochs=2)
+    assert record.outcome.status == "diverged"
+    assert "the loss is not decreasing: the validation loss of epoch 3 (step 12)" in (record.outcome.message or "")
+    unchecked = train(tmp_path / "off", epochs=3, learning_rate=1e-12)  # the default: off
+    assert unchecked.outcome.status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"target_loss": 0}, "--target-loss: Input should be greater than 0"),
+        ({"target_loss": -1.5}, "--target-loss: Input should be greater than 0"),
+        ({"target_loss": float("nan")}, "--target-loss: Input should be a finite number"),
+        ({"target_loss": float("inf")}, "--target-loss: Input should be a finite number"),
+        ({"eval_batches": -1}, "--eval-batches: Input should be greater than or equal to 0"),
+        ({"eval_batches": 1001}, "--eval-batches: Input should be less than or equal to 1000"),
+        ({"target_loss": 2.0, "eval_batches": 0}, "--target-loss 2 is judged on the validation loss"),
+        ({"grad_norm_limit": -1}, "--grad-norm-limit: Input should be greater than or equal to 0"),
+        ({"stall_epochs": -2}, "--stall-epochs: Input should be greater than or equal to 0"),
+    ],
+)
+def test_bad_quality_flags_are_refused(values: dict[str, float], says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_config(values)
+    assert says in str(caught.value)
+
+
+def test_bad_target_on_the_command_line_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", *TINY, "--target-loss", "nan", "--output-dir", str(tmp_path), "-q"]) != 0
+    assert "--target-loss" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_agree_on_validation_and_the_target(tmp_path: Path) -> None:
+    """DDP over 2 processes: the held-out loss is averaged over both ranks' samples, both stop at the same epoch
+    when it reaches the target (no rank left waiting in a collective) and the gradient norm is the all-reduced one."""
+    proc = accelbench(
+        "run", *TINY, "--strategy", "ddp", "--devices", "2", "--threads", "1", "--epochs", "12",
+        "--steps-per-epoch", "4", "--lr", "1e-2", "--target-loss", "3.5", "--output-dir", str(tmp_path), "-q",
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (file,) = tmp_path.glob("*.json")
+    record = read_record(file)
+    assert record.outcome.status == "ok" and record.world_size == 2
+    assert record.quality is not None and record.quality.target is not None and record.metrics is not None
+    assert record.quality.target.reached and record.quality.target.epoch == len(record.metrics.epochs) < 12
+    assert all(q.val_samples == 2 * 4 * 8 for q in record.quality.epochs)  # both ranks' held-out batches
+    assert record.quality.target.samples == 2 * 8 * 4 * len(record.metrics.epochs)
+    assert all(q.grad_norm is not None and np.isfinite(q.grad_norm) for q in record.quality.epochs)
+    assert torch.tensor([q.val_loss for q in record.quality.epochs]).diff().max() < 0.5  # it trained
