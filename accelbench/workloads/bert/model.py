@@ -208,7 +208,13 @@ def configure_adamw(model: nn.Module, implementation: str, lr: float) -> torch.o
 def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     from accelbench.workloads.bert import vocab_size
     from accelbench.workloads.bert.data import MaskedSequences, open_text, random_masked
-    from accelbench.workloads.pipeline import GeneratedBatches, LoaderSource
+    from accelbench.workloads.pipeline import (
+        GeneratedBatches,
+        HeldOutGenerated,
+        LoaderSource,
+        held_out_loader,
+        split_held_out,
+    )
 
     options = config.workload_options
     seq_len, mask_ratio = int(options["seq_len"]), float(options["mask_ratio"])
@@ -226,11 +232,13 @@ def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
             config.steps_per_epoch,
             f"random token ids, {seq_len} per sequence, {predicted} masked",
         )
+        validation: Any = HeldOutGenerated(data)
     else:
         text = open_text(config.data, options.get("tokenizer"), seq_len) if config.data else None
-        dataset = MaskedSequences(
-            text, vocab, seq_len, predicted, config.seed, int(samples or SYNTHETIC_SEQUENCES)
+        dataset, held_out = split_held_out(
+            MaskedSequences(text, vocab, seq_len, predicted, config.seed, int(samples or SYNTHETIC_SEQUENCES))
         )
+        validation = held_out_loader(held_out, config.batch_size, config.seed) if held_out else None
         given = options.get("data_workers")
         workers = int(given) if given is not None else None
         data = LoaderSource(
@@ -246,6 +254,7 @@ def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     return TrainingJob(
         model=model,
         data=data,
+        validation=validation,
         make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
         flops_per_sample=flops,
         flops_formula=FLOPS_FORMULA,
