@@ -38,7 +38,7 @@ from accelbench.config import RunConfig
 from accelbench.contract import Backend, DataShard, Executor
 from accelbench.engine.metrics import RankLog
 from accelbench.results import EpochQuality, QualityRecord, TargetResult
-from accelbench.workloads import TrainingJob
+from accelbench.workloads import BatchSource, TrainingJob
 
 
 class TrainingDiverged(Exception):
@@ -72,6 +72,7 @@ class QualityChecks:
     problem: str | None = None
     validation_note: str | None = None
     first_loss: float | None = None
+    _right: list[float] = field(default_factory=lambda: [0.0, 0.0])  # held-out predictions right, made
 
     def __post_init__(self) -> None:
         if self.job.validation is None:
@@ -101,21 +102,24 @@ class QualityChecks:
         start = time.perf_counter()
         loss_sum, count, norm = self._evaluate()
         train_loss = log.epoch_loss[-1]
-        # one all-reduce of the sums (held-out loss x samples, samples, training loss, samples trained) and one of
-        # the largest gradient norm: every rank then decides from the same figures
+        # one all-reduce of the sums (held-out loss x samples, samples, training loss, samples trained, held-out
+        # predictions right and made) and one of the largest gradient norm: every rank decides from the same figures
         sums = self._reduce(
-            [loss_sum, float(count), train_loss, float(sum(log.epoch_samples))], dist.ReduceOp.SUM
+            [loss_sum, float(count), train_loss, float(sum(log.epoch_samples)), *self._right],
+            dist.ReduceOp.SUM,
         )
         largest = self._reduce([norm if norm is not None else -1.0], dist.ReduceOp.MAX)[0]
         self.backend.synchronize(self.device)
         eval_s = time.perf_counter() - start
         world = self._world_size()
         val_loss = sums[0] / sums[1] if sums[1] > 0 else None
+        accuracy = sums[4] / sums[5] if sums[5] > 0 else None
         grad_norm = largest if largest >= 0 else None
         self.epochs.append(
             EpochQuality(
                 epoch=epoch + 1,
                 val_loss=val_loss,
+                val_accuracy=accuracy,
                 val_samples=int(sums[1]),
                 eval_s=eval_s,
                 grad_norm=grad_norm,
@@ -187,10 +191,26 @@ class QualityChecks:
     # ----------------------------------------------------------------------------------------------------------
 
     def _evaluate(self) -> tuple[float, int, float | None]:
-        """This rank's held-out loss x samples, its samples and the probe's gradient norm (None: not measured)."""
+        """This rank's held-out loss x samples, its samples and the probe's gradient norm (None: not measured); its
+        predictions right and made in :attr:`_right` where the workload has an accuracy."""
+        self._right = [0.0, 0.0]
         validation = self.job.validation
         if validation is None:
             return 0.0, 0, None
+        # the accuracy is read off the output of the model's last head module during evaluation's own forward
+        # (a forward hook: the model runs once, as the executor runs it, wrapped or sharded)
+        outputs: list[torch.Tensor] = []
+        head = self.job.model.get_submodule(self.job.units.head[-1]) if self.job.accuracy else None
+        hook = head.register_forward_hook(lambda _m, _i, out: outputs.append(out)) if head else None
+        try:
+            return self._held_out_batches(validation, outputs)
+        finally:
+            if hook is not None:
+                hook.remove()
+
+    def _held_out_batches(
+        self, validation: BatchSource, outputs: list[torch.Tensor]
+    ) -> tuple[float, int, float | None]:
         batches = validation.batches(0, self.shard.index, self.shard.count)
         loss_sum, count, norm = 0.0, 0, None
         wanted = self.config.eval_batches
@@ -203,6 +223,7 @@ class QualityChecks:
                     norm = math.inf  # NaN is not ordered: an all-reduced maximum must see it
             if index >= wanted:
                 break
+            outputs.clear()  # the probe's forward ran the head too
             loss = self.executor.evaluate(x, y)
             if loss is None:
                 self.validation_note = f"none: this executor ({type(self.executor).__name__}) cannot evaluate"
@@ -211,6 +232,10 @@ class QualityChecks:
             size = x.shape[0] if self.shard.counts_samples else 0
             loss_sum += float(loss.item()) * size
             count += size
+            if outputs and self.job.accuracy is not None and size:
+                right, made = self.job.accuracy(outputs[-1], y)
+                self._right[0] += float(right.item())
+                self._right[1] += float(made.item())
         return loss_sum, count, norm
 
     def _diverged(self, what: str) -> None:

@@ -8,6 +8,7 @@ post-LayerNorm, as in the original BERT. Submodules are named for the strategies
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +206,15 @@ def configure_adamw(model: nn.Module, implementation: str, lr: float) -> torch.o
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, **optimizer_kernels(implementation))
 
 
+def masked_accuracy(
+    logits: torch.Tensor, targets: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked-token accuracy's counts: the MLM head's logits at the predicted positions (N, P, padded vocabulary)
+    whose largest real token is the original one, and N x P."""
+    labels = targets[:, 1]
+    return (logits[..., :vocab].argmax(-1) == labels).sum(), torch.tensor(labels.numel())
+
+
 def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     from accelbench.workloads.bert import vocab_size
     from accelbench.workloads.bert.data import MaskedSequences, open_text, random_masked
@@ -255,6 +265,7 @@ def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
         model=model,
         data=data,
         validation=validation,
+        accuracy=functools.partial(masked_accuracy, vocab=cfg.vocab_size),
         make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
         flops_per_sample=flops,
         flops_formula=FLOPS_FORMULA,

@@ -91,6 +91,11 @@ def make_optimizer(
     )
 
 
+def top1(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 accuracy's counts: the classifier's logits (N, classes) whose largest is the label, and N."""
+    return (logits.argmax(-1) == labels).sum(), torch.tensor(labels.numel())
+
+
 def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> TrainingJob:
     from accelbench.workloads.pipeline import (
         GeneratedBatches,
@@ -137,6 +142,7 @@ def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> Traini
         model=model,
         data=data,
         validation=validation,
+        accuracy=top1,
         make_optimizer=lambda m, device, kernels: make_optimizer(spec, m, kernels, lr),
         flops_per_sample=3.0 * forward,
         flops_formula=FLOPS_FORMULA,
