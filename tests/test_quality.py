@@ -69,7 +69,9 @@ def test_a_target_never_reached_says_so(tmp_path: Path, capsys: pytest.CaptureFi
     assert record.quality is not None and record.quality.target is not None
     target = record.quality.target
     assert not target.reached and target.time_to_target_s is None
-    assert target.message.startswith("--target-loss 0.01 not reached in 2 epoch(s); the best validation loss was")
+    assert target.message.startswith(
+        "--target-loss 0.01 not reached in 2 epoch(s); the best validation loss was"
+    )
     capsys.readouterr()
     assert main(["compare", str(tmp_path)]) == 0
     assert "not reached" in capsys.readouterr().out
@@ -132,7 +134,9 @@ class CorruptedGradients(TorchExecutor):
     ],
 )
 def test_corrupted_gradients_end_the_run_as_diverged(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     scale: float,
     found: str,
     where: str,
@@ -156,7 +160,9 @@ def test_a_loss_that_does_not_fall_ends_the_run_with_stall_epochs(tmp_path: Path
     """At a learning rate of 10^-12 the weights do not move: the held-out loss of epoch 3 is not below epoch 1's."""
     record = train(tmp_path, epochs=4, learning_rate=1e-12, stall_epochs=2)
     assert record.outcome.status == "diverged"
-    assert "the loss is not decreasing: the validation loss of epoch 3 (step 12)" in (record.outcome.message or "")
+    assert "the loss is not decreasing: the validation loss of epoch 3 (step 12)" in (
+        record.outcome.message or ""
+    )
     unchecked = train(tmp_path / "off", epochs=3, learning_rate=1e-12)  # the default: off
     assert unchecked.outcome.status == "ok"
 
@@ -181,7 +187,9 @@ def test_bad_quality_flags_are_refused(values: dict[str, float], says: str) -> N
     assert says in str(caught.value)
 
 
-def test_bad_target_on_the_command_line_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_target_on_the_command_line_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["run", *TINY, "--target-loss", "nan", "--output-dir", str(tmp_path), "-q"]) != 0
     assert "--target-loss" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))
