@@ -13,10 +13,13 @@ import torch
 from core_support import TINY, accelbench
 
 from accelbench.cli import main, make_config
+from accelbench.config import RunConfig
 from accelbench.engine.executor import TorchExecutor
 from accelbench.engine.runner import run
 from accelbench.errors import ConfigError
 from accelbench.plugins import get_host
+from accelbench.references import RECIPE, REFERENCE_FILE, SEEDS, Reference
+from accelbench.references import load as load_references
 from accelbench.results import ResultRecord, read_record
 from accelbench.testing import tiny_config
 from accelbench.workloads import TrainingJob
@@ -92,6 +95,18 @@ def test_validation_is_timed_apart_from_the_epochs(tmp_path: Path) -> None:
     assert steady_on < 5 * steady_off  # the same order of magnitude on a busy host
     assert off.quality is not None and all(q.val_loss is None for q in off.quality.epochs)
     assert off.quality.validation == "off (--eval-batches 0)"
+
+
+def test_validation_leaves_training_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With dropout, the gradient probe draws random numbers: torch's generators are restored after it, so the
+    training losses are the same, bit for bit, as those of a run with validation off and an executor that cannot
+    probe its gradients (as DeepSpeed's)."""
+    on = train(tmp_path / "on", epochs=3, dropout=0.1)
+    monkeypatch.setattr(TorchExecutor, "gradient_norm", lambda self, inputs, targets: None)
+    off = train(tmp_path / "off", epochs=3, dropout=0.1, eval_batches=0)
+    assert off.quality is not None and all(q.grad_norm is None for q in off.quality.epochs)
+    assert on.metrics is not None and off.metrics is not None
+    assert [e.loss for e in on.metrics.epochs] == [e.loss for e in off.metrics.epochs]
 
 
 def test_the_held_out_split_is_never_trained_on(tmp_path: Path) -> None:
@@ -214,3 +229,67 @@ def test_two_gloo_ranks_agree_on_validation_and_the_target(tmp_path: Path) -> No
     assert record.quality.target.samples == 2 * 8 * 4 * len(record.metrics.epochs)
     assert all(q.grad_norm is not None and np.isfinite(q.grad_norm) for q in record.quality.epochs)
     assert torch.tensor([q.val_loss for q in record.quality.epochs]).diff().max() < 0.5  # it trained
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parity with the shipped reference trajectories (accelbench.references)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_the_shipped_references_say_how_they_were_made() -> None:
+    raw = json.loads(REFERENCE_FILE.read_text())
+    assert raw["made"]["how"].startswith("python -m accelbench.references")
+    assert raw["made"]["recipe"] == RECIPE and raw["made"]["seeds"] == list(SEEDS)
+    references = load_references()
+    assert set(references) == {"gpt-nano", "gpt-micro"}
+    for reference in references.values():
+        assert reference.epochs == RECIPE["epochs"] and set(reference.trajectories) == set(SEEDS)
+        for losses in reference.trajectories.values():
+            assert losses == sorted(losses, reverse=True)  # held-out loss falls every epoch at this recipe
+        low, high = reference.band()
+        assert low < statistics.fmean(t[-1] for t in reference.trajectories.values()) < high
+
+
+def test_the_reference_band_is_the_seeds_prediction_interval() -> None:
+    """Three seeds 3.00, 3.02, 3.04: mean 3.02, s 0.02, half-width t(0.995, 2) 9.925 x 0.02 x sqrt(4/3)."""
+    reference = Reference("m", {}, {0: [4.0, 3.0], 1: [4.0, 3.02], 2: [4.0, 3.04]})
+    low, high = reference.band()
+    assert (low, high) == pytest.approx((3.02 - 0.22920, 3.02 + 0.22920), abs=1e-4)
+    tight = Reference("m", {}, {0: [3.0], 1: [3.0], 2: [3.0]})
+    assert tight.band() == pytest.approx((2.97, 3.03))  # the 1% floor
+
+
+class ReversedGradients(TorchExecutor):
+    """A stand-in for a broken precision plan whose gradients have the wrong sign: their norm is right, so the
+    gradient-norm check cannot see it; the model climbs the loss instead of descending it."""
+
+    def setup(self, job: TrainingJob) -> None:
+        super().setup(job)
+        for parameter in self.model.parameters():
+            parameter.register_hook(lambda grad: -grad)
+
+
+@pytest.mark.slow
+def test_parity_flags_a_broken_precision_plan_beside_its_speed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpt-nano at the reference recipe: a seed the reference was not made with trains within its band; the same
+    run with reversed gradients completes (no numerics check fires) but compare marks it outside the band."""
+    recipe = {k: v for k, v in RECIPE.items() if k != "workload"}
+    good, _, status = run(
+        RunConfig(**recipe, model="gpt-nano", seed=7, output_dir=tmp_path / "good"), get_host()
+    )
+    assert status == "ok"
+    cell = compare_cell(tmp_path / "good", capsys)
+    assert cell["outside_reference"]["median"] == 0.0
+    backend = get_host().select_backend("cpu")
+    monkeypatch.setattr(backend, "executor", ReversedGradients)
+    bad, _, status = run(
+        RunConfig(**recipe, model="gpt-nano", seed=7, output_dir=tmp_path / "bad"), get_host()
+    )
+    assert status == "ok" and bad is not None and bad.quality is not None
+    cell = compare_cell(tmp_path / "bad", capsys)
+    assert cell["outside_reference"]["median"] == 1.0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "bad"), "--wide"]) == 0
+    assert "✗ outside ref" in capsys.readouterr().out

@@ -126,6 +126,20 @@ def fmt_loss(spread: Spread | None) -> str:
     return "-" if spread is None else f"{spread.median:.4f}"
 
 
+def fmt_val_loss(cell: Cell) -> str:
+    """The held-out loss, and where the runs have a shipped reference, whether they train as it does: ✗ with the
+    reference's band when any run's loss is outside it."""
+    text = fmt_loss(cell.spread("val_loss"))
+    tested = [r.figures for r in cell.ok_runs if r.figures and r.figures.outside_reference is not None]
+    if not tested:
+        return text
+    outside = [f for f in tested if f.outside_reference]
+    if not outside:
+        return f"{text} ✓ ref"
+    low, high = outside[0].reference_low or 0.0, outside[0].reference_high or 0.0
+    return f"{text} ✗ outside ref {low:.3f}-{high:.3f} ({len(outside)}/{len(tested)} runs)"
+
+
 def fmt_target(cell: Cell) -> str:
     """Training time to --target-loss (the median of the runs that reached it, how many did where some did not),
     or 'not reached' where none did."""
@@ -230,13 +244,15 @@ REGISTRY: tuple[Column, ...] = (
     Column(
         "val_loss",
         "val loss",
-        lambda c, g: fmt_loss(c.spread("val_loss")),
+        lambda c, g: fmt_val_loss(c),
         figure=True,
         optional=True,
         after="samples_per_s",
         drop=4,
-        note="val loss = the held-out loss after each run's last epoch (median over runs): a precision, strategy or "
-        "backend that trains wrong shows here beside its speed.",
+        note="val loss = the held-out loss after each run's last epoch (median over runs); ✓ ref / ✗ outside ref: a "
+        "run of a shipped reference's recipe (gpt-nano, gpt-micro: batch 16, 20 steps, 4 epochs) whose held-out loss "
+        "after epoch 4 is within / outside the reference's 99% prediction interval over seeds (fp32, one device; "
+        "docs/quality.md): a precision, strategy or backend that trains wrong shows here beside its speed.",
     ),
     Column(
         "time_to_target_s",
@@ -251,6 +267,8 @@ REGISTRY: tuple[Column, ...] = (
         "reached --target-loss; 'not reached' where no run reached it.",
     ),
     Column("target_loss", figure=True),
+    Column("reference_val_loss", figure=True),
+    Column("outside_reference", figure=True),
     Column(
         "joules_per_sample",
         "J/sample",

@@ -27,6 +27,7 @@ so all ranks decide alike.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -203,7 +204,10 @@ class QualityChecks:
         head = self.job.model.get_submodule(self.job.units.head[-1]) if self.job.accuracy else None
         hook = head.register_forward_hook(lambda _m, _i, out: outputs.append(out)) if head else None
         try:
-            return self._held_out_batches(validation, outputs)
+            # the probe's dropout draws random numbers: the generators are restored after, so validation on or off
+            # trains the same model
+            with self._own_random_numbers():
+                return self._held_out_batches(validation, outputs)
         finally:
             if hook is not None:
                 hook.remove()
@@ -237,6 +241,13 @@ class QualityChecks:
                 self._right[0] += float(right.item())
                 self._right[1] += float(made.item())
         return loss_sum, count, norm
+
+    def _own_random_numbers(self) -> contextlib.AbstractContextManager[None]:
+        """torch's generators (the host's, and the device's where it has its own) as they were, on leaving."""
+        generators = getattr(torch, self.device.type, None)
+        if self.device.type == "cpu" or not hasattr(generators, "get_rng_state"):  # a device without torch's API
+            return torch.random.fork_rng(devices=[])
+        return torch.random.fork_rng(devices=[self.device.index or 0], device_type=self.device.type)
 
     def _diverged(self, what: str) -> None:
         self.problem = (
