@@ -125,8 +125,9 @@ def regenerate(path: Path = REFERENCE_FILE, output_dir: Path | None = None) -> d
         trajectories: dict[str, list[float]] = {}
         identity: dict[str, Any] = {}
         for seed in SEEDS:
+            # one thread: deterministic, and never stalled by OpenMP barriers on a shared host
             config = RunConfig(
-                **{**RECIPE, "model": model, "seed": seed, "backend": "cpu", "output_dir": out}
+                **{**RECIPE, "model": model, "seed": seed, "backend": "cpu", "threads": 1, "output_dir": out}
             )
             record, _, status = run(config, get_host())
             if record is None or status != "ok" or record.quality is None:
@@ -136,12 +137,12 @@ def regenerate(path: Path = REFERENCE_FILE, output_dir: Path | None = None) -> d
         models[model] = {"identity": identity, "trajectories": trajectories}
     made = {
         "how": "python -m accelbench.references: accelbench run at the recipe below for each model and seed, on "
-        "the CPU backend, fp32, one device, the generated corpus; trajectories are quality.epochs[].val_loss",
+        "the CPU backend (one thread), fp32, one device, the generated corpus; trajectories are quality.epochs[].val_loss",
         "recipe": RECIPE,
         "seeds": list(SEEDS),
         "accelbench": __version__,
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "threads": 1,
         "cores": usable_cores(),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
