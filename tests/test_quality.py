@@ -293,3 +293,20 @@ def test_parity_flags_a_broken_precision_plan_beside_its_speed(
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "bad"), "--wide"]) == 0
     assert "✗ outside ref" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_stop_together_when_the_loss_is_not_finite(tmp_path: Path) -> None:
+    """A learning rate of 10^30 makes the loss NaN on both DDP ranks: they agree on it (one all-reduce) and stop
+    after the same epoch, with no rank left waiting in a collective; the record says diverged (exit code 4)."""
+    proc = accelbench(
+        "run", *TINY, "--strategy", "ddp", "--devices", "2", "--threads", "1", "--epochs", "3",
+        "--steps-per-epoch", "4", "--lr", "1e30", "--collective-timeout", "60", "--output-dir", str(tmp_path), "-q",
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    (file,) = tmp_path.glob("*.json")
+    record = read_record(file)
+    assert record.outcome.status == "diverged" and record.metrics is not None
+    assert "training diverged: the loss was nan at step " in (record.outcome.message or "")
+    assert len(record.metrics.epochs) == 1 and len(record.metrics.ranks) == 2
