@@ -248,7 +248,7 @@ REGISTRY: tuple[Column, ...] = (
         figure=True,
         optional=True,
         after="samples_per_s",
-        drop=4,
+        wrap=12,  # never left out: whether the run trains right belongs beside its speed
         note="val loss = the held-out loss after each run's last epoch (median over runs); ✓ ref / ✗ outside ref: a "
         "run of a shipped reference's recipe (gpt-nano, gpt-micro: batch 16, 20 steps, 4 epochs) whose held-out loss "
         "after epoch 4 is within / outside the reference's 99% prediction interval over seeds (fp32, one device; "
@@ -262,7 +262,7 @@ REGISTRY: tuple[Column, ...] = (
         optional=True,
         optional_on="target_loss",
         after="samples_per_s",
-        drop=5,
+        wrap=11,
         note="to target = training time (the timed epochs, evaluation excluded) until the validation loss first "
         "reached --target-loss; 'not reached' where no run reached it.",
     ),

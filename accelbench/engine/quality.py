@@ -245,7 +245,9 @@ class QualityChecks:
     def _own_random_numbers(self) -> contextlib.AbstractContextManager[None]:
         """torch's generators (the host's, and the device's where it has its own) as they were, on leaving."""
         generators = getattr(torch, self.device.type, None)
-        if self.device.type == "cpu" or not hasattr(generators, "get_rng_state"):  # a device without torch's API
+        if self.device.type == "cpu" or not hasattr(
+            generators, "get_rng_state"
+        ):  # a device without torch's API
             return torch.random.fork_rng(devices=[])
         return torch.random.fork_rng(devices=[self.device.index or 0], device_type=self.device.type)
 
