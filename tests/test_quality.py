@@ -310,3 +310,27 @@ def test_two_gloo_ranks_stop_together_when_the_loss_is_not_finite(tmp_path: Path
     assert record.outcome.status == "diverged" and record.metrics is not None
     assert "training diverged: the loss was nan at step " in (record.outcome.message or "")
     assert len(record.metrics.epochs) == 1 and len(record.metrics.ranks) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ("--precision", "bf16-mixed"),
+        ("--precision", "fp16-mixed"),
+        ("--strategy", "ddp", "--devices", "2", "--batch-size", "8"),  # the reference's global batch, 2 x 8
+        ("--strategy", "fsdp", "--devices", "2", "--batch-size", "8"),
+    ],
+    ids=["bf16-mixed", "fp16-mixed", "ddp", "fsdp"],
+)
+def test_each_precision_and_strategy_trains_as_single_device_fp32(
+    variant: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Parity: gpt-nano at the reference recipe, in a mixed precision or data-parallel over 2 gloo processes,
+    lands in the band the single-device fp32 reference gives (compare's test, docs/quality.md)."""
+    recipe = ["--model", "gpt-nano", "--batch-size", "16", "--steps-per-epoch", "20", "--epochs", "4",
+              "--threads", "1", "--seed", "7"]  # fmt: skip
+    proc = accelbench("run", *recipe, *variant, "--output-dir", str(tmp_path), "-q", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["outside_reference"]["median"] == 0.0, cell["val_loss"]
