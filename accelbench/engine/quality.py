@@ -201,7 +201,11 @@ class QualityChecks:
         # the accuracy is read off the output of the model's last head module during evaluation's own forward
         # (a forward hook: the model runs once, as the executor runs it, wrapped or sharded)
         outputs: list[torch.Tensor] = []
-        head = self.job.model.get_submodule(self.job.units.head[-1]) if self.job.accuracy else None
+        head = (
+            self.job.model.get_submodule(self.job.units.head[-1])
+            if self.job.accuracy and self.job.units.head
+            else None
+        )
         hook = head.register_forward_hook(lambda _m, _i, out: outputs.append(out)) if head else None
         try:
             # the probe's dropout draws random numbers: the generators are restored after, so validation on or off

@@ -502,6 +502,7 @@ def measure(
                     break
             log.executor_facts = executor.rank_facts()
             result.epochs_complete = True
+            result.quality = checks.record(len(log.epoch_wall_s))  # in the draft written before what follows
             if config.profile:  # after the timed epochs: profiling never changes a measured epoch
                 progress.close()
                 profiling = True
