@@ -25,6 +25,7 @@ from accelbench.testing import tiny_config
 from accelbench.workloads import TrainingJob
 from accelbench.workloads.gpt.data import CharCorpus, RandomWindows
 from accelbench.workloads.heldout import HeldOutWindows, held_out_start
+from accelbench.workloads.pipeline import held_out_loader, split_held_out
 
 QUICK = dict(steps_per_epoch=4, learning_rate=1e-2, threads=1)
 
@@ -334,3 +335,66 @@ def test_each_precision_and_strategy_trains_as_single_device_fp32(
     assert proc.returncode == 0, proc.stderr[-3000:]
     cell = compare_cell(tmp_path, capsys)
     assert cell["outside_reference"]["median"] == 0.0, cell["val_loss"]
+
+
+class Numbered:
+    """A dataset whose sample is its own index (for the split's arithmetic)."""
+
+    def __len__(self) -> int:
+        return 50
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([key[1]]), torch.tensor(0)
+
+    def describe(self) -> dict[str, object]:
+        return {"source": "numbered"}
+
+
+def test_a_dataset_holds_out_its_last_tenth() -> None:
+    training, held = split_held_out(Numbered())
+    assert held is not None and len(training) == 45 and len(held) == 5
+    trained = {int(training[(epoch, i)][0]) for epoch in range(3) for i in range(len(training))}
+    assert trained == set(range(45))
+    assert {int(held[(0, i)][0]) for i in range(len(held))} == set(range(45, 50))
+    assert held.describe()["split"] == "samples 45 to 50 of 50 (the last 10%, held out: never trained on)"
+    loader = held_out_loader(held, batch_size=2, seed=0)
+    assert [x.flatten().tolist() for x, _ in loader.batches(0)] == [
+        x.flatten().tolist() for x, _ in loader.batches(3)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "workload",
+    [
+        ("--workload", "bert", "--model", "bert-tiny", "--seq-len", "16", "--dropout", "0"),
+        (
+            "--workload",
+            "mobilenet-v3-small",
+            "--image-size",
+            "32",
+            "--num-classes",
+            "10",
+            "--synthetic-samples",
+            "400",
+        ),
+    ],
+    ids=["bert", "mobilenet-v3-small"],
+)
+def test_the_image_and_bert_workloads_record_a_held_out_accuracy(
+    workload: tuple[str, ...], tmp_path: Path
+) -> None:
+    proc = accelbench(
+        "run", *workload, "--batch-size", "8", "--data-workers", "0", "--epochs", "2", "--steps-per-epoch", "3",
+        "--threads", "1", "--output-dir", str(tmp_path), "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (file,) = tmp_path.glob("*.json")
+    record = read_record(file)
+    assert record.quality is not None and "(the last 10%, held out: never trained on)" in (
+        record.quality.validation or ""
+    )
+    for checked in record.quality.epochs:
+        assert checked.val_loss is not None and checked.val_samples == 4 * 8
+        assert checked.val_accuracy is not None and 0.0 <= checked.val_accuracy <= 1.0
+    assert "(trained on)" in record.data["split"]

@@ -307,10 +307,17 @@ def split_held_out(dataset: SampleDataset) -> tuple[SampleDataset, SampleDataset
     return SampleRange(dataset, 0, cut, "trained on"), SampleRange(dataset, cut, size, held)
 
 
-def held_out_loader(dataset: SampleDataset, batch_size: int, seed: int) -> LoaderSource:
-    """The validation batches of a held-out split: in the training process (no worker processes to start), the
-    same sample order and per-sample randomness every epoch (the runner asks for epoch 0's)."""
-    return LoaderSource(dataset, batch_size, seed, max_steps=None, workers=0)
+class HeldOutLoader(LoaderSource):
+    """The validation batches of a held-out split: read in the training process (no worker processes to start),
+    with epoch 0's sample order and per-sample randomness whatever the epoch, so every epoch sees the same batches."""
+
+    def batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+        return super().batches(0, rank, world_size)
+
+
+def held_out_loader(dataset: SampleDataset, batch_size: int, seed: int) -> HeldOutLoader:
+    """:class:`HeldOutLoader` over the held-out part of a dataset (:func:`split_held_out`)."""
+    return HeldOutLoader(dataset, batch_size, seed, max_steps=None, workers=0)
 
 
 # The epoch number whose generated batches are the held-out ones: no run trains for 2^31 - 1 epochs
