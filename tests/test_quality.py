@@ -398,3 +398,63 @@ def test_the_image_and_bert_workloads_record_a_held_out_accuracy(
         assert checked.val_loss is not None and checked.val_samples == 4 * 8
         assert checked.val_accuracy is not None and 0.0 <= checked.val_accuracy <= 1.0
     assert "(trained on)" in record.data["split"]
+
+
+def _check_with_one_rank_nan(rank: int, port: int, out: str) -> None:
+    """One of two gloo processes: the tiny GPT built and set up as the runner does, then the checks after an epoch
+    whose training loss was NaN on rank 1 only."""
+    import os
+
+    import torch.distributed as dist
+
+    from accelbench.contract import DataShard, ExecutorRequest, World
+    from accelbench.engine.metrics import RankLog
+    from accelbench.engine.quality import QualityChecks, TrainingDiverged
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        host = get_host()
+        config = host.resolve(tiny_config(steps_per_epoch=2, threads=1))  # the workload's defaults filled in
+        job = host.workload("gpt").build(config)
+        backend, device = host.select_backend("cpu"), torch.device("cpu")
+        plan = backend.precision_plan(config.precision, device, config.backend_options)
+        world = World(rank=rank, local_rank=rank, world_size=2, local_world_size=2)
+        executor = TorchExecutor(ExecutorRequest(config, device, plan, world, backend, job.units))
+        executor.setup(job)
+        loss = float("nan") if rank == 1 else 3.0
+        log = RankLog(rank, "host", [0.1], [16], [2], epoch_loss=[loss])
+        checks = QualityChecks(config, job, executor, backend, device, DataShard(rank, 2))
+        try:
+            checks.after_epoch(0, log, torch.tensor([3.0, loss]), 2)
+            said = "went on"
+        except TrainingDiverged as exc:
+            said = str(exc)
+        Path(out, f"rank{rank}.txt").write_text(said)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_loss_not_finite_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
+    """Rank 1's loss is NaN, rank 0's is not: both stop (rank 0 says another rank's loss was not finite) and neither
+    is left waiting in the evaluation's collectives."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.spawn(_check_with_one_rank_nan, args=(port, str(tmp_path)), nprocs=2, join=False)
+    assert context is not None
+    for _ in range(120):
+        if context.join(timeout=1):
+            break
+    else:
+        for process in context.processes:
+            process.kill()
+        pytest.fail("a rank was left waiting")
+    said = {rank: (tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)}
+    assert said[1].startswith("training diverged: the loss was nan at step 2 of epoch 1")
+    assert said[0].startswith("training diverged: another rank's loss was not finite in epoch 1")
