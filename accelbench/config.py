@@ -37,6 +37,15 @@ AUTO_MAX_EPOCHS = 12
 # beyond about 10^13 s Python's timedelta overflows. 10^9 s (31 years) is "never" for any job, and far below that.
 MAX_COLLECTIVE_TIMEOUT_S = 1e9
 
+# Validation after each timed epoch (accelbench.engine.quality): a few held-out batches keep CPU runs fast and give a
+# loss whose noise is small beside the falls a target is set by; more than 1000 a rank is a second training run.
+DEFAULT_EVAL_BATCHES = 4
+MAX_EVAL_BATCHES = 1000
+# A total gradient norm (L2, before clipping) this large is an explosion: the workloads' norms are O(0.1-10) over
+# training (measured on the CPU in fp32: gpt-nano 0.9-1.4, bert-tiny 4.5-4.9, mobilenet-v3-small 2.6-3.4), so 10^4
+# is far from any run that trains.
+DEFAULT_GRAD_NORM_LIMIT = 1e4
+
 
 def _flag(flag: str | None = None, *, metavar: str | None = None, cli: bool = True) -> dict[str, Any]:
     """Command-line facts of a field, kept beside its type, default and help (``json_schema_extra``)."""
@@ -188,6 +197,34 @@ class RunConfig(BaseModel):
         "window) under torch's MemTracker, which measures the tensors the prediction compares with; it costs one "
         "step run a few times slower, never a timed epoch",
     )
+    eval_batches: int = Field(
+        default=DEFAULT_EVAL_BATCHES,
+        ge=0,
+        le=MAX_EVAL_BATCHES,
+        description="held-out batches evaluated (no_grad, eval mode) after each timed epoch, outside its time; "
+        "the validation loss is recorded per epoch; 0 turns validation off",
+    )
+    target_loss: float | None = Field(
+        default=None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="stop at the end of the first epoch whose validation loss is at or below this, and record the "
+        "time, steps, samples and energy to it (or that it was not reached)",
+    )
+    grad_norm_limit: float = Field(
+        default=DEFAULT_GRAD_NORM_LIMIT,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="the run ends as diverged when the gradient norm probed after an epoch is above this (or not "
+        "finite); 0 checks only that it is finite",
+    )
+    stall_epochs: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="the run ends as diverged when, after this many epochs, the loss (validation where measured, "
+        "else training) is not below the first epoch's; 0 (the default) turns the check off",
+    )
     comm_records: Path | None = Field(
         default=None,
         description="comm records (a file or folder from `accelbench comm` on this system): the prediction stored "
@@ -243,6 +280,11 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"--node-rank {self.node_rank} with --nnodes {self.nnodes}: node ranks count from 0, so the last "
                 f"node is {self.nnodes - 1}"
+            )
+        if self.target_loss is not None and self.eval_batches == 0:
+            raise ValueError(
+                f"--target-loss {self.target_loss:g} is judged on the validation loss, which --eval-batches 0 turns "
+                "off; give --eval-batches 1 or more (or leave it out: 4)"
             )
         return self
 

@@ -309,6 +309,20 @@ def summary_table(record: ResultRecord) -> Table:
             table.add_row("device timeline", escape(prof.device_timeline_source))
     if m.epochs_decision:
         table.add_row("epochs", m.epochs_decision)
+    quality = record.quality
+    if quality is not None:
+        measured = [q for q in quality.epochs if q.val_loss is not None]
+        table.add_row(
+            "validation",
+            ", ".join(f"{q.val_loss:.4f}" for q in measured)
+            + f" (held-out loss per epoch; {sum(q.eval_s for q in quality.epochs):.2f} s of evaluation, outside "
+            "the epochs' time)"
+            if measured
+            else escape(quality.validation or "not measured"),
+        )
+        if quality.target is not None:
+            style = "" if quality.target.reached else "[bold yellow]"
+            table.add_row("target", style + escape(quality.target.message))
     if m.host is not None:
         table.add_row("host", ("[bold yellow]" if m.host.contended else "") + escape(m.host.note))
     if record.data.get("bottleneck"):  # a workload's data pipeline that kept the training loop waiting

@@ -13,7 +13,8 @@ class ExitCode(IntEnum):
     )
     OOM = 3  # out of memory (record written)
     DIVERGED = (
-        4  # training diverged: a loss that is not finite (record written; its speed is no valid result)
+        4  # training diverged: a loss not finite, a gradient norm exploding or a loss not falling (record written;
+        # its speed is no valid result)
     )
     INTERRUPTED = 130  # Ctrl-C or SIGTERM (record written with the completed epochs)
     CLOSED_PIPE = (

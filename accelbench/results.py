@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 SCHEMA_NAME = "accelbench.result"
 SCHEMA_VERSION = 2  # 2: workload options and identity, energy, host load, epochs from 1; v1 records are migrated on read (migrate)
 
-Status = Literal["ok", "oom", "error", "interrupted", "diverged"]  # diverged: a loss that is not finite
+# diverged: a loss that is not finite, a gradient norm exploding or a loss not decreasing (accelbench.engine.quality)
+Status = Literal["ok", "oom", "error", "interrupted", "diverged"]
 
 
 class _Model(BaseModel):
@@ -333,6 +334,62 @@ class BackendRecord(_Model):
     runtime_versions: dict[str, str]
 
 
+class EpochQuality(_Model):
+    """What was checked after one timed epoch, outside its time (:mod:`accelbench.engine.quality`)."""
+
+    epoch: int = Field(description="Counted from 1, as in metrics.epochs.")
+    val_loss: float | None = Field(
+        default=None,
+        description="Mean loss over the held-out batches, weighted by samples over every rank (None: not measured).",
+    )
+    val_accuracy: float | None = Field(
+        default=None, description="Share of held-out predictions right, where the workload defines one."
+    )
+    val_samples: int = Field(default=0, description="Held-out samples evaluated, all ranks together.")
+    eval_s: float = Field(
+        default=0.0,
+        description="Seconds the evaluation and gradient probe took on rank 0: never part of the epoch's time.",
+    )
+    grad_norm: float | None = Field(
+        default=None,
+        description="Total L2 norm of the gradients of one probe batch after the epoch (before any clipping).",
+    )
+
+
+class TargetResult(_Model):
+    """--target-loss: when the validation loss first reached the target, or that it did not."""
+
+    loss: float = Field(description="The target: a validation loss at or below it counts as reached.")
+    reached: bool
+    epoch: int | None = Field(default=None, description="The epoch it was reached in (counted from 1).")
+    time_to_target_s: float | None = Field(
+        default=None,
+        description="Sum of the timed epoch times (rank 0's) up to and including that epoch, evaluation excluded.",
+    )
+    steps: int | None = Field(default=None, description="Optimizer steps to it (rank 0's).")
+    samples: int | None = Field(default=None, description="Samples trained on to it, all ranks together.")
+    energy_j: float | None = Field(
+        default=None, description="Device energy to it, where the counter gave every epoch's (rank 0's)."
+    )
+    message: str = Field(description="A sentence saying when it was reached, or that it was not in N epochs.")
+
+
+class QualityRecord(_Model):
+    """Is it training right: held-out loss per epoch, the target, and what the numerics checks found."""
+
+    eval_batches: int = Field(description="Held-out batches per rank per epoch (0: validation off).")
+    validation: str | None = Field(
+        default=None, description="How the held-out split was chosen, or why there is no validation loss."
+    )
+    epochs: list[EpochQuality] = Field(default_factory=list)
+    target: TargetResult | None = None
+    problem: str | None = Field(
+        default=None,
+        description="What the numerics checks found (a loss not finite, a gradient norm exploding, a loss not "
+        "decreasing), with the epoch and step; the run's status is then 'diverged'.",
+    )
+
+
 class ResultRecord(_Model):
     schema_name: Literal["accelbench.result"] = Field(default="accelbench.result", alias="schema")
     schema_version: int = SCHEMA_VERSION
@@ -360,6 +417,9 @@ class ResultRecord(_Model):
     launcher: str = Field(default="none", description="none, torchrun, slurm, openmpi, mpich.")
     metrics: Metrics | None
     profile: StepProfile | None = Field(default=None, description="run --profile: where a step's time goes.")
+    quality: QualityRecord | None = Field(
+        default=None, description="Held-out loss, --target-loss and the numerics checks (docs/results.md)."
+    )
     prediction: RunPrediction | None = Field(
         default=None,
         description="The analytical model's prediction for this configuration (accelbench estimate).",

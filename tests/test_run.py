@@ -443,7 +443,8 @@ def test_epoch_side_measurements_enclose_the_timed_steps_and_stay_outside_them(
     monkeypatch.setattr(trackers, "cpu_usage", lambda: (events.append("cpu"), usage())[1])
     record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=3), get_host())
     assert record is not None and record.outcome.status == "ok"
-    epoch = ["start", "cpu", "step", "step", "step", "cpu", "end"]
+    # after each epoch's trackers stopped, the gradient probe's step boundary (accelbench.engine.quality), untimed
+    epoch = ["start", "cpu", "step", "step", "step", "cpu", "end", "step"]
     tensor_peak = ["step"]  # then the untimed tensor-peak step, after the last epoch's readings
     assert events == epoch * 2 + tensor_peak
     for e in record.metrics.epochs:

@@ -124,6 +124,34 @@ def fmt_bubble(cell: Cell) -> str:
     return f"{cell.bubble.median:.0%}{model}"
 
 
+def fmt_loss(spread: Spread | None) -> str:
+    return "-" if spread is None else f"{spread.median:.4f}"
+
+
+def fmt_val_loss(cell: Cell) -> str:
+    """The held-out loss, and where the runs have a shipped reference, whether they train as it does: ✗ with the
+    reference's band when any run's loss is outside it."""
+    text = fmt_loss(cell.spread("val_loss"))
+    tested = [r.figures for r in cell.ok_runs if r.figures and r.figures.outside_reference is not None]
+    if not tested:
+        return text
+    outside = [f for f in tested if f.outside_reference]
+    if not outside:
+        return f"{text} ✓ ref"
+    low, high = outside[0].reference_low or 0.0, outside[0].reference_high or 0.0
+    return f"{text} ✗ outside ref {low:.3f}-{high:.3f} ({len(outside)}/{len(tested)} runs)"
+
+
+def fmt_target(cell: Cell) -> str:
+    """Training time to --target-loss (the median of the runs that reached it, how many did where some did not),
+    or 'not reached' where none did."""
+    asked, reached = cell.spread("target_loss"), cell.spread("time_to_target_s")
+    if reached is None:
+        return "not reached" if asked is not None else "-"
+    missed = f" ({reached.n}/{asked.n} reached)" if asked is not None and asked.n > reached.n else ""
+    return f"{reached.median:.3g} s{missed}"
+
+
 def fmt_scaling(cell: Cell) -> str:
     s = cell.scaling
     if s is None:
@@ -169,6 +197,7 @@ class Column:
     figure: bool = False  # a measured value of the cell (Cell.spread(name)), carried by CSV and JSON
     csv: CsvFields = _median_field  # a figure's CSV fields from its spread
     optional: bool = False  # shown only when some cell has it (Comparison.any_cell_has(name))
+    optional_on: str | None = None  # ... or, given, when some cell has this other figure
     axis_only: bool = False  # shown only when comparing along an axis (--vs)
     systems_only: bool = False  # ... and only with several systems
     after: str | None = None  # in the text formats, right after this column instead of in registry order
@@ -199,7 +228,7 @@ class Column:
             return False
         if self.systems_only and len(comparison.systems) < 2:
             return False
-        return not self.optional or comparison.any_cell_has(self.name)
+        return not self.optional or comparison.any_cell_has(self.optional_on or self.name)
 
 
 REGISTRY: tuple[Column, ...] = (
@@ -214,6 +243,34 @@ REGISTRY: tuple[Column, ...] = (
         "peak_memory_bytes", "peak memory", lambda c, g: fmt_memory(c.peak_memory_bytes), figure=True, drop=8
     ),
     Column("mfu", "MFU", lambda c, g: fmt_mfu(c), figure=True, drop=6),
+    Column(
+        "val_loss",
+        "val loss",
+        lambda c, g: fmt_val_loss(c),
+        figure=True,
+        optional=True,
+        after="samples_per_s",
+        wrap=12,  # never left out: whether the run trains right belongs beside its speed
+        note="val loss = the held-out loss after each run's last epoch (median over runs); ✓ ref / ✗ outside ref: a "
+        "run of a shipped reference's recipe (gpt-nano, gpt-micro: batch 16, 20 steps, 4 epochs) whose held-out loss "
+        "after epoch 4 is within / outside the reference's 99% prediction interval over seeds (fp32, one device; "
+        "docs/quality.md): a precision, strategy or backend that trains wrong shows here beside its speed.",
+    ),
+    Column(
+        "time_to_target_s",
+        "to target",
+        lambda c, g: fmt_target(c),
+        figure=True,
+        optional=True,
+        optional_on="target_loss",
+        after="samples_per_s",
+        wrap=11,
+        note="to target = training time (the timed epochs, evaluation excluded) until the validation loss first "
+        "reached --target-loss; 'not reached' where no run reached it.",
+    ),
+    Column("target_loss", figure=True),
+    Column("reference_val_loss", figure=True),
+    Column("outside_reference", figure=True),
     Column(
         "joules_per_sample",
         "J/sample",

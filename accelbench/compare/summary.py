@@ -11,6 +11,7 @@ benchmarks/compare_scale.py).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from accelbench.compare.environment import Environment, environment_of
 from accelbench.compare.keys import WorkloadKey
 from accelbench.config import RunConfig
+from accelbench.references import Reference, reference_for
+from accelbench.references import load as load_references
 from accelbench.results import SCHEMA_NAME, SCHEMA_VERSION, Status
 
 # What no measurement gives: a record with figures beyond these was made or edited by hand, and is skipped with the
@@ -72,6 +75,7 @@ class _ConfigView(_View):
     microbatches: int | None = _as_in_run_config("microbatches")
     virtual_stages: int | None = _as_in_run_config("virtual_stages")
     sequence_parallel: bool = _as_in_run_config("sequence_parallel")
+    eval_batches: int = _as_in_run_config("eval_batches")
 
 
 class _System(_View):
@@ -166,6 +170,53 @@ class _Prediction(_View):
     memory_bytes: dict[str, float | None] = Field(default_factory=dict)
 
 
+class _EpochQuality(_View):
+    val_loss: float | None = None
+
+
+class _Target(_View):
+    loss: float = Field(gt=0)
+    reached: bool
+    time_to_target_s: float | None = Field(default=None, ge=0, le=MAX_MEASURED_S)
+
+
+class _Quality(_View):
+    epochs: list[_EpochQuality] = Field(default_factory=list)
+    target: _Target | None = None
+
+
+def _quality(view: RecordView) -> dict[str, float | None]:
+    """The held-out loss, the target and, where a shipped reference has the run's recipe, its parity with it."""
+    quality = view.quality
+    if quality is None:
+        return {}
+    measured = [q.val_loss for q in quality.epochs if q.val_loss is not None]
+    target = quality.target
+    figures: dict[str, float | None] = {
+        "val_loss": measured[-1] if measured else None,
+        "target_loss": target.loss if target else None,
+        "time_to_target_s": target.time_to_target_s if target and target.reached else None,
+    }
+    reference = reference_for(
+        view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
+    )
+    loss = reference.verdict([q.val_loss for q in quality.epochs]) if reference else None
+    if reference is not None and loss is not None:
+        low, high = reference.band()
+        figures.update(
+            reference_val_loss=loss,
+            reference_low=low,
+            reference_high=high,
+            outside_reference=0.0 if low <= loss <= high else 1.0,
+        )
+    return figures
+
+
+@functools.cache
+def _references() -> dict[str, Reference]:
+    return load_references()
+
+
 class RecordView(_View):
     """The fields of a current-version result record that compare and report use."""
 
@@ -189,6 +240,7 @@ class RecordView(_View):
     metrics: _Metrics | None
     profile: _Profile | None = None
     prediction: _Prediction | None = None
+    quality: _Quality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +296,14 @@ class RunFigures:
     predicted_peak_bytes: float | None = None  # ... its peak memory per device
     tensor_peak_bytes: int | None = None  # measured: one untimed step's live tensor peak (largest rank's)
     predicted_tensor_bytes: float | None = None  # the prediction's tensors (its peak less its runtime share)
+    val_loss: float | None = None  # the held-out loss after the last epoch (quality.epochs)
+    target_loss: float | None = None  # --target-loss, where one was asked
+    time_to_target_s: float | None = None  # ... the training time until it was reached (None: not reached)
+    # parity with the shipped reference trajectory of the same recipe (accelbench.references), where there is one:
+    reference_val_loss: float | None = None  # the run's held-out loss after the reference's last epoch
+    reference_low: float | None = None  # ... and the reference's band for it
+    reference_high: float | None = None
+    outside_reference: float | None = None  # 1.0 outside the band, 0.0 within
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +404,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             else None,
             tensor_peak_bytes=metrics.tensor_peak.peak_bytes if metrics.tensor_peak else None,
             **_predicted(view.prediction),
+            **_quality(view),
         )
     system = SystemFacts(
         host=s.host,

@@ -99,6 +99,19 @@ class Executor(ABC):
         Must not synchronise the device (no ``.item()``): the runner synchronises once per epoch.
         """
 
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The loss of a held-out batch (on the device) without training: eval mode, no gradients, the weights
+        unchanged; called on every rank after an epoch's timed region. Returns the loss as a detached device
+        tensor, or None where this executor cannot evaluate (the run then records no validation loss)."""
+        return None
+
+    def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The total L2 norm of the gradients one forward and backward of a batch gives, as training computes them
+        (train mode, the same precision and hooks), without an optimizer step: the weights unchanged and the
+        gradients cleared after. Called on every rank after an epoch's timed region; None where this executor
+        cannot probe its gradients."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What really ran (compiled or not, fused optimizer, ...), for the result record."""
         return {}

@@ -9,6 +9,7 @@ step through the backend: step boundaries, gradient clipping, the compile backen
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Any
 
@@ -129,6 +130,34 @@ class TorchExecutor(Executor):
             total = loss.detach() if total is None else total + loss.detach()
         assert total is not None
         return total
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The held-out loss: the wrapped model (not its compiled form, whose graphs are captured for training) in
+        eval mode under ``torch.no_grad`` and the run's autocast; train mode is restored after."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast:
+                return self.model(inputs, targets).detach().float()
+        finally:
+            self.model.train()
+
+    def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """One forward and backward as a training step makes them (train mode, autocast, the backend's step
+        boundaries, every hook on the parameters), no loss scaling (the norm is of the true gradients), then the
+        total L2 norm by the backend's ``clip_grad_norm`` with an infinite limit (so nothing is clipped; across
+        ranks as the strategy's gradients are: all-reduced by DDP, sharded DTensors under FSDP2) and the gradients
+        cleared: the optimizer never sees them."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast:
+            loss = self.model(inputs, targets)
+        loss.backward()
+        self.backend.after_backward(self.device)
+        norm = self.backend.clip_grad_norm(self.model.parameters(), math.inf)
+        full_tensor = getattr(norm, "full_tensor", None)  # a DTensor (FSDP2's sharded gradients)
+        norm = (full_tensor() if full_tensor is not None else norm).detach().float()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.backend.end_of_step(self.device)
+        return norm
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
         """Where gradients are reduced across ranks: strategies that reduce during backward (DDP, FSDP) skip it

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
-import math
 import os
 import signal
 import statistics
@@ -53,6 +52,7 @@ from accelbench.engine.profile import (
     profile_steps,
     profile_steps_that_fit,
 )
+from accelbench.engine.quality import QualityChecks, TrainingDiverged
 from accelbench.engine.ranks import (
     destroy_process_group,
     exchange,
@@ -72,6 +72,7 @@ from accelbench.results import (
     BackendRecord,
     EpochMetrics,
     Outcome,
+    QualityRecord,
     ResultRecord,
     RunPrediction,
     Status,
@@ -412,6 +413,8 @@ class Measurement:
     )  # epoch times the plan decides on (slowest rank's in auto)
     notes: list[str] = field(default_factory=list)  # what the steps after the epochs say (a failed profile)
     epochs_complete: bool = False  # every epoch the plan asked for was timed (what follows is optional)
+    checks: QualityChecks | None = None  # held-out loss, target and numerics, checked after each timed epoch
+    quality: QualityRecord | None = None  # what they found, for the record
 
 
 def measure(
@@ -462,6 +465,7 @@ def measure(
             plan, walls = result.plan, result.walls
             trackers = epoch_trackers(backend, device, executor)
             readings = trackers[0]
+            checks = result.checks = QualityChecks(config, job, executor, backend, device, shard)
             for epoch in range(plan.limit):
                 progress.start_epoch(epoch + 1, plan.expected(epoch), steps, config.batch_size)
                 losses: list[torch.Tensor] = []
@@ -492,16 +496,18 @@ def measure(
                 step_losses = torch.stack(losses).float()
                 log.epoch_loss.append(step_losses.mean().item())
                 progress.end_epoch(epoch_metrics(epoch, [log], job.tokens_per_sample))
-                check_finite(log.epoch_loss[-1], step_losses, epoch, steps)
+                # untimed: held-out loss, gradient norm, --target-loss (raises TrainingDiverged on every rank)
+                reached = checks.after_epoch(epoch, log, step_losses, steps)
                 if world.world_size > 1:
                     publish_progress(
                         world.rank, log
                     )  # kept by rank 0 even if this rank never reports an ending
                 walls.append(slowest_rank(wall, device, backend) if plan.fixed is None else wall)
-                if plan.stop_after(walls):
+                if reached or plan.stop_after(walls):
                     break
             log.executor_facts = executor.rank_facts()
             result.epochs_complete = True
+            result.quality = checks.record(len(log.epoch_wall_s))  # in the draft written before what follows
             if config.profile:  # after the timed epochs: profiling never changes a measured epoch
                 progress.close()
                 following = PROFILE_WINDOW
@@ -545,26 +551,9 @@ def measure(
     finally:
         progress.close()
         executor.close()
+        if result.checks is not None:
+            result.quality = result.checks.record(len(log.epoch_wall_s))
     return result
-
-
-class TrainingDiverged(Exception):
-    """The loss stopped being a number: what trains from here trains nothing, and its speed is no result."""
-
-
-def check_finite(mean: float, step_losses: torch.Tensor, epoch: int, steps_per_epoch: int) -> None:
-    """After an epoch (outside its timed region; its mean loss is read already, so nothing more is synchronised
-    while it is finite): a loss that is NaN or infinite ends the run as ``diverged``, naming the first step that
-    had it."""
-    if math.isfinite(mean):
-        return
-    bad = int((~torch.isfinite(step_losses)).nonzero()[0, 0])
-    raise TrainingDiverged(
-        f"training diverged: the loss was {float(step_losses[bad])} at step {bad + 1} of epoch {epoch + 1} (step "
-        f"{epoch * steps_per_epoch + bad + 1} of the run); the run stopped at the end of that epoch, whose time "
-        "is kept with the others, and its speed is no valid result (a learning rate too high, a precision that "
-        "overflows, or a broken backend: compare its loss with an fp32 run's)"
-    )
 
 
 def profile_or_note(
@@ -853,6 +842,7 @@ class _Records:
             data=job.data.describe() if job else {},
             executor=run_.executor.describe() if job else {},
             plugins=run_.plugins,
+            quality=m.quality,
             world_size=launch.world_size,
             nodes=launch.nnodes,
             launcher=launch.launcher,
@@ -872,7 +862,10 @@ class _Records:
                 cores=usable_cores(),
                 epochs_decision=m.plan.decision(
                     m.walls, ended_early=outcome.status != "ok" and not m.epochs_complete
-                ),
+                )
+                if not (m.quality and m.quality.target and m.quality.target.reached)
+                else f"--target-loss {m.quality.target.loss:g}: stopped when it was reached, after "
+                f"{len(m.walls)} epoch(s)",
             )
             if job
             else None,

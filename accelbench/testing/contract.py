@@ -444,7 +444,7 @@ class BackendContract:
     ) -> None:
         """Through the real runner, in this process: every step calls ``after_backward`` once per micro-batch,
         then ``after_optimizer_step`` once, then ``end_of_step`` once (a lazy device cuts its graph there); the
-        compile step and the epochs' synchronisations come outside steps."""
+        compile step, the epochs' synchronisations and the gradient probe after each epoch come outside steps."""
         from accelbench.engine.runner import run
 
         calls: list[str] = []
@@ -471,9 +471,16 @@ class BackendContract:
                 record, _, status = run(config, contract_host)
                 assert status == "ok", record.outcome if record else status
                 step = ["after_backward"] * grad_accum + ["after_optimizer_step", "end_of_step"]
-                assert calls == step * 4, (
-                    f"--grad-accum {grad_accum}: the step boundaries of 4 steps came as {calls}; each step must "
-                    f"call {step}"
+                # after each epoch, outside its steps, an executor that probes its gradients (the core's:
+                # Executor.gradient_norm) makes one backward with no optimizer step, and cuts a lazy graph after it
+                probed = (
+                    record is not None and record.quality is not None and record.quality.epochs[0].grad_norm
+                )
+                probe = ["after_backward", "end_of_step"] if probed else []
+                assert calls == (step * 2 + probe) * 2, (
+                    f"--grad-accum {grad_accum}: the step boundaries of 2 epochs of 2 steps came as {calls}; each "
+                    f"step must call {step}"
+                    + (f", and the gradient probe after each epoch {probe}" if probe else "")
                 )
         finally:
             for name in names:

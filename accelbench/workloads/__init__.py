@@ -101,6 +101,12 @@ class TrainingJob:
     # transformer workloads: one sample's training FLOPs by Megatron-LM's count (seed 002), for "achieved TFLOP/s
     # per device" as Megatron papers report it (accelbench.estimate.parallel.megatron_flops_per_iteration)
     megatron_flops_per_sample: float | None = None
+    # held-out data, never trained on, evaluated after each timed epoch (accelbench.engine.quality); its batches
+    # are split over ranks like the training data's, and ``describe()`` says how the split was chosen
+    validation: BatchSource | None = None
+    # where a workload has an accuracy (the image and BERT workloads): (the output of the last ``units.head``
+    # module on a held-out batch, its targets) -> (predictions right, predictions made), as device tensors
+    accuracy: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @runtime_checkable

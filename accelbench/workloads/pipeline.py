@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from accelbench.hostinfo import usable_cores
+from accelbench.workloads.heldout import HELD_OUT_FRACTION
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 MAX_DEFAULT_WORKERS = 8
@@ -271,4 +272,74 @@ class GeneratedBatches:
             "samples_per_epoch": self.samples_per_epoch,
             "steps_per_epoch_cap": self.max_steps,
             "bottleneck": None,
+        }
+
+
+class SampleRange:
+    """Samples ``start`` to ``stop`` of a :class:`SampleDataset`, numbered from 0: one side of its held-out split
+    (:func:`split_held_out`)."""
+
+    def __init__(self, dataset: SampleDataset, start: int, stop: int, role: str) -> None:
+        self.dataset, self.start, self.stop, self.role = dataset, start, stop, role
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, key: tuple[int, int]) -> Batch:
+        epoch, index = key
+        return self.dataset[(epoch, self.start + index)]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.dataset.describe(),
+            "split": f"samples {self.start} to {self.stop} of {len(self.dataset)} ({self.role})",
+        }
+
+
+def split_held_out(dataset: SampleDataset) -> tuple[SampleDataset, SampleDataset | None]:
+    """The training part and the held-out part of ``dataset``: its last tenth (:data:`HELD_OUT_FRACTION`) is held
+    out, never trained on; None for a dataset too small to keep a sample apart and still train on one."""
+    size = len(dataset)
+    cut = size - math.ceil(size * HELD_OUT_FRACTION)
+    if cut < 1:
+        return dataset, None
+    held = f"the last {HELD_OUT_FRACTION:.0%}, held out: never trained on"
+    return SampleRange(dataset, 0, cut, "trained on"), SampleRange(dataset, cut, size, held)
+
+
+class HeldOutLoader(LoaderSource):
+    """The validation batches of a held-out split: read in the training process (no worker processes to start),
+    with epoch 0's sample order and per-sample randomness whatever the epoch, so every epoch sees the same batches."""
+
+    def batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+        return super().batches(0, rank, world_size)
+
+
+def held_out_loader(dataset: SampleDataset, batch_size: int, seed: int) -> HeldOutLoader:
+    """:class:`HeldOutLoader` over the held-out part of a dataset (:func:`split_held_out`)."""
+    return HeldOutLoader(dataset, batch_size, seed, max_steps=None, workers=0)
+
+
+# The epoch number whose generated batches are the held-out ones: no run trains for 2^31 - 1 epochs
+HELD_OUT_EPOCH = 2**31 - 1
+
+
+class HeldOutGenerated:
+    """Validation batches for generated data (``--synthetic device``): the batches of epoch :data:`HELD_OUT_EPOCH`,
+    a stream of the generator that training never draws, the same every epoch."""
+
+    def __init__(self, generated: GeneratedBatches) -> None:
+        self.generated = generated
+        self.samples_per_epoch = generated.samples_per_epoch
+
+    def steps(self, rank: int = 0, world_size: int = 1) -> int:
+        return self.generated.steps(rank, world_size)
+
+    def batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+        return self.generated.batches(HELD_OUT_EPOCH, rank, world_size)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "split": f"generated batches of epoch key {HELD_OUT_EPOCH}, a stream training never draws",
+            "samples": self.samples_per_epoch,
         }

@@ -8,6 +8,7 @@ post-LayerNorm, as in the original BERT. Submodules are named for the strategies
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -205,10 +206,25 @@ def configure_adamw(model: nn.Module, implementation: str, lr: float) -> torch.o
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, **optimizer_kernels(implementation))
 
 
+def masked_accuracy(
+    logits: torch.Tensor, targets: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked-token accuracy's counts: the MLM head's logits at the predicted positions (N, P, padded vocabulary)
+    whose largest real token is the original one, and N x P."""
+    labels = targets[:, 1]
+    return (logits[..., :vocab].argmax(-1) == labels).sum(), torch.tensor(labels.numel())
+
+
 def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     from accelbench.workloads.bert import vocab_size
     from accelbench.workloads.bert.data import MaskedSequences, open_text, random_masked
-    from accelbench.workloads.pipeline import GeneratedBatches, LoaderSource
+    from accelbench.workloads.pipeline import (
+        GeneratedBatches,
+        HeldOutGenerated,
+        LoaderSource,
+        held_out_loader,
+        split_held_out,
+    )
 
     options = config.workload_options
     seq_len, mask_ratio = int(options["seq_len"]), float(options["mask_ratio"])
@@ -226,11 +242,13 @@ def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
             config.steps_per_epoch,
             f"random token ids, {seq_len} per sequence, {predicted} masked",
         )
+        validation: Any = HeldOutGenerated(data)
     else:
         text = open_text(config.data, options.get("tokenizer"), seq_len) if config.data else None
-        dataset = MaskedSequences(
-            text, vocab, seq_len, predicted, config.seed, int(samples or SYNTHETIC_SEQUENCES)
+        dataset, held_out = split_held_out(
+            MaskedSequences(text, vocab, seq_len, predicted, config.seed, int(samples or SYNTHETIC_SEQUENCES))
         )
+        validation = held_out_loader(held_out, config.batch_size, config.seed) if held_out else None
         given = options.get("data_workers")
         workers = int(given) if given is not None else None
         data = LoaderSource(
@@ -246,6 +264,8 @@ def build_job(config: RunConfig, units: ModelUnits) -> TrainingJob:
     return TrainingJob(
         model=model,
         data=data,
+        validation=validation,
+        accuracy=functools.partial(masked_accuracy, vocab=cfg.vocab_size),
         make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
         flops_per_sample=flops,
         flops_formula=FLOPS_FORMULA,

@@ -159,12 +159,27 @@ class GPTWorkload:
 
         from accelbench.workloads.gpt.data import CharCorpus, RandomWindows
         from accelbench.workloads.gpt.model import GPT, GPTConfig, configure_adamw
+        from accelbench.workloads.heldout import HeldOutWindows, held_out_start
 
         n_layer, n_head, n_embd = resolve_size(config)
         options = config.workload_options
         block_size = int(options["block_size"])
         corpus = CharCorpus.from_file(config.data) if config.data else CharCorpus.generated()
-        data = RandomWindows(corpus, block_size, config.batch_size, config.seed, config.steps_per_epoch)
+        held_out = held_out_start(len(corpus), block_size + 1)
+        data = RandomWindows(
+            corpus, block_size, config.batch_size, config.seed, config.steps_per_epoch, end=held_out
+        )
+        validation = (
+            HeldOutWindows(
+                lambda idx: corpus.lookup[corpus.data[idx]],
+                held_out,
+                len(corpus),
+                block_size + 1,
+                config.batch_size,
+            )
+            if held_out is not None
+            else None
+        )
         torch.manual_seed(config.seed)
         cfg = GPTConfig(
             n_layer,
@@ -180,6 +195,7 @@ class GPTWorkload:
         return TrainingJob(
             model=model,
             data=data,
+            validation=validation,
             make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
             flops_per_sample=model.flops_per_token() * block_size,
             flops_formula=FLOPS_FORMULA,

@@ -102,8 +102,17 @@ class RandomWindows:
     """The seed study's sampler: each epoch, ceil(N / (block + 1)) windows at random offsets, split over ranks."""
 
     def __init__(
-        self, corpus: CharCorpus, block_size: int, batch_size: int, seed: int, max_steps: int | None = None
+        self,
+        corpus: CharCorpus,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        max_steps: int | None = None,
+        end: int | None = None,
     ) -> None:
+        """``end``: where the training part of the corpus ends (the held-out split after it is never sampled);
+        the whole corpus by default. An epoch stays ceil(N / (block + 1)) windows of the whole corpus (the seed
+        study's definition, so epochs compare with earlier records)."""
         if len(corpus) < block_size + 2:
             raise ConfigError(
                 f"corpus of {len(corpus)} bytes is shorter than block size + 1 ({block_size + 1}); "
@@ -114,6 +123,7 @@ class RandomWindows:
         self.batch_size = batch_size
         self.seed = seed
         self.max_steps = max_steps
+        self.end = len(corpus) if end is None else end
         self.samples_per_epoch = math.ceil(len(corpus) / (block_size + 1))
         self._offsets = np.arange(block_size + 1, dtype=np.int64)
 
@@ -130,7 +140,7 @@ class RandomWindows:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rng = np.random.default_rng([self.seed, epoch, rank])
         n = self._rank_samples(rank, world_size)
-        starts = rng.integers(0, len(self.corpus) - self.block_size - 1, size=n)
+        starts = rng.integers(0, self.end - self.block_size - 1, size=n)
         lookup, data, offsets = self.corpus.lookup, self.corpus.data, self._offsets
         for step in range(self.steps(rank, world_size)):
             idx = starts[step * self.batch_size : (step + 1) * self.batch_size]
@@ -154,6 +164,8 @@ class RandomWindows:
             "block_size": self.block_size,
             "samples_per_epoch": self.samples_per_epoch,
             "sampling": "random windows of block+1 bytes; epoch = ceil(bytes / (block + 1)) samples",
+            "trained_on": f"bytes 0 to {self.end}"
+            + (" (the rest is held out for validation)" if self.end < len(self.corpus) else ""),
             "steps_per_epoch_cap": self.max_steps,
         }
 
@@ -188,7 +200,7 @@ class DeviceWindows:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         w = self.windows
         rng = np.random.default_rng([w.seed, epoch, rank])
-        starts = rng.integers(0, len(w.corpus) - w.block_size - 1, size=w._rank_samples(rank, world_size))
+        starts = rng.integers(0, w.end - w.block_size - 1, size=w._rank_samples(rank, world_size))
         starts_on_device = torch.from_numpy(starts).to(self.device)
         for step in range(self.steps(rank, world_size)):
             idx = starts_on_device[step * w.batch_size : (step + 1) * w.batch_size]

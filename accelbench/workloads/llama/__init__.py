@@ -266,12 +266,22 @@ class LlamaWorkload:
         import torch
 
         from accelbench.workloads import TrainingJob
+        from accelbench.workloads.heldout import HeldOutWindows, held_out_start
         from accelbench.workloads.llama.data import TokenWindows, load_corpus
         from accelbench.workloads.llama.model import Llama, LlamaConfig, configure_adamw
 
         shape, seq_len, vocab, theta = resolved(config)
         corpus = load_corpus(config.data, vocab)
-        data = TokenWindows(corpus, seq_len, config.batch_size, config.seed, config.steps_per_epoch)
+        held_out = held_out_start(len(corpus.tokens), seq_len + 1)
+        data = TokenWindows(
+            corpus, seq_len, config.batch_size, config.seed, config.steps_per_epoch, end=held_out
+        )
+        tokens = corpus.tokens
+        validation = (
+            HeldOutWindows(lambda idx: tokens[idx], held_out, len(tokens), seq_len + 1, config.batch_size)
+            if held_out is not None
+            else None
+        )
         torch.manual_seed(config.seed)
         cfg = LlamaConfig(
             shape.n_layers, shape.dim, shape.n_heads, shape.n_kv_heads, shape.ffn_dim, vocab, seq_len, theta
@@ -303,6 +313,7 @@ class LlamaWorkload:
         return TrainingJob(
             model=model,
             data=data,
+            validation=validation,
             make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
             flops_per_sample=per_token * seq_len,
             flops_formula=FLOPS_FORMULA,

@@ -44,8 +44,16 @@ class TokenWindows:
     """Random windows of seq_len + 1 tokens, made on the host (numpy gathers), split over ranks."""
 
     def __init__(
-        self, corpus: TokenizedCorpus, seq_len: int, batch_size: int, seed: int, max_steps: int | None = None
+        self,
+        corpus: TokenizedCorpus,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        max_steps: int | None = None,
+        end: int | None = None,
     ) -> None:
+        """``end``: where the training part of the tokens ends (the held-out split after it is never sampled); all
+        of them by default. An epoch stays ceil(tokens / (seq_len + 1)) windows of the whole corpus."""
         if len(corpus.tokens) < seq_len + 2:
             raise ConfigError(
                 f"the corpus is {len(corpus.tokens)} tokens, shorter than --seq-len + 1 ({seq_len + 1}); use a "
@@ -56,6 +64,7 @@ class TokenWindows:
         self.batch_size = batch_size
         self.seed = seed
         self.max_steps = max_steps
+        self.end = len(corpus.tokens) if end is None else end
         self.samples_per_epoch = math.ceil(len(corpus.tokens) / (seq_len + 1))
         self._offsets = np.arange(seq_len + 1, dtype=np.int64)
 
@@ -69,7 +78,7 @@ class TokenWindows:
     def starts(self, epoch: int, rank: int, world_size: int) -> np.ndarray:
         """Where this rank's windows of ``epoch`` start (the same for the host and the device source)."""
         rng = np.random.default_rng([self.seed, epoch, rank])
-        high = len(self.corpus.tokens) - self.seq_len - 1
+        high = self.end - self.seq_len - 1
         return rng.integers(0, high, size=self._rank_samples(world_size))
 
     def batches(
@@ -98,6 +107,8 @@ class TokenWindows:
             "seq_len": self.seq_len,
             "samples_per_epoch": self.samples_per_epoch,
             "sampling": "random windows of seq_len+1 tokens; epoch = ceil(tokens / (seq_len + 1)) samples",
+            "trained_on": f"tokens 0 to {self.end}"
+            + (" (the rest is held out for validation)" if self.end < len(c.tokens) else ""),
             "steps_per_epoch_cap": self.max_steps,
         }
 

@@ -91,8 +91,19 @@ def make_optimizer(
     )
 
 
+def top1(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 accuracy's counts: the classifier's logits (N, classes) whose largest is the label, and N."""
+    return (logits.argmax(-1) == labels).sum(), torch.tensor(labels.numel())
+
+
 def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> TrainingJob:
-    from accelbench.workloads.pipeline import GeneratedBatches, LoaderSource
+    from accelbench.workloads.pipeline import (
+        GeneratedBatches,
+        HeldOutGenerated,
+        LoaderSource,
+        held_out_loader,
+        split_held_out,
+    )
     from accelbench.workloads.vision.data import open_images, random_images
 
     options = config.workload_options
@@ -109,10 +120,12 @@ def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> Traini
             config.steps_per_epoch,
             f"uint8 {image_size}x{image_size} images, {num_classes} classes",
         )
+        validation: Any = HeldOutGenerated(data)
     else:
-        dataset = open_images(
-            config.data, int(samples) if samples else None, num_classes, image_size, config.seed
+        dataset, held_out = split_held_out(
+            open_images(config.data, int(samples) if samples else None, num_classes, image_size, config.seed)
         )
+        validation = held_out_loader(held_out, config.batch_size, config.seed) if held_out else None
         given = options.get("data_workers")
         workers = int(given) if given is not None else None
         data = LoaderSource(
@@ -128,6 +141,8 @@ def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> Traini
     return TrainingJob(
         model=model,
         data=data,
+        validation=validation,
+        accuracy=top1,
         make_optimizer=lambda m, device, kernels: make_optimizer(spec, m, kernels, lr),
         flops_per_sample=3.0 * forward,
         flops_formula=FLOPS_FORMULA,

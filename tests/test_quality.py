@@ -1,0 +1,460 @@
+"""Is it training right: the held-out loss, --target-loss and the numerics checks (accelbench.engine.quality), on
+real tiny trainings on the CPU."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from core_support import TINY, accelbench
+
+from accelbench.cli import main, make_config
+from accelbench.config import RunConfig
+from accelbench.engine.executor import TorchExecutor
+from accelbench.engine.runner import run
+from accelbench.errors import ConfigError
+from accelbench.plugins import get_host
+from accelbench.references import RECIPE, REFERENCE_FILE, SEEDS, Reference
+from accelbench.references import load as load_references
+from accelbench.results import ResultRecord, read_record
+from accelbench.testing import tiny_config
+from accelbench.workloads import TrainingJob
+from accelbench.workloads.gpt.data import CharCorpus, RandomWindows
+from accelbench.workloads.heldout import HeldOutWindows, held_out_start
+from accelbench.workloads.pipeline import held_out_loader, split_held_out
+
+QUICK = dict(steps_per_epoch=4, learning_rate=1e-2, threads=1)
+
+
+def train(tmp_path: Path, **values: object) -> ResultRecord:
+    record, _, _ = run(tiny_config(output_dir=tmp_path, **{**QUICK, **values}), get_host())
+    assert record is not None
+    return record
+
+
+def compare_cell(folder: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    capsys.readouterr()
+    assert main(["compare", str(folder), "--format", "json"]) == 0
+    ((cell,),) = [group["cells"] for group in json.loads(capsys.readouterr().out)["groups"]]
+    return cell
+
+
+def test_a_tiny_gpt_reaches_a_target_and_records_the_time_to_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From ~4.2 (ln 65) the tiny GPT's held-out loss falls below 3.5 within a few epochs of 4 steps: the run stops
+    at the end of that epoch, and the time to target is the sum of the timed epochs, evaluation left out."""
+    record = train(tmp_path, epochs=12, target_loss=3.5)
+    assert record.outcome.status == "ok"
+    quality, metrics = record.quality, record.metrics
+    assert quality is not None and metrics is not None and quality.target is not None
+    target = quality.target
+    assert target.reached and target.epoch == len(metrics.epochs) < 12  # it stopped there
+    assert quality.epochs[-1].val_loss is not None and quality.epochs[-1].val_loss <= 3.5
+    assert all(q.val_loss is not None and q.val_loss > 3.5 for q in quality.epochs[:-1])
+    assert target.time_to_target_s == pytest.approx(sum(e.wall_s for e in metrics.epochs))
+    assert target.steps == 4 * len(metrics.epochs) and target.samples == 8 * 4 * len(metrics.epochs)
+    assert "--target-loss 3.5: stopped when it was reached" in (metrics.epochs_decision or "")
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["time_to_target_s"]["median"] == pytest.approx(target.time_to_target_s)
+    assert cell["val_loss"]["median"] == pytest.approx(quality.epochs[-1].val_loss)
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path)]) == 0
+    assert "to target" in capsys.readouterr().out
+
+
+def test_a_target_never_reached_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = train(tmp_path, epochs=2, target_loss=0.01)
+    assert record.outcome.status == "ok"  # its speed stands; it just did not get there
+    assert record.quality is not None and record.quality.target is not None
+    target = record.quality.target
+    assert not target.reached and target.time_to_target_s is None
+    assert target.message.startswith(
+        "--target-loss 0.01 not reached in 2 epoch(s); the best validation loss was"
+    )
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path)]) == 0
+    assert "not reached" in capsys.readouterr().out
+
+
+def test_validation_is_timed_apart_from_the_epochs(tmp_path: Path) -> None:
+    """60 held-out batches take far longer than 2 training steps: were evaluation inside an epoch's timed region,
+    the epoch would take at least as long as it; every epoch is shorter than its evaluation, and as short as with
+    validation off."""
+    on = train(tmp_path / "on", epochs=3, steps_per_epoch=2, eval_batches=60)
+    off = train(tmp_path / "off", epochs=3, steps_per_epoch=2, eval_batches=0)
+    assert on.quality is not None and on.metrics is not None and off.metrics is not None
+    for epoch, checked in zip(on.metrics.epochs, on.quality.epochs, strict=True):
+        assert checked.val_samples == 60 * 8
+        assert checked.eval_s > epoch.wall_s
+    steady_on = statistics.median(e.wall_s for e in on.metrics.epochs[1:])
+    steady_off = statistics.median(e.wall_s for e in off.metrics.epochs[1:])
+    assert steady_on < 5 * steady_off  # the same order of magnitude on a busy host
+    assert off.quality is not None and all(q.val_loss is None for q in off.quality.epochs)
+    assert off.quality.validation == "off (--eval-batches 0)"
+
+
+def test_validation_leaves_training_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With dropout, the gradient probe draws random numbers: torch's generators are restored after it, so the
+    training losses are the same, bit for bit, as those of a run with validation off and an executor that cannot
+    probe its gradients (as DeepSpeed's)."""
+    on = train(tmp_path / "on", epochs=3, dropout=0.1)
+    monkeypatch.setattr(TorchExecutor, "gradient_norm", lambda self, inputs, targets: None)
+    off = train(tmp_path / "off", epochs=3, dropout=0.1, eval_batches=0)
+    assert off.quality is not None and all(q.grad_norm is None for q in off.quality.epochs)
+    assert on.metrics is not None and off.metrics is not None
+    assert [e.loss for e in on.metrics.epochs] == [e.loss for e in off.metrics.epochs]
+
+
+def test_the_held_out_split_is_never_trained_on(tmp_path: Path) -> None:
+    """A corpus whose last tenth is the only place 'b' occurs: no training window holds a 'b', every validation
+    window is all 'b'."""
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(b"a" * 450 + b"c" * 450 + b"b" * 100)
+    corpus = CharCorpus.from_file(text)
+    start = held_out_start(len(corpus), 17)
+    assert start == 900
+    b = int(corpus.lookup[ord("b")])
+    training = RandomWindows(corpus, 16, 8, seed=0, end=start)
+    for epoch in range(20):
+        for inputs, targets in training.batches(epoch):
+            assert not (inputs == b).any() and not (targets == b).any()
+    held = HeldOutWindows(lambda idx: corpus.lookup[corpus.data[idx]], start, len(corpus), 17, 4)
+    batches = list(held.batches(0))
+    assert sum(x.shape[0] for x, _ in batches) == 100 // 17
+    assert all(bool((x == b).all()) and bool((y == b).all()) for x, y in batches)
+    assert held_out_start(30, 17) is None  # too short to keep a tenth apart: no validation
+
+
+class CorruptedGradients(TorchExecutor):
+    """A stand-in for a broken precision plan or backend: every gradient multiplied by 10^6 (``scale``) as it is
+    computed. AdamW is blind to a gradient's scale and clipping hides it, so the training loss barely shows it."""
+
+    scale = 1e6
+
+    def setup(self, job: TrainingJob) -> None:
+        super().setup(job)
+        for parameter in self.model.parameters():
+            parameter.register_hook(lambda grad: grad * self.scale)
+
+
+@pytest.mark.parametrize(
+    ("scale", "found", "where"),
+    [
+        (1e6, "the gradient norm exploded: ", "after epoch 1 (step 4), above --grad-norm-limit 10000"),
+        (float("nan"), "training diverged: the loss was nan at step 2 ", "of epoch 1 "),
+    ],
+)
+def test_corrupted_gradients_end_the_run_as_diverged(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    scale: float,
+    found: str,
+    where: str,
+) -> None:
+    """The tiny GPT with a stand-in for a broken precision plan: gradients 10^6 times too large are caught by the
+    gradient-norm probe after the first epoch; NaN gradients by the loss they make at the next step."""
+    backend = get_host().select_backend("cpu")
+    monkeypatch.setattr(CorruptedGradients, "scale", scale)
+    monkeypatch.setattr(backend, "executor", CorruptedGradients)
+    record, _, status = run(tiny_config(output_dir=tmp_path, epochs=3, **QUICK), get_host())
+    assert status == "diverged" and record is not None and record.quality is not None
+    message = record.outcome.message or ""
+    assert found in message and where in message
+    assert record.quality.problem == message
+    assert record.metrics is not None and len(record.metrics.epochs) == 1  # it stopped after that epoch
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["outcomes"] == {"diverged": 1} and cell["epoch_s"] is None  # no speed for it
+
+
+def test_a_loss_that_does_not_fall_ends_the_run_with_stall_epochs(tmp_path: Path) -> None:
+    """At a learning rate of 10^-12 the weights do not move: the held-out loss of epoch 3 is not below epoch 1's."""
+    record = train(tmp_path, epochs=4, learning_rate=1e-12, stall_epochs=2)
+    assert record.outcome.status == "diverged"
+    assert "the loss is not decreasing: the validation loss of epoch 3 (step 12)" in (
+        record.outcome.message or ""
+    )
+    unchecked = train(tmp_path / "off", epochs=3, learning_rate=1e-12)  # the default: off
+    assert unchecked.outcome.status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"target_loss": 0}, "--target-loss: Input should be greater than 0"),
+        ({"target_loss": -1.5}, "--target-loss: Input should be greater than 0"),
+        ({"target_loss": float("nan")}, "--target-loss: Input should be a finite number"),
+        ({"target_loss": float("inf")}, "--target-loss: Input should be a finite number"),
+        ({"eval_batches": -1}, "--eval-batches: Input should be greater than or equal to 0"),
+        ({"eval_batches": 1001}, "--eval-batches: Input should be less than or equal to 1000"),
+        ({"target_loss": 2.0, "eval_batches": 0}, "--target-loss 2 is judged on the validation loss"),
+        ({"grad_norm_limit": -1}, "--grad-norm-limit: Input should be greater than or equal to 0"),
+        ({"stall_epochs": -2}, "--stall-epochs: Input should be greater than or equal to 0"),
+    ],
+)
+def test_bad_quality_flags_are_refused(values: dict[str, float], says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_config(values)
+    assert says in str(caught.value)
+
+
+def test_bad_target_on_the_command_line_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", *TINY, "--target-loss", "nan", "--output-dir", str(tmp_path), "-q"]) != 0
+    assert "--target-loss" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_agree_on_validation_and_the_target(tmp_path: Path) -> None:
+    """DDP over 2 processes: the held-out loss is averaged over both ranks' samples, both stop at the same epoch
+    when it reaches the target (no rank left waiting in a collective) and the gradient norm is the all-reduced one."""
+    proc = accelbench(
+        "run", *TINY, "--strategy", "ddp", "--devices", "2", "--threads", "1", "--epochs", "12",
+        "--steps-per-epoch", "4", "--lr", "1e-2", "--target-loss", "3.5", "--output-dir", str(tmp_path), "-q",
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (file,) = tmp_path.glob("*.json")
+    record = read_record(file)
+    assert record.outcome.status == "ok" and record.world_size == 2
+    assert record.quality is not None and record.quality.target is not None and record.metrics is not None
+    assert record.quality.target.reached and record.quality.target.epoch == len(record.metrics.epochs) < 12
+    assert all(q.val_samples == 2 * 4 * 8 for q in record.quality.epochs)  # both ranks' held-out batches
+    assert record.quality.target.samples == 2 * 8 * 4 * len(record.metrics.epochs)
+    assert all(q.grad_norm is not None and np.isfinite(q.grad_norm) for q in record.quality.epochs)
+    assert torch.tensor([q.val_loss for q in record.quality.epochs]).diff().max() < 0.5  # it trained
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parity with the shipped reference trajectories (accelbench.references)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_the_shipped_references_say_how_they_were_made() -> None:
+    raw = json.loads(REFERENCE_FILE.read_text())
+    assert raw["made"]["how"].startswith("python -m accelbench.references")
+    assert raw["made"]["recipe"] == RECIPE and raw["made"]["seeds"] == list(SEEDS)
+    references = load_references()
+    assert set(references) == {"gpt-nano", "gpt-micro"}
+    for reference in references.values():
+        assert reference.epochs == RECIPE["epochs"] and set(reference.trajectories) == set(SEEDS)
+        for losses in reference.trajectories.values():
+            assert losses == sorted(losses, reverse=True)  # held-out loss falls every epoch at this recipe
+        low, high = reference.band()
+        assert low < statistics.fmean(t[-1] for t in reference.trajectories.values()) < high
+
+
+def test_the_reference_band_is_the_seeds_prediction_interval() -> None:
+    """Three seeds 3.00, 3.02, 3.04: mean 3.02, s 0.02, half-width t(0.995, 2) 9.925 x 0.02 x sqrt(4/3)."""
+    reference = Reference("m", {}, {0: [4.0, 3.0], 1: [4.0, 3.02], 2: [4.0, 3.04]})
+    low, high = reference.band()
+    assert (low, high) == pytest.approx((3.02 - 0.22920, 3.02 + 0.22920), abs=1e-4)
+    tight = Reference("m", {}, {0: [3.0], 1: [3.0], 2: [3.0]})
+    assert tight.band() == pytest.approx((2.97, 3.03))  # the 1% floor
+
+
+class ReversedGradients(TorchExecutor):
+    """A stand-in for a broken precision plan whose gradients have the wrong sign: their norm is right, so the
+    gradient-norm check cannot see it; the model climbs the loss instead of descending it."""
+
+    def setup(self, job: TrainingJob) -> None:
+        super().setup(job)
+        for parameter in self.model.parameters():
+            parameter.register_hook(lambda grad: -grad)
+
+
+@pytest.mark.slow
+def test_parity_flags_a_broken_precision_plan_beside_its_speed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpt-nano at the reference recipe: a seed the reference was not made with trains within its band; the same
+    run with reversed gradients completes (no numerics check fires) but compare marks it outside the band."""
+    recipe = {k: v for k, v in RECIPE.items() if k != "workload"}
+    good, _, status = run(
+        RunConfig(**recipe, model="gpt-nano", seed=7, output_dir=tmp_path / "good"), get_host()
+    )
+    assert status == "ok"
+    cell = compare_cell(tmp_path / "good", capsys)
+    assert cell["outside_reference"]["median"] == 0.0
+    backend = get_host().select_backend("cpu")
+    monkeypatch.setattr(backend, "executor", ReversedGradients)
+    bad, _, status = run(
+        RunConfig(**recipe, model="gpt-nano", seed=7, output_dir=tmp_path / "bad"), get_host()
+    )
+    assert status == "ok" and bad is not None and bad.quality is not None
+    cell = compare_cell(tmp_path / "bad", capsys)
+    assert cell["outside_reference"]["median"] == 1.0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "bad"), "--wide"]) == 0
+    assert "✗ outside ref" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_stop_together_when_the_loss_is_not_finite(tmp_path: Path) -> None:
+    """A learning rate of 10^30 makes the loss NaN on both DDP ranks: they agree on it (one all-reduce) and stop
+    after the same epoch, with no rank left waiting in a collective; the record says diverged (exit code 4)."""
+    proc = accelbench(
+        "run", *TINY, "--strategy", "ddp", "--devices", "2", "--threads", "1", "--epochs", "3",
+        "--steps-per-epoch", "4", "--lr", "1e30", "--collective-timeout", "60", "--output-dir", str(tmp_path), "-q",
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    (file,) = tmp_path.glob("*.json")
+    record = read_record(file)
+    assert record.outcome.status == "diverged" and record.metrics is not None
+    assert "training diverged: the loss was nan at step " in (record.outcome.message or "")
+    assert len(record.metrics.epochs) == 1 and len(record.metrics.ranks) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ("--precision", "bf16-mixed"),
+        ("--precision", "fp16-mixed"),
+        ("--strategy", "ddp", "--devices", "2", "--batch-size", "8"),  # the reference's global batch, 2 x 8
+        ("--strategy", "fsdp", "--devices", "2", "--batch-size", "8"),
+    ],
+    ids=["bf16-mixed", "fp16-mixed", "ddp", "fsdp"],
+)
+def test_each_precision_and_strategy_trains_as_single_device_fp32(
+    variant: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Parity: gpt-nano at the reference recipe, in a mixed precision or data-parallel over 2 gloo processes,
+    lands in the band the single-device fp32 reference gives (compare's test, docs/quality.md)."""
+    recipe = ["--model", "gpt-nano", "--batch-size", "16", "--steps-per-epoch", "20", "--epochs", "4",
+              "--threads", "1", "--seed", "7"]  # fmt: skip
+    proc = accelbench("run", *recipe, *variant, "--output-dir", str(tmp_path), "-q", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["outside_reference"]["median"] == 0.0, cell["val_loss"]
+
+
+class Numbered:
+    """A dataset whose sample is its own index (for the split's arithmetic)."""
+
+    def __len__(self) -> int:
+        return 50
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([key[1]]), torch.tensor(0)
+
+    def describe(self) -> dict[str, object]:
+        return {"source": "numbered"}
+
+
+def test_a_dataset_holds_out_its_last_tenth() -> None:
+    training, held = split_held_out(Numbered())
+    assert held is not None and len(training) == 45 and len(held) == 5
+    trained = {int(training[(epoch, i)][0]) for epoch in range(3) for i in range(len(training))}
+    assert trained == set(range(45))
+    assert {int(held[(0, i)][0]) for i in range(len(held))} == set(range(45, 50))
+    assert held.describe()["split"] == "samples 45 to 50 of 50 (the last 10%, held out: never trained on)"
+    loader = held_out_loader(held, batch_size=2, seed=0)
+    assert [x.flatten().tolist() for x, _ in loader.batches(0)] == [
+        x.flatten().tolist() for x, _ in loader.batches(3)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "workload",
+    [
+        ("--workload", "bert", "--model", "bert-tiny", "--seq-len", "16", "--dropout", "0"),
+        (
+            "--workload",
+            "mobilenet-v3-small",
+            "--image-size",
+            "32",
+            "--num-classes",
+            "10",
+            "--synthetic-samples",
+            "400",
+        ),
+    ],
+    ids=["bert", "mobilenet-v3-small"],
+)
+def test_the_image_and_bert_workloads_record_a_held_out_accuracy(
+    workload: tuple[str, ...], tmp_path: Path
+) -> None:
+    proc = accelbench(
+        "run", *workload, "--batch-size", "8", "--data-workers", "0", "--epochs", "2", "--steps-per-epoch", "3",
+        "--threads", "1", "--output-dir", str(tmp_path), "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (file,) = tmp_path.glob("*.json")
+    record = read_record(file)
+    assert record.quality is not None and "(the last 10%, held out: never trained on)" in (
+        record.quality.validation or ""
+    )
+    for checked in record.quality.epochs:
+        assert checked.val_loss is not None and checked.val_samples == 4 * 8
+        assert checked.val_accuracy is not None and 0.0 <= checked.val_accuracy <= 1.0
+    assert "(trained on)" in record.data["split"]
+
+
+def _check_with_one_rank_nan(rank: int, port: int, out: str) -> None:
+    """One of two gloo processes: the tiny GPT built and set up as the runner does, then the checks after an epoch
+    whose training loss was NaN on rank 1 only."""
+    import os
+
+    import torch.distributed as dist
+
+    from accelbench.contract import DataShard, ExecutorRequest, World
+    from accelbench.engine.metrics import RankLog
+    from accelbench.engine.quality import QualityChecks, TrainingDiverged
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        host = get_host()
+        config = host.resolve(tiny_config(steps_per_epoch=2, threads=1))  # the workload's defaults filled in
+        job = host.workload("gpt").build(config)
+        backend, device = host.select_backend("cpu"), torch.device("cpu")
+        plan = backend.precision_plan(config.precision, device, config.backend_options)
+        world = World(rank=rank, local_rank=rank, world_size=2, local_world_size=2)
+        executor = TorchExecutor(ExecutorRequest(config, device, plan, world, backend, job.units))
+        executor.setup(job)
+        loss = float("nan") if rank == 1 else 3.0
+        log = RankLog(rank, "host", [0.1], [16], [2], epoch_loss=[loss])
+        checks = QualityChecks(config, job, executor, backend, device, DataShard(rank, 2))
+        try:
+            checks.after_epoch(0, log, torch.tensor([3.0, loss]), 2)
+            said = "went on"
+        except TrainingDiverged as exc:
+            said = str(exc)
+        Path(out, f"rank{rank}.txt").write_text(said)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_loss_not_finite_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
+    """Rank 1's loss is NaN, rank 0's is not: both stop (rank 0 says another rank's loss was not finite) and neither
+    is left waiting in the evaluation's collectives."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.spawn(_check_with_one_rank_nan, args=(port, str(tmp_path)), nprocs=2, join=False)
+    assert context is not None
+    for _ in range(120):
+        if context.join(timeout=1):
+            break
+    else:
+        for process in context.processes:
+            process.kill()
+        pytest.fail("a rank was left waiting")
+    said = {rank: (tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)}
+    assert said[1].startswith("training diverged: the loss was nan at step 2 of epoch 1")
+    assert said[0].startswith("training diverged: another rank's loss was not finite in epoch 1")
