@@ -127,6 +127,9 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
         "cpu_step_s": cpu[len(cpu) // 2] if cpu else None,
         "samples_per_s": m["steady"]["samples_per_s"],
         "peak_bytes": m["peak_memory_max_bytes"],
+        # the live tensor peak of one untimed step after the epochs (torch's MemTracker; None where the executor
+        # exposes no plain model and optimizer, as DeepSpeed's): tensors, what the model predicts
+        "tensor_peak_bytes": (m.get("tensor_peak") or {}).get("peak_bytes"),
         "waiting": m["host"]["waiting"] if m.get("host") else None,
         "contended": m["host"]["contended"] if m.get("host") else None,
     }
@@ -283,6 +286,10 @@ def main() -> None:
                 r["predicted"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
                 r["measured"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
             ),
+            "tensors": error(
+                r["predicted"]["peak_bytes"] - r["predicted"]["runtime_bytes"],
+                r["measured"]["tensor_peak_bytes"],
+            ),
             "speedup": error(r["predicted"]["speedup"], r["measured"]["speedup"])
             if r["devices"] > 1
             else None,
@@ -291,7 +298,8 @@ def main() -> None:
     header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6} {'calib':>9} {'err':>6} "
               f"{'cpu ms':>8} {'err':>6}  "
               f"{'peak MiB':>8} {'pred':>8} "
-              f"{'err':>6} {'model-part err':>14}  {'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}")  # fmt: skip
+              f"{'err':>6} {'model-part err':>14}  {'tensors':>8} {'pred':>8} {'err':>6}  "
+              f"{'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}")  # fmt: skip
     print(header)
     print("-" * len(header))
 
@@ -301,11 +309,18 @@ def main() -> None:
     for r in rows:
         m, p, e = r["measured"], r["predicted"], r["errors"]
         speed = f"{m['speedup']:7.2f} {p['speedup']:6.2f}" if r["devices"] > 1 else f"{'':7} {'':6}"
+        tensor = m.get("tensor_peak_bytes")
+        tensors = (
+            f"{tensor / 2**20:8.1f} {(p['peak_bytes'] - p['runtime_bytes']) / 2**20:8.1f}"
+            if tensor
+            else f"{'-':>8} {(p['peak_bytes'] - p['runtime_bytes']) / 2**20:8.1f}"
+        )
         print(f"{r['model']:10} {r['strategy']:16} {m['step_s'] * 1e3:9.1f} {p['step_s'] * 1e3:9.1f} "
               f"{pct(e['step']):>6} {p['calibrated_step_s'] * 1e3:9.1f} {pct(e['calibrated_step']):>6} "
               f"{(m['cpu_step_s'] or 0) * 1e3:8.1f} {pct(e['calibrated_cpu_step']):>6}  "
               f"{m['peak_bytes'] / 2**20:8.1f} {p['peak_bytes'] / 2**20:8.1f} "
-              f"{pct(e['memory']):>6} {pct(e['memory_model_part']):>14}  {speed} {pct(e['speedup']):>6}  "
+              f"{pct(e['memory']):>6} {pct(e['memory_model_part']):>14}  {tensors} {pct(e['tensors']):>6}  "
+              f"{speed} {pct(e['speedup']):>6}  "
               f"{m['waiting'] or 0:6.0%}")  # fmt: skip
     print(f"\nrecords: {out / 'runs'}; this host is shared: 'waited' is the share of ready time the run's threads "
           "waited for a core")  # fmt: skip
