@@ -43,11 +43,17 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("results/plan-vs-measured"))
     parser.add_argument("--json", type=Path, help="write the plan (with its comparison) here")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="price with this host's calibration over each configuration's traced operators (plan --calibrate)",
+    )
     args = parser.parse_args()
 
     common = ["plan", "--model", args.model, "--devices", "2", "--measure-peak", "--strategies", args.strategies,
               "--precisions", args.precisions, "--batch-sizes", args.batch_sizes]  # fmt: skip
     common += ["--comm", str(args.comm)] if args.comm else ["--bus-bandwidth", str(args.bus_bandwidth or 1.0)]
+    common += ["--calibrate"] if args.calibrate else []
     listed = _accelbench(*common, "--json")
     plan = json.loads(listed.stdout)
     ranked = len(plan["ranked"])

@@ -289,3 +289,27 @@ def test_measure_the_top_two_for_real_over_gloo(tmp_path: Path) -> None:
     assert "Spearman's rank correlation" in again.stdout and "predicted against measured" in again.stdout
     assert "waited" in again.stdout  # each run's host contention, from its record
     assert all(r.waited is None or 0 <= r.waited <= 1 for r in p.comparison.runs)
+
+
+def test_plan_calibrate_prices_each_configuration_from_its_traced_operators(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --calibrate the ranking comes from this device's calibration over each candidate's own operators, so
+    configurations of one model that a fixed efficiency prices alike (the same FLOPs a sample) are told apart."""
+    from accelbench.cli import main
+    from accelbench.estimate import calibration as module
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(module, "MATMUL_SIZES", (16, 64))
+    monkeypatch.setattr(module, "STREAM_BYTES", (3 * 2**12, 3 * 2**20))
+    argv = ["plan", "--model", "gpt-nano", "--devices", "1", "--batch-sizes", "1,16", "--precisions", "fp32"]
+    assert main([*argv, "--calibrate", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    rates = {run["batch_size"]: run["samples_per_s"] for run in ranked}
+    assert rates[16] > rates[1]  # per-operator dispatch weighs more on the smaller batch
+    assert main([*argv, "--measure-peak", "--json"]) == 0  # the efficiency model: a measured matmul peak
+    flat = {run["batch_size"]: run["samples_per_s"] for run in json.loads(capsys.readouterr().out)["ranked"]}
+    for batch in (1, 16):  # priced by another model: the calibration's rates, not a fixed share of the peak
+        assert rates[batch] != pytest.approx(flat[batch], rel=0.01)
+    assert main([*argv, "--calibrate", "--device", "H100"]) == 2
+    assert "--calibrate" in capsys.readouterr().err

@@ -93,5 +93,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     device.add_argument("--measure-peak", action="store_true",
                         help="time dense matmuls on this device (cached) and predict with the measured rate")  # fmt: skip
     device.add_argument("--refresh-peak", action="store_true", help="with --measure-peak: measure again")
+    device.add_argument("--calibrate", action="store_true",
+                        help="price each configuration's step from this device's calibration over its traced "
+                        "operators (as estimate --calibrate), instead of a fixed efficiency")  # fmt: skip
+    device.add_argument("--refresh-calibration", action="store_true",
+                        help="with --calibrate: measure the calibration again")  # fmt: skip
     device.add_argument("--runtime-mib", type=float, default=0.0, metavar="MIB",
                         help="memory a process holds before the model, added to each peak (default: 0)")  # fmt: skip

@@ -183,9 +183,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
     def predict_one(config: RunConfig) -> Prediction:
         target = targets[config.precision]
-        return predict(host.resolve(config), facts, device_type=target.device_type, device=target.device,
+        resolved = host.resolve(config)
+        calibrated: dict[str, Any] = {}
+        if target.calibration is not None:  # --calibrate: the step's traced operators at this device's rates
+            from accelbench.estimate.operators import step_operators
+
+            operators = step_operators(workload, resolved, target.plan, target.device_type, target.kernels)
+            calibrated = {"calibration": target.calibration, "operators": operators}
+        return predict(resolved, facts, device_type=target.device_type, device=target.device,
                        peak=target.peak, bandwidth=bandwidth, efficiency=args.efficiency, overlap=args.overlap,
-                       runtime_bytes=args.runtime_mib * 2**20)  # fmt: skip
+                       runtime_bytes=args.runtime_mib * 2**20, **calibrated)  # fmt: skip
 
     runs: list[PlannedRun] = []
     for config, layout in zip(found.configs, found.layouts, strict=True):
@@ -253,7 +260,9 @@ def _targets(
         config = make_config({**base, "precision": name})
         try:
             targets[name] = resolve_target(host, config, device_name=args.estimate_device,
-                                           measure_peak=args.measure_peak, refresh_peak=args.refresh_peak)  # fmt: skip
+                                           measure_peak=args.measure_peak, refresh_peak=args.refresh_peak,
+                                           calibrate=args.calibrate,
+                                           refresh_calibration=args.refresh_calibration)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:
