@@ -373,9 +373,10 @@ def test_cached_memory_is_released_after_every_run_oom_included(
     config = tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=3)
     record, _, status = run(config, host, OutOfMemoryAtStep(4))
     assert status == "oom" and len(record.metrics.epochs) == 1  # the completed epoch is kept
-    assert released == [[True]]
+    # released once, when every model the run built is gone (the calibrated prediction traces a fake one too)
+    assert len(released) == 1 and released[0] and all(released[0])
     record, _, status = run(config, host)  # the next run in the same process trains
-    assert status == "ok" and released == [[True], [True, True]]
+    assert status == "ok" and len(released) == 2 and all(released[1])
 
 
 def test_data_placement_on_the_cpu_backend_stays_on_the_host(tmp_path: Path) -> None:
