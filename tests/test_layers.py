@@ -25,14 +25,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
-     "accelbench.engine.metrics", "accelbench.estimate"),
+     "accelbench.engine.metrics", "accelbench.engine.tensor_peak", "accelbench.estimate"),
     ("accelbench.plugins",),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",
      "accelbench.launcher",
      "accelbench.engine", "accelbench.comm"),
     ("accelbench.display", "accelbench.compare", "accelbench.report", "accelbench.sweep",
-     "accelbench.estimate.command"),
+     "accelbench.estimate.command", "accelbench.references"),
     ("accelbench.cli", "accelbench.commands", "accelbench.testing", "accelbench.__main__", "accelbench.plan"),
 ]  # fmt: skip
 
