@@ -11,12 +11,9 @@ The peak it is against is the one MFU is against: :func:`accelbench.engine.metri
 
 The step time is the calibrated one (:mod:`accelbench.estimate.calibration`) when this device has a cached
 calibration for the run's matmul dtype and thread count (made by ``accelbench estimate --calibrate``): the step's
-operators are traced (a few seconds, after every epoch is timed) and timed at its rates. A one-process run on a
-device without a table peak (a CPU, whose matmul peak it measures anyway) measures the calibration once before
-anything is timed, as it measures the peak (:func:`calibrate_before_timing`: seconds, once per host, device, torch,
-dtype and thread count, then cached), so a newcomer's first run is predicted from it; a multi-process run only
-reads the cache (its ranks would measure it at once on shared cores). Without one, the compute is the peak at the
-default efficiency, as before; ``time_model`` says which.
+operators are traced (a few seconds, after every epoch is timed) and timed at its rates. A run never measures a
+calibration itself: that takes seconds on a quiet device, and a run's prediction must not cost its timings. Without
+one, the compute is the peak at the default efficiency, as before; ``time_model`` says which.
 """
 
 from __future__ import annotations
@@ -48,34 +45,6 @@ class CalibratedRun:
     plan: PrecisionPlan
     backend: Backend
     device: torch.device
-
-
-def calibrate_before_timing(
-    backend: Backend, device: torch.device, device_info: DeviceInfo, plan: PrecisionPlan
-) -> None:
-    """Measure and cache this device's calibration for ``plan``'s matmul dtype if none is cached (before anything
-    is timed; nothing when one is). Never fails a run: a device that cannot be calibrated is predicted at the
-    default efficiency instead."""
-    from accelbench.estimate.calibration import calibrate
-    from accelbench.estimate.peak import matmul_dtype
-
-    if device.type != backend.info.device_type:
-        return
-    try:
-        calibrate(
-            device,
-            backend.synchronize,
-            backend=backend.name,
-            device_name=device_info.name,
-            dtype=matmul_dtype(plan),
-        )
-    except (
-        OSError,
-        RuntimeError,
-        ValueError,
-        AccelbenchError,
-    ):  # an unwritable cache, a device that cannot time
-        return
 
 
 def cached_calibration(

@@ -43,12 +43,7 @@ from accelbench.contract import (
 from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics, peak_for
-from accelbench.engine.prediction import (
-    CalibratedRun,
-    calibrate_before_timing,
-    load_comm_records,
-    predict_run,
-)
+from accelbench.engine.prediction import CalibratedRun, load_comm_records, predict_run
 from accelbench.engine.profile import (
     MAX_PROFILE_STEPS,
     MIN_EVENTS_PER_STEP,
@@ -371,9 +366,6 @@ def prepare(
         )
     else:  # the peak of the math that really runs (an executor may refine the plan); measured where no table
         peak = peak_for(backend, device, checked.devices[0], executor.effective_precision(plan))
-        if launch.world_size == 1 and peak is not None and peak.source.startswith("measured"):
-            # no table peak (a CPU): calibrate once too, before anything is timed, for the stored prediction
-            calibrate_before_timing(backend, device, checked.devices[0], executor.effective_precision(plan))
     record = host.distribution_of(backend)
     backend_record = BackendRecord(
         info=backend.info,
