@@ -160,7 +160,8 @@ def test_a_run_on_a_folder_of_text_with_a_vocabulary(tmp_path: Path) -> None:
                       "--data-workers", "0", "--output-dir", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = only_record(out)
-    assert record.data["tokens"] == 600 and record.data["samples_per_epoch"] == 20  # ceil(600 / 30) windows
+    # ceil(600 / 30) = 20 windows, the last 10% (2) held out for validation: 18 train
+    assert record.data["tokens"] == 600 and record.data["samples_per_epoch"] == 18
     assert record.data["tokenizer"].startswith("WordPiece (vocab.txt, 15 tokens)")
     assert record.workload["vocab_size"] == 15 and record.workload_identity["data_source"] == "dataset"
 

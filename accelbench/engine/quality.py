@@ -72,6 +72,7 @@ class QualityChecks:
     target: TargetResult | None = None
     problem: str | None = None
     validation_note: str | None = None
+    probe_note: str | None = None  # why the gradient probe measured nothing, where it failed
     first_loss: float | None = None
     _right: list[float] = field(default_factory=lambda: [0.0, 0.0])  # held-out predictions right, made
 
@@ -183,7 +184,7 @@ class QualityChecks:
             )
         return QualityRecord(
             eval_batches=self.config.eval_batches,
-            validation=self.validation_note,
+            validation="; ".join(note for note in (self.validation_note, self.probe_note) if note) or None,
             epochs=list(self.epochs),
             target=target,
             problem=self.problem,
@@ -224,8 +225,22 @@ class QualityChecks:
         wanted = self.config.eval_batches
         for index, (inputs, targets) in enumerate(batches):
             x, y = inputs.to(self.device), targets.to(self.device)
-            if index == 0:
-                probed = self.executor.gradient_norm(x, y)
+            if (
+                index == 0 and x.shape[0] > 1
+            ):  # batch norm cannot train on one sample: no probe on so small a batch
+                try:
+                    probed = self.executor.gradient_norm(x, y)
+                except (
+                    RuntimeError,
+                    ValueError,
+                ) as exc:  # the probe is a check, untimed: it never fails a run
+                    self.probe_note = f"no gradient norm: the probe failed ({type(exc).__name__}: {exc})"[
+                        :300
+                    ]
+                    model = getattr(self.executor, "model", None)
+                    for parameter in model.parameters() if model is not None else ():
+                        parameter.grad = None  # nothing of a failed probe may reach the next training step
+                    probed = None
                 norm = float(probed.item()) if probed is not None else None
                 if norm is not None and not math.isfinite(norm):
                     norm = math.inf  # NaN is not ordered: an all-reduced maximum must see it
