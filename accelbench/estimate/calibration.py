@@ -30,7 +30,6 @@ import bisect
 import itertools
 import json
 import math
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir
+from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key
 from accelbench.hostinfo import cpu_usage
 from accelbench.results import _write_atomically
 
@@ -184,13 +183,8 @@ def _bracket(axis: Sequence[float], value: float) -> tuple[float, float, float]:
 
 def calibration_key(backend: str, device_name: str, dtype: str, device_type: str) -> str:
     """What a calibration depends on: host, backend, device, torch version, matmul dtype and on a CPU the
-    intra-op threads (``torch.get_num_threads``, which a run of several processes divides)."""
-    import torch
-
-    parts = [platform.node(), backend, device_name, f"torch {torch.__version__}", dtype]
-    if device_type == "cpu":
-        parts.append(f"{torch.get_num_threads()} thread(s)")
-    return ", ".join(parts)
+    intra-op threads (:func:`accelbench.estimate.peak.device_key`)."""
+    return device_key(backend, device_name, dtype, device_type)
 
 
 def calibrate(

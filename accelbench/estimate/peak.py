@@ -134,11 +134,21 @@ def time_copy(
 def cache_key(backend: str, device_name: str, plan: PrecisionPlan, device_type: str) -> str:
     """What a measured peak depends on: host, backend, device, torch version, matmul dtype, fp32 math mode, and on
     a CPU the intra-op threads (torch.get_num_threads)."""
+    dtype = matmul_dtype(plan)
+    return device_key(
+        backend, device_name, dtype, device_type, plan.matmul_math if dtype == "float32" else None
+    )
+
+
+def device_key(backend: str, device_name: str, dtype: str, device_type: str, math: str | None = None) -> str:
+    """What a measurement on this device depends on, as a cache key: host, backend, device, torch version, dtype,
+    the fp32 math mode where given, and on a CPU the intra-op threads (torch.get_num_threads, which a run of several
+    processes divides). The measured peak's and the calibration's caches are keyed by it."""
     import torch
 
-    parts = [platform.node(), backend, device_name, f"torch {torch.__version__}", matmul_dtype(plan)]
-    if matmul_dtype(plan) == "float32":
-        parts.append(plan.matmul_math)
+    parts = [platform.node(), backend, device_name, f"torch {torch.__version__}", dtype]
+    if math is not None:
+        parts.append(math)
     if device_type == "cpu":
         parts.append(f"{torch.get_num_threads()} thread(s)")
     return ", ".join(parts)
