@@ -170,7 +170,9 @@ def test_tokens_per_second_is_shown_for_language_models_only(
     assert main(["compare", str(nodes["node-a"]), "--format", "json"]) == 0
     cell = json.loads(capsys.readouterr().out)["groups"][0]["cells"][0]
     seq_len = record["metrics"]["epochs"][0]["tokens"] / record["metrics"]["epochs"][0]["samples"]
-    assert seq_len > 1 and cell["tokens_per_s"]["median"] == pytest.approx(cell["samples_per_s"]["median"] * seq_len)
+    assert seq_len > 1 and cell["tokens_per_s"]["median"] == pytest.approx(
+        cell["samples_per_s"]["median"] * seq_len
+    )
 
     for epoch in record["metrics"]["epochs"]:  # the same run counted as one token a sample
         epoch["tokens"], epoch["tokens_per_s"] = epoch["samples"], epoch["samples_per_s"]
