@@ -155,6 +155,7 @@ def test_strategies_and_engines_that_would_not_convert_are_refused(
     check_fp8_run(tiny_config(precision="bf16-mixed", **values))  # nothing to refuse without FP8
 
 
+@pytest.mark.slow  # a fresh interpreter: ~5 s on a shared host
 def test_a_cpu_run_with_fp8_is_refused_before_anything_runs(tmp_path: object) -> None:
     from core_support import TINY, accelbench
 
@@ -188,3 +189,52 @@ def test_fp8_trains_on_a_real_gpu() -> None:  # pragma: no cover - needs the har
     inputs, targets = next(job.data.batches(0))
     assert torch.isfinite(executor.train_step(inputs.cuda(), targets.cuda()))
     assert type(executor.model.get_submodule("blocks.0.mlp.fc")).__name__ == "Float8Linear"
+
+
+# A test device with FP8 math: the CPU backend declaring FP8 and reading a stated two-math peak table, so the runner's
+# FP8 path (conversion, record, FLOP-weighted peak) runs end to end here. Its timings are real; its peaks are the table's.
+TEST_PEAKS = {"fp8": 2e15, "bf16": 1e15}
+
+
+@pytest.mark.slow  # a real two-epoch run
+def test_an_fp8_run_records_its_layers_and_its_mfu_uses_the_flop_weighted_peak(
+    torchao: object, monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    from accelbench.contract import PeakFigures
+    from accelbench.engine.metrics import flop_weighted_peak
+    from accelbench.engine.runner import run
+    from accelbench.plugins import PluginHost
+
+    host = PluginHost()
+    cpu = host.backends["cpu"]
+    standard = type(cpu).supported_precisions(cpu, torch.device("cpu"))
+    monkeypatch.setattr(cpu, "supported_precisions", lambda device: [*standard, *FP8_PRECISIONS])
+
+    def peak_figures(device: object, plan: object) -> PeakFigures | None:
+        layers = plan.fp8_layers  # type: ignore[attr-defined]
+        if layers is None:
+            return None
+        share = layers.fp8_flop_share
+        flops = flop_weighted_peak({"fp8": share, "bf16": 1 - share}, TEST_PEAKS)
+        return PeakFigures(flops_per_s=flops, source="test table: fp8 and bf16, FLOP-weighted")
+
+    monkeypatch.setattr(cpu, "peak_figures", peak_figures)
+    config = tiny_config(
+        backend="cpu",
+        precision="fp8-tensorwise",
+        epochs=2,
+        steps_per_epoch=2,
+        output_dir=tmp_path,
+        no_tensor_peak=True,
+    )
+    record, _, status = run(config, host)
+    assert status == "ok" and record is not None, record and record.outcome
+    layers = record.precision.fp8_layers
+    assert layers is not None and layers.converted == GPT_LINEARS and list(layers.kept) == ["lm_head"]
+    peak = record.metrics.peak
+    expected = flop_weighted_peak(
+        {"fp8": layers.fp8_flop_share, "bf16": 1 - layers.fp8_flop_share}, TEST_PEAKS
+    )
+    assert peak is not None and peak.flops_per_s == pytest.approx(expected)
+    steady = record.metrics.steady
+    assert steady.mfu == pytest.approx(steady.achieved_flops_per_s / expected)
