@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accelbench.contract import FP8_PRECISIONS, Float8Layers
+from accelbench.contract import FP8_PRECISIONS, Float8Layers, PrecisionPlan
 from accelbench.contract.strategies import Strategy
 from accelbench.errors import BackendError, ConfigError
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from accelbench.config import RunConfig
-    from accelbench.workloads import ModelUnits
+    from accelbench.workloads import ModelUnits, Workload
 
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs (cuBLAS, CUTLASS) need both dimensions of the weight divisible by 16
 TORCHAO_INSTALL = "pip install 'accelbench-cuda[fp8]'"
@@ -127,6 +127,37 @@ def convert_to_fp8(
         raise BackendError(
             f"torchao left {len(unconverted)} chosen linear(s) unconverted: {', '.join(unconverted)}"
         )
+    return _layers_record(model, recipe, converted, kept, flops_per_sample, tokens_per_sample)
+
+
+def planned_fp8_layers(plan: PrecisionPlan, workload: Workload, config: RunConfig) -> PrecisionPlan:
+    """``plan`` with the linears an FP8 run of ``workload`` would convert, chosen on a meta-device build (shapes,
+    no storage, no torchao): what ``accelbench estimate`` and ``plan`` weigh the FP8 and BF16 peaks with, for a
+    device that is not here. Any other plan is returned as it is."""
+    import torch
+
+    if plan.fp8_recipe is None or plan.fp8_layers is not None:
+        return plan
+    with torch.device("meta"):
+        job = workload.build(config)
+    converted, kept = fp8_layer_choice(job.model, job.units)
+    layers = _layers_record(
+        job.model, plan.fp8_recipe, converted, kept, job.flops_per_sample, job.tokens_per_sample
+    )
+    return plan.model_copy(update={"fp8_layers": layers})
+
+
+def _layers_record(
+    model: torch.nn.Module,
+    recipe: str,
+    converted: list[str],
+    kept: dict[str, str],
+    flops_per_sample: float,
+    tokens_per_sample: int,
+) -> Float8Layers:
+    """The record of an FP8 conversion, with the converted linears' share of the model FLOPs per sample."""
+    import torch
+
     multiply_adds = 0
     for fqn in converted:
         module = model.get_submodule(fqn)

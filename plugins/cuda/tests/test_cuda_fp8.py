@@ -102,3 +102,26 @@ def test_a_catalogue_hopper_gets_an_fp8_plan_and_an_ampere_refuses_it() -> None:
     assert backend.catalogue_precision_plan("fp8-rowwise", by_name["H100"], {}).fp8_recipe == "rowwise"
     with pytest.raises(ConfigError, match="does not run it"):
         backend.catalogue_precision_plan("fp8-tensorwise", by_name["A100"], {})
+
+
+def test_an_fp8_estimate_for_a_catalogue_gpu_weighs_the_peaks_by_the_planned_layers() -> None:
+    """`accelbench estimate --device H100 --precision fp8-tensorwise`: the linears are chosen on a meta-device build
+    (no torchao, no GPU), and the peak is the FLOP-weighted fp8/bf16 one a run would record."""
+    from accelbench.estimate.command import resolve_target
+    from accelbench.testing import tiny_config
+
+    host = PluginHost()
+    config = host.resolve(tiny_config(precision="fp8-tensorwise"))
+    target = resolve_target(host, config, device_name="H100")
+    layers = target.plan.fp8_layers
+    assert layers is not None and layers.converted == [
+        "blocks.0.attn.qkv",
+        "blocks.0.attn.proj",
+        "blocks.0.mlp.fc",
+        "blocks.0.mlp.proj",
+    ]
+    expected = flop_weighted_peak(
+        {"fp8": layers.fp8_flop_share, "bf16": 1 - layers.fp8_flop_share}, peaks_by_math(H100)
+    )
+    assert target.peak is not None and target.peak.flops_per_s == pytest.approx(expected)
+    assert any("of the model FLOPs in FP8" in note for note in target.notes)
