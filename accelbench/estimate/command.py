@@ -344,7 +344,7 @@ def resolve_target(
         # the run options as a run on that device would check them: another backend's option is refused here
         config = host.check_backend_options(config, known.backend)
         plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
-        plan = planned_fp8_layers(plan, host.workload(config.workload), config)
+        plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
         notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
         notes += [note] if note else [_plan_note(known.backend.name, plan)]
         notes += _planned_fp8_note(plan)
@@ -366,7 +366,7 @@ def resolve_target(
 
         torch.set_num_threads(config.threads or max(1, usable_cores() // config.devices))
     plan = backend.precision_plan(config.precision, kind, config.backend_options)
-    plan = planned_fp8_layers(plan, host.workload(config.workload), config)
+    plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
     device = devices[0]
     notes = [f"device: {device.name} ({backend.name}, detected here)", _plan_note(backend.name, plan)]
     notes += _planned_fp8_note(plan)
