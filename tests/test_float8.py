@@ -69,8 +69,10 @@ def test_the_linears_convert_and_the_head_stays_in_bf16() -> None:
     # 6 x (16x48 + 16x16 + 16x64 + 64x16) FLOPs a token x 16 tokens, over the GPT's model FLOPs per sample
     assert layers.fp8_flop_share == pytest.approx(6 * 3072 * 16 / job.flops_per_sample)
     assert 0 < layers.fp8_flop_share < 1 and layers.flop_share_basis == FLOP_SHARE_BASIS
-    record = plan.model_dump()  # what the result record carries
+    record = plan.model_dump(mode="json")  # what the result record carries, and reads back
     assert record["fp8_layers"]["converted"] == GPT_LINEARS and record["fp8_recipe"] == "tensorwise"
+    assert (record["fp8_layers"]["converted_count"], record["fp8_layers"]["kept_count"]) == (4, 1)
+    assert type(plan).model_validate(record) == plan
 
 
 @pytest.mark.usefixtures("torchao")

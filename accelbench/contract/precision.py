@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import torch
@@ -48,13 +48,14 @@ class Float8Layers(BaseModel):
     )
     flop_share_basis: str = Field(description="How fp8_flop_share was counted, and what it assumes.")
 
-    @property
-    def converted_count(self) -> int:
-        return len(self.converted)
+    converted_count: int = Field(description="How many linears ran in FP8.")
+    kept_count: int = Field(description="How many linears stayed in BF16.")
 
-    @property
-    def kept_count(self) -> int:
-        return len(self.kept)
+    @model_validator(mode="after")
+    def _counts_agree(self) -> Float8Layers:
+        if (self.converted_count, self.kept_count) != (len(self.converted), len(self.kept)):
+            raise ValueError("converted_count and kept_count must count converted and kept")
+        return self
 
 
 class PrecisionPlan(BaseModel):

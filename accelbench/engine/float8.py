@@ -166,5 +166,11 @@ def _layers_record(
     fp8_flops = 6.0 * multiply_adds * tokens_per_sample
     share = min(1.0, fp8_flops / flops_per_sample) if flops_per_sample > 0 else 0.0
     return Float8Layers(
-        recipe=recipe, converted=converted, kept=kept, fp8_flop_share=share, flop_share_basis=FLOP_SHARE_BASIS
+        recipe=recipe,
+        converted=converted,
+        kept=kept,
+        converted_count=len(converted),
+        kept_count=len(kept),
+        fp8_flop_share=share,
+        flop_share_basis=FLOP_SHARE_BASIS,
     )

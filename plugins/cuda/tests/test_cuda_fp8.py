@@ -24,6 +24,8 @@ def converted_plan(share: float, precision: str = "fp8-tensorwise") -> object:
         recipe=plan.fp8_recipe or "",
         converted=["blocks.0.mlp.fc"],
         kept={"lm_head": "head"},
+        converted_count=1,
+        kept_count=1,
         fp8_flop_share=share,
         flop_share_basis=FLOP_SHARE_BASIS,
     )
