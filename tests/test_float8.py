@@ -176,6 +176,8 @@ def test_fp8_trains_on_a_real_gpu() -> None:  # pragma: no cover - needs the har
         "torchao.float8", reason="torchao is not installed (pip install 'accelbench-cuda[fp8]')"
     )
     host = get_host()
+    if "cuda" not in host.backends:
+        pytest.skip("the CUDA plugin (accelbench-cuda) is not installed")
     config = host.resolve(tiny_config(batch_size=8, epochs=1))
     job = host.workload(config.workload).build(config)
     request = ExecutorRequest(
