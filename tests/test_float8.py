@@ -96,6 +96,15 @@ def test_linears_not_divisible_by_16_stay_in_bf16(torchao: object) -> None:
     assert layers.fp8_flop_share == pytest.approx(6 * 32 * 48 * 4 / 1e6)
 
 
+def test_linear_subclasses_are_listed_as_kept_with_the_reason(torchao: object) -> None:
+    model = torch.nn.ModuleDict({"mha": torch.nn.MultiheadAttention(32, 2), "fc": torch.nn.Linear(32, 32)})
+    units = get_host().workload("gpt").units(get_host().resolve(tiny_config()))
+    layers = convert_to_fp8(model, "tensorwise", units, flops_per_sample=1e6, tokens_per_sample=1)
+    assert layers.converted == ["fc"] and list(layers.kept) == ["mha.out_proj"]
+    assert "NonDynamicallyQuantizableLinear, not a plain nn.Linear" in layers.kept["mha.out_proj"]
+    assert not isinstance(model["mha"].out_proj, torchao_standin.Float8Linear)
+
+
 @pytest.mark.usefixtures("torchao")
 def test_a_model_with_no_convertible_linear_is_refused() -> None:
     with pytest.raises(ConfigError, match="no linear of this model can run in FP8") as refused:

@@ -79,10 +79,15 @@ def fp8_layer_choice(model: torch.nn.Module, units: ModelUnits) -> tuple[list[st
     converted: list[str] = []
     kept: dict[str, str] = {}
     for fqn, module in model.named_modules():
-        if type(module) is not torch.nn.Linear:
+        if not isinstance(module, torch.nn.Linear):
             continue
         in_features, out_features = module.in_features, module.out_features
-        if any(fqn == head or fqn.startswith(f"{head}.") for head in units.head):
+        if type(module) is not torch.nn.Linear:
+            kept[fqn] = (
+                f"a {type(module).__name__}, not a plain nn.Linear: its owner may use the weight without its "
+                "forward (nn.MultiheadAttention's out_proj does), so converting it could change nothing"
+            )
+        elif any(fqn == head or fqn.startswith(f"{head}.") for head in units.head):
             kept[fqn] = HEAD_REASON
         elif in_features % FP8_DIM_MULTIPLE or out_features % FP8_DIM_MULTIPLE:
             kept[fqn] = (
