@@ -251,3 +251,64 @@ def test_an_fp8_run_records_its_layers_and_its_mfu_uses_the_flop_weighted_peak(
     assert peak is not None and peak.flops_per_s == pytest.approx(expected)
     steady = record.metrics.steady
     assert steady.mfu == pytest.approx(steady.achieved_flops_per_s / expected)
+
+
+# A backend whose device has FP8 math (a CPU stand-in declaring it, with a stated fp8/bf16 peak table) and torchao's
+# stand-in, installed as distributions on PYTHONPATH, so two real gloo worker processes run FP8 under DDP.
+FP8DEV = """
+from accelbench.backends.cpu import CpuBackend
+from accelbench.contract import FP8_PRECISIONS, BackendInfo, PeakFigures, hookimpl
+from accelbench.engine.metrics import flop_weighted_peak
+accelbench_contract = "3.0"
+
+@hookimpl
+def accelbench_register_backends(register):
+    register(Fp8DevBackend)
+
+class Fp8DevBackend(CpuBackend):
+    info = BackendInfo(name="fp8dev", device_type="cpu", device_unit="test device with FP8 math", priority=-1)
+
+    def supported_precisions(self, device):
+        return [*super().supported_precisions(device), *FP8_PRECISIONS]
+
+    def peak_figures(self, device, plan):
+        if plan.fp8_layers is None:
+            return None
+        share = plan.fp8_layers.fp8_flop_share
+        flops = flop_weighted_peak({"fp8": share, "bf16": 1 - share}, {"fp8": 2e15, "bf16": 1e15})
+        return PeakFigures(flops_per_s=flops, source="fp8dev table, FLOP-weighted")
+"""
+TORCHAO_PACKAGE = "from accelbench.testing.torchao_standin import *  # noqa: F403\n"
+
+
+@pytest.mark.slow  # two worker processes
+def test_fp8_trains_under_ddp_on_two_processes(site: object, tmp_path: object) -> None:
+    import json
+
+    from core_support import TINY, accelbench
+
+    site.add_distribution("accelbench-fp8dev", {"fp8dev": "fp8dev_plugin"}, {"fp8dev_plugin": FP8DEV})  # type: ignore[attr-defined]
+    package = site.path / "torchao"  # type: ignore[attr-defined]
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "float8.py").write_text(TORCHAO_PACKAGE)
+    out = tmp_path / "out"  # type: ignore[operator]
+    proc = accelbench(
+        "run", "--backend", "fp8dev", *TINY, "--precision", "fp8-rowwise", "--strategy", "ddp", "--devices", "2",
+        "--epochs", "2", "--steps-per-epoch", "2", "--no-tensor-peak", "--output-dir", str(out), "--json", "-q",
+        env=site.env(),  # type: ignore[attr-defined]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout)
+    assert record["world_size"] == 2 and record["executor"]["executor"] == "DDPExecutor"
+    layers = record["precision"]["fp8_layers"]
+    assert (
+        layers["recipe"] == "rowwise"
+        and layers["converted"] == GPT_LINEARS
+        and list(layers["kept"]) == ["lm_head"]
+    )
+    share = layers["fp8_flop_share"]
+    peak = record["metrics"]["peak"]
+    assert peak["flops_per_s"] == pytest.approx(1 / (share / 2e15 + (1 - share) / 1e15))
+    steady = record["metrics"]["steady"]
+    assert steady["mfu"] == pytest.approx(steady["achieved_flops_per_s"] / (2 * peak["flops_per_s"]))
