@@ -282,7 +282,8 @@ TORCHAO_PACKAGE = "from accelbench.testing.torchao_standin import *  # noqa: F40
 
 
 @pytest.mark.slow  # two worker processes
-def test_fp8_trains_under_ddp_on_two_processes(site: object, tmp_path: object) -> None:
+@pytest.mark.parametrize(("strategy", "executor"), [("ddp", "DDPExecutor"), ("fsdp", "FSDPExecutor")])
+def test_fp8_trains_on_two_processes(site: object, tmp_path: object, strategy: str, executor: str) -> None:
     import json
 
     from core_support import TINY, accelbench
@@ -294,13 +295,13 @@ def test_fp8_trains_under_ddp_on_two_processes(site: object, tmp_path: object) -
     (package / "float8.py").write_text(TORCHAO_PACKAGE)
     out = tmp_path / "out"  # type: ignore[operator]
     proc = accelbench(
-        "run", "--backend", "fp8dev", *TINY, "--precision", "fp8-rowwise", "--strategy", "ddp", "--devices", "2",
+        "run", "--backend", "fp8dev", *TINY, "--precision", "fp8-rowwise", "--strategy", strategy, "--devices", "2",
         "--epochs", "2", "--steps-per-epoch", "2", "--no-tensor-peak", "--output-dir", str(out), "--json", "-q",
         env=site.env(),  # type: ignore[attr-defined]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout)
-    assert record["world_size"] == 2 and record["executor"]["executor"] == "DDPExecutor"
+    assert record["world_size"] == 2 and record["executor"]["executor"] == executor
     layers = record["precision"]["fp8_layers"]
     assert (
         layers["recipe"] == "rowwise"
