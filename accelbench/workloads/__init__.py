@@ -83,6 +83,25 @@ class ModelUnits:
         return [model.get_submodule(path) for path in (self.units if paths is None else paths)]
 
 
+class StepCounts(Protocol):
+    """Counts a workload's model keeps while it trains, for the record: the mixture-of-experts' tokens per expert.
+    The runner resets them before each timed epoch and reads them right after its last step, so they cover the timed
+    steps only (not the untimed probes between epochs); every rank's are summed, element by element, for the record.
+    """
+
+    def reset(self) -> None:
+        """Forget what was counted."""
+        ...
+
+    def read(self) -> list[list[int]]:
+        """What this rank counted since the last reset (a host copy: called outside the timed region)."""
+        ...
+
+    def summarise(self, counts: list[list[int]]) -> dict[str, Any]:
+        """The entries the record's workload summary gains from ``counts`` (summed over epochs and ranks)."""
+        ...
+
+
 @dataclass
 class TrainingJob:
     """A workload built for one run: model, data, optimizer recipe and the FLOPs it costs."""
@@ -107,6 +126,8 @@ class TrainingJob:
     # where a workload has an accuracy (the image and BERT workloads): (the output of the last ``units.head``
     # module on a held-out batch, its targets) -> (predictions right, predictions made), as device tensors
     accuracy: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # counts kept during the timed steps and added to the record's summary (the moe workload's routing balance)
+    step_counts: StepCounts | None = None
 
 
 @runtime_checkable
@@ -160,6 +181,7 @@ def register_all(register: Callable[[Workload], None]) -> None:
     from accelbench.workloads.bert import BertWorkload
     from accelbench.workloads.gpt import GPTWorkload
     from accelbench.workloads.llama import LlamaWorkload
+    from accelbench.workloads.moe import MoEWorkload
     from accelbench.workloads.vision import MODELS, VisionWorkload
 
     register(GPTWorkload())
@@ -167,6 +189,7 @@ def register_all(register: Callable[[Workload], None]) -> None:
         register(VisionWorkload(spec))
     register(BertWorkload())
     register(LlamaWorkload())
+    register(MoEWorkload())
 
 
 def optimizer_kernels(implementation: str) -> dict[str, bool]:
