@@ -62,7 +62,9 @@ class ModelUnits:
     are the shape of what flows between units (what pipeline stages send); ``stem_method``, ``head_method`` and
     ``loss_method`` name the model's methods that run the stem on the inputs, the head on the last unit's output
     and the loss on the head's output and the targets, so a pipeline can run the model in pieces:
-    ``model(inputs, targets) == loss(head(units(stem(inputs))), targets)``.
+    ``model(inputs, targets) == loss(head(units(stem(inputs))), targets)``. ``experts``: a mixture of experts'
+    routed experts per layer, which an expert-parallel axis deals out (its model's MoE layers have
+    ``shard_experts(group, rank, size)`` and ``expert_parameters()``, :mod:`accelbench.engine.parallel.ep`).
     """
 
     stem: tuple[str, ...]
@@ -77,6 +79,8 @@ class ModelUnits:
     stem_method: str | None = None
     head_method: str | None = None
     loss_method: str | None = None
+    # routed experts per mixture-of-experts layer (0: none): what an expert-parallel (ep) axis shards and must divide
+    experts: int = 0
 
     def modules(self, model: torch.nn.Module, paths: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
         """The submodules of ``model`` at ``paths`` (default: the units), in order."""

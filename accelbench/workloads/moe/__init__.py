@@ -336,4 +336,5 @@ def moe_units(shape: MoEShape, seq_len: int | None = None) -> ModelUnits:
         split_points=tuple(f"layers.{i}.ffn_norm" for i in range(shape.n_layers)),
         sequence_length=seq_len,
         hidden_size=shape.dim,
+        experts=shape.n_experts,
     )

@@ -20,7 +20,9 @@ the record's routing balance.
 
 Expert parallelism (:meth:`MoEFeedForward.shard_experts`): each of ``ep`` ranks keeps ``experts / ep`` of the
 experts; every rank routes its own tokens, sends each to the rank holding its expert and gets the output back with
-``torch.distributed.nn.functional.all_to_all_single`` (differentiable: the backward is the reverse exchange).
+``all_to_all_single_autograd`` (torch.distributed._functional_collectives, what torch 2.13 names in place of
+the deprecated ``torch.distributed.nn.functional.all_to_all_single``, and torchtitan uses; differentiable: its
+backward is the reverse exchange).
 
 Not modelled: GPT-OSS's attention sinks, sliding-window layers and biases; DeepSeek-V3's multi-head latent attention,
 its bias-based (aux-loss-free) balancing and its dense first layers; token dropping by capacity (every token is
@@ -125,7 +127,9 @@ class MoEFeedForward(nn.Module):
         y = torch.zeros_like(tokens).index_add_(0, source, out * gates.flatten()[order, None])
         if self.shared_expert is not None:
             y = y + self.shared_expert(tokens)
-        self.aux_loss = self._balance_loss(probs.view(b, t, -1), counts_per_sequence(chosen.view(b, -1), self.n_experts))
+        self.aux_loss = self._balance_loss(
+            probs.view(b, t, -1), counts_per_sequence(chosen.view(b, -1), self.n_experts)
+        )
         if self.training and torch.is_grad_enabled():
             done = counts.detach()
             self.routed = done if self.routed is None else self.routed + done
@@ -140,7 +144,7 @@ class MoEFeedForward(nn.Module):
     def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Send each row to the rank holding its expert, compute, and bring the outputs back (same order)."""
         import torch.distributed as dist
-        from torch.distributed.nn.functional import all_to_all_single
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         p, local = self.ep_size, self.local_experts
         # how many rows of each of my local experts every rank sends me: (source rank, local expert)
@@ -149,15 +153,13 @@ class MoEFeedForward(nn.Module):
         received = received.view(p, local)
         send_splits = counts.view(p, local).sum(dim=1).tolist()
         recv_splits = received.sum(dim=1).tolist()
-        arrived = all_to_all_single(
-            rows.new_empty(sum(recv_splits), rows.shape[1]), rows, recv_splits, send_splits, group=self.ep_group
-        )
+        arrived = all_to_all_single_autograd(rows, recv_splits, send_splits, self.ep_group)
         # arrived rows are grouped by source rank, then by expert: regroup them by expert
         expert_of = torch.arange(local, device=rows.device).repeat(p).repeat_interleave(received.flatten())
         regroup = expert_of.argsort(stable=True)
         computed = self._experts(arrived[regroup], received.sum(dim=0))
         back = torch.empty_like(computed).index_copy(0, regroup, computed)  # the arrival order again
-        return all_to_all_single(rows.new_empty(rows.shape), back, send_splits, recv_splits, group=self.ep_group)
+        return all_to_all_single_autograd(back, send_splits, recv_splits, self.ep_group)
 
     def _balance_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Switch's balance loss per sequence, averaged: ``E * sum_i f_i P_i`` with ``f_i`` = the sequence's
@@ -199,7 +201,9 @@ class MoE(nn.Module):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         if cfg.top_k > cfg.n_experts:
-            raise ValueError(f"top-{cfg.top_k} routing needs at least {cfg.top_k} experts, not {cfg.n_experts}")
+            raise ValueError(
+                f"top-{cfg.top_k} routing needs at least {cfg.top_k} experts, not {cfg.n_experts}"
+            )
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(MoEBlock(cfg) for _ in range(cfg.n_layers))
@@ -208,7 +212,8 @@ class MoE(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        residual = 0.02 / math.sqrt(2 * cfg.n_layers)  # the Llama's (GPT-2's) scaled init of residual projections
+        # the Llama's (GPT-2's) scaled init of the residual projections
+        residual = 0.02 / math.sqrt(2 * cfg.n_layers)
         for name, p in self.named_parameters():
             if name.endswith(("wo.weight", "w2.weight", ".w2")):
                 nn.init.normal_(p, mean=0.0, std=residual)

@@ -1,0 +1,185 @@
+"""The executor of an expert-parallel mesh (``--mesh ep=N``, or ``--mesh ddp=D,ep=N``): a mixture of experts'
+routed experts dealt out over the ep ranks, everything else replicated.
+
+Every rank trains its own share of the batch, as under DDP (the ep ranks are data-parallel for the rest of the
+model). Each MoE layer keeps ``experts / ep`` of its experts (slices of the weights the one-device model was
+initialised with) and exchanges tokens with its ep group: each token goes to the rank holding its expert and its
+output comes back, by torch's differentiable ``all_to_all_single_autograd``, whose backward is the reverse exchange
+(:meth:`accelbench.workloads.moe.model.MoEFeedForward.shard_experts`).
+
+Gradients, so that a step is the one-device step on the whole (global) batch, whose loss is the mean of the ranks'
+losses (equal batches):
+
+- replicated parameters: each rank's gradient is of its own loss; they are averaged over every rank (DDP's all-reduce,
+  one flat buffer);
+- an expert's weights: the backward exchange already summed, on the rank holding it, the gradients of every ep rank's
+  tokens (each of its own loss); these sums are summed over the data axis (the ranks holding the same experts) and
+  divided by the number of ranks, the same 1/world the replicated average applies;
+- clipping: the global norm, the replicated gradients' (the same on every rank) with the experts' squares summed over
+  the ep group (each expert counted once).
+
+The reported loss is the global batch's (the mean over ranks), so it is the one-device run's. Not measured under
+expert parallelism: the held-out loss and the gradient-norm probe (every rank would have to take part in each
+exchange, and the ranks' held-out batches need not be as many).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from accelbench.contract import DataShard, Executor, ExecutorRequest, World
+from accelbench.errors import ConfigError
+from accelbench.parallel_dims import ParallelDims
+from accelbench.workloads import TrainingJob
+
+
+class ExpertParallelExecutor(Executor):
+    """Experts sharded over the ep axis, the rest replicated over every rank (``--mesh ep=N`` / ``ddp=D,ep=N``)."""
+
+    def __init__(self, request: ExecutorRequest) -> None:
+        self.request = request
+        self.backend = request.backend
+        self.device = request.device
+        config = request.config
+        self.layout = ParallelDims.of(config)
+        if self.layout.world != request.world.world_size:
+            raise ConfigError(
+                f"--mesh {config.mesh} covers {self.layout.world} ranks, but the job has {request.world.world_size}"
+            )
+        self.rank, self.world = request.world.rank, request.world.world_size
+        self.coordinates = self.layout.coordinates(self.rank)
+        plan = request.precision
+        self._autocast: Any = (
+            torch.autocast(self.device.type, dtype=plan.torch_autocast_dtype)
+            if plan.torch_autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        self._clip: float | None = None
+        self.model: nn.Module
+        self.optimizer: torch.optim.Optimizer
+        self._expert_params: list[nn.Parameter] = []
+        self._replicated: list[nn.Parameter] = []
+        self._experts_per_rank = 0
+
+    def setup(self, job: TrainingJob) -> None:
+        layout = self.layout
+        model = job.model.to(device=self.device, dtype=self.request.precision.torch_param_dtype).train()
+        layers: list[Any] = [m for m in model.modules() if hasattr(m, "shard_experts")]
+        if not layers:
+            raise ConfigError(
+                f"--mesh {self.request.config.mesh}: workload {self.request.config.workload!r} has no expert layers "
+                "to shard over the ep axis; use --workload moe"
+            )
+        # every rank makes every group, in the same order (new_group is collective), and keeps its own
+        self._ep_group = self._my_group("ep")
+        self._dp_group = self._my_group("dp") if layout.dp > 1 else None
+        for layer in layers:
+            layer.shard_experts(self._ep_group, self.coordinates["ep"], layout.ep)
+        experts = {id(p) for layer in layers for p in layer.expert_parameters()}
+        self._expert_params = [p for p in model.parameters() if id(p) in experts]
+        self._replicated = [p for p in model.parameters() if id(p) not in experts]
+        self._experts_per_rank = layers[0].local_experts
+        # the ranks start from the same weights (the same seed): made sure, as DDP does, by rank 0's broadcast
+        for p in self._replicated:
+            dist.broadcast(p.data, src=0)
+        self.model = model
+        self.optimizer = job.make_optimizer(
+            model, self.device, self.backend.optimizer_implementation(self.device)
+        )
+        self._clip = job.grad_clip_norm
+
+    def _my_group(self, axis: str) -> Any:
+        mine = None
+        for ranks in self.layout.groups(axis):
+            group = dist.new_group(ranks)
+            if self.rank in ranks:
+                mine = group
+        return mine
+
+    def data_shard(self, world: World) -> DataShard:
+        return DataShard(world.rank, world.world_size)  # every rank its own share of the batch
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self._autocast:
+            loss = self.model(inputs, targets)
+        loss.backward()
+        self.backend.after_backward(self.device)
+        self._reduce_gradients()
+        if self._clip is not None:
+            self._clip_gradients(self._clip)
+        self.optimizer.step()
+        self.backend.after_optimizer_step(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        reported = loss.detach().float()
+        dist.all_reduce(reported)  # the global batch's loss: the mean of the ranks' (equal batches)
+        return reported / self.world
+
+    def _reduce_gradients(self) -> None:
+        """Replicated gradients averaged over every rank; experts' summed over the data axis and divided by the
+        ranks (see the module docstring), one flat buffer each."""
+        self._sum_then_scale(self._replicated, dist.group.WORLD)
+        self._sum_then_scale(self._expert_params, self._dp_group)
+
+    def _sum_then_scale(self, params: list[nn.Parameter], group: Any) -> None:
+        """The gradients of ``params`` summed over ``group`` (None: not reduced) and divided by the ranks."""
+        grads = []
+        for p in params:
+            if p.grad is None:  # a parameter no token reached on this rank still takes part in the sum
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        if not grads:
+            return
+        flat = _flatten_dense_tensors(grads)
+        if group is not None:
+            dist.all_reduce(flat, group=group)
+        flat.div_(self.world)
+        for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(reduced)
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Clip by the global norm, as ``clip_grad_norm_`` on one device: each expert's gradient counted once."""
+        foreach = self.backend.optimizer_implementation(self.device) != "plain"
+        replicated = [p.grad for p in self._replicated if p.grad is not None]
+        experts = [p.grad for p in self._expert_params if p.grad is not None]
+        squares = torch.zeros((), device=self.device, dtype=torch.float32)
+        if experts:
+            squares += torch.nn.utils.get_total_norm(experts, foreach=foreach).float() ** 2
+        dist.all_reduce(squares, group=self._ep_group)
+        if replicated:
+            squares += torch.nn.utils.get_total_norm(replicated, foreach=foreach).float() ** 2
+        torch.nn.utils.clip_grads_with_norm_(
+            self.model.parameters(), max_norm, squares.sqrt(), foreach=foreach
+        )
+
+    def describe(self) -> dict[str, Any]:
+        config, layout = self.request.config, self.layout
+        defaults = getattr(getattr(self, "optimizer", None), "defaults", {})
+        return {
+            "executor": type(self).__name__,
+            "strategy": config.strategy,
+            "torch_compile": False,
+            "compile_mode": None,
+            "cuda_graphs": False,
+            "mesh": {"text": config.mesh, **layout.describe()},
+            "optimizer": type(self.optimizer).__name__ if hasattr(self, "optimizer") else None,
+            "fused_optimizer": bool(defaults.get("fused")),
+            "grad_clip_norm": self._clip,
+            "expert_parallel": {
+                "size": layout.ep,
+                "experts_per_rank": self._experts_per_rank,
+                "exchange": "torch.distributed._functional_collectives.all_to_all_single_autograd over each ep group: tokens to the "
+                "rank holding their expert and back, twice per MoE layer forward and twice backward",
+                "replicated_gradients": f"averaged over all {self.world} ranks (one flat all-reduce)",
+                "expert_gradients": "summed by the exchange over the ep group"
+                + (f", all-reduced over the data axis ({layout.dp} ranks)" if layout.dp > 1 else "")
+                + f", divided by {self.world}",
+                "reported_loss": "the global batch's: the mean of the ranks' losses",
+            },
+            "samples_counted": "on every rank (each trains its own share of the batch)",
+        }
