@@ -170,6 +170,11 @@ class ParallelDims:
         return {axis: self.size(axis) for axis in self.order}
 
     @property
+    def _axes(self) -> tuple[str, ...]:
+        """The axes a layout speaks of: dp, tp and pp always (size 1 where absent), ep where experts are sharded."""
+        return MESH_AXES if self.ep > 1 else tuple(a for a in MESH_AXES if a != "ep")
+
+    @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.ep
 
@@ -196,7 +201,7 @@ class ParallelDims:
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """This rank's index along each axis (0 along absent axes): row-major over the placement order."""
-        out = dict.fromkeys(MESH_AXES, 0)
+        out = dict.fromkeys(self._axes, 0)
         for axis in reversed(self.order):
             size = self.size(axis)
             out[axis], rank = rank % size, rank // size
@@ -248,7 +253,7 @@ class ParallelDims:
     def describe(self) -> dict[str, Any]:
         """The mesh for the record: sizes, order, what runs on the data axis, and where each axis's groups sit."""
         return {
-            "sizes": {axis: self.size(axis) for axis in MESH_AXES if axis != "ep" or self.ep > 1},
+            "sizes": {axis: self.size(axis) for axis in self._axes},
             "data_parallel": self.data_parallel,
             "order": list(self.order),
             "placement": (
