@@ -304,3 +304,54 @@ def test_expert_parallel_training_is_one_process_training_on_the_global_batch(
     assert sum(record.workload["routing"]["tokens_per_expert_by_layer"][0]) == devices * 4 * 4 * 32 * 2
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))  # the tokenizer the run trained
     assert losses(record) == pytest.approx(one_process_losses(record), abs=1e-5, rel=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# accelbench estimate
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_estimate_counts_all_experts_in_memory_active_ones_in_flops_and_the_all_to_all_under_ep(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moe-tiny (2 layers of 4 experts of width 64 x 128, top-2), batch 4 of 32 tokens, fp32 on --mesh ddp=2,ep=2:
+    each device holds the replicated parameters and 2 of each layer's 4 experts; its exchange moves b*s*k rows of h
+    fp32 values, 4 times per layer (2 forward, 2 backward), (n-1)/n of them over the link."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    options = {"seq_len": 32, "vocab_size": VOCAB}
+    base = {"workload": "moe", "model": "moe-tiny", "batch_size": 4, "data": corpus_dir / "text.txt"}
+    single = host.resolve(RunConfig(**base, workload_options=options))  # type: ignore[arg-type]
+    facts = meta_facts(host.workload("moe"), single)
+    shape = MODEL_SIZES["moe-tiny"]
+    experts = shape.expert_parameters()
+    assert experts == 2 * 4 * 3 * 64 * 128 and facts.expert_parameters == experts
+    assert (
+        facts.active_parameters == shape.active_parameters(VOCAB) and facts.megatron_flops_per_sample is None
+    )
+    one = predict(single, facts, device_type="cpu")
+    assert one.active_parameters == shape.active_parameters(VOCAB) and one.expert_parameters == experts
+    assert one.memory.weights_bytes == 4 * shape.parameters(VOCAB)  # every expert held
+    assert one.flops_per_step == shape.flops_per_token(VOCAB, 32) * 32 * 4  # active ones counted
+
+    mesh = host.resolve(RunConfig(**base, workload_options=options, mesh="ddp=2,ep=2", devices=4))  # type: ignore[arg-type]
+    p = predict(mesh, meta_facts(host.workload("moe"), mesh), device_type="cpu")
+    replicated = shape.parameters(VOCAB) - experts
+    assert p.memory.weights_bytes == 4 * (replicated + experts // 2)
+    assert p.flops_per_step == one.flops_per_step  # each rank its own batch
+    ops = {(op.op, op.axis, op.ranks): op for op in p.comm}
+    exchange = ops[("all_to_all", "ep", 2)]
+    assert exchange.count == 4 * 2 and exchange.message_bytes == 4 * 32 * 2 * 64 * 4
+    assert exchange.bus_bytes == exchange.count * exchange.message_bytes / 2
+    assert ops[("all_reduce", "dp", 4)].message_bytes == 4 * replicated
+    assert ops[("all_reduce", "dp", 2)].message_bytes == 4 * experts // 2
+
+
+def test_comm_measures_all_to_all_with_nccl_tests_bus_factor() -> None:
+    from accelbench.comm.collectives import COLLECTIVES
+
+    all_to_all = COLLECTIVES["all_to_all"]
+    assert all_to_all.formula == "(n-1)/n" and all_to_all.bus_factor(4) == 0.75
