@@ -302,6 +302,10 @@ def test_expert_parallel_training_is_one_process_training_on_the_global_batch(
     assert ep["size"] == 2 and ep["experts_per_rank"] == 2
     assert record.executor["mesh"]["sizes"]["ep"] == 2
     assert sum(record.workload["routing"]["tokens_per_expert_by_layer"][0]) == devices * 4 * 4 * 32 * 2
+    assert record.quality is not None and all(
+        e.val_loss is not None and e.grad_norm is not None and math.isfinite(e.grad_norm)
+        for e in record.quality.epochs
+    )  # the held-out loss and the gradient probe exchange tokens too
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))  # the tokenizer the run trained
     assert losses(record) == pytest.approx(one_process_losses(record), abs=1e-5, rel=0)
 

@@ -18,9 +18,9 @@ losses (equal batches):
 - clipping: the global norm, the replicated gradients' (the same on every rank) with the experts' squares summed over
   the ep group (each expert counted once).
 
-The reported loss is the global batch's (the mean over ranks), so it is the one-device run's. Not measured under
-expert parallelism: the held-out loss and the gradient-norm probe (every rank would have to take part in each
-exchange, and the ranks' held-out batches need not be as many).
+The reported loss is the global batch's (the mean over ranks), so it is the one-device run's. The held-out loss and
+the gradient-norm probe run the exchanges too: every rank takes part in each, as the held-out sources give every rank
+as many batches of the same sizes.
 """
 
 from __future__ import annotations
@@ -142,8 +142,9 @@ class ExpertParallelExecutor(Executor):
         for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
             grad.copy_(reduced)
 
-    def _clip_gradients(self, max_norm: float) -> None:
-        """Clip by the global norm, as ``clip_grad_norm_`` on one device: each expert's gradient counted once."""
+    def _global_norm(self) -> torch.Tensor:
+        """The norm of the whole model's gradient, as on one device: the replicated gradients (the same on every
+        rank after the reduction) and the experts', whose squares are summed over the ep group (each counted once)."""
         foreach = self.backend.optimizer_implementation(self.device) != "plain"
         replicated = [p.grad for p in self._replicated if p.grad is not None]
         experts = [p.grad for p in self._expert_params if p.grad is not None]
@@ -153,9 +154,38 @@ class ExpertParallelExecutor(Executor):
         dist.all_reduce(squares, group=self._ep_group)
         if replicated:
             squares += torch.nn.utils.get_total_norm(replicated, foreach=foreach).float() ** 2
+        return squares.sqrt()
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Clip by the global norm, as ``clip_grad_norm_`` on one device."""
+        foreach = self.backend.optimizer_implementation(self.device) != "plain"
         torch.nn.utils.clip_grads_with_norm_(
-            self.model.parameters(), max_norm, squares.sqrt(), foreach=foreach
+            self.model.parameters(), max_norm, self._global_norm(), foreach=foreach
         )
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """This rank's held-out loss (eval mode, no gradients; the exchanges run as in training: every rank
+        evaluates as many equal batches, which the held-out sources give each rank)."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast:
+                return self.model(inputs, targets).detach().float()
+        finally:
+            self.model.train()
+
+    def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The global gradient norm of one training forward and backward on every rank's batch, reduced as a step
+        reduces it, then cleared: no optimizer step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast:
+            loss = self.model(inputs, targets)
+        loss.backward()
+        self.backend.after_backward(self.device)
+        self._reduce_gradients()
+        norm = self._global_norm().detach()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.backend.end_of_step(self.device)
+        return norm
 
     def describe(self) -> dict[str, Any]:
         config, layout = self.request.config, self.layout
