@@ -373,12 +373,12 @@ class RunConfig(BaseModel):
                 "dp= (FSDP2) to compose data with tensor parallelism"
             )
         if "ep" in sizes:
-            others = [a for a in sizes if a in ("fsdp", "tp", "pp")]
+            others = [a for a in sizes if a in ("tp", "pp")]
             if others:
                 raise ValueError(
-                    f"--mesh {self.mesh}: the expert axis (ep) composes with a DDP data axis only, not with "
-                    f"{', '.join(others)}; e.g. --mesh ddp={sizes.get('fsdp', 2)},ep={sizes['ep']} (every ep rank "
-                    "also trains its own share of the batch)"
+                    f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis (dp/fsdp or ddp) only, not "
+                    f"with {', '.join(others)}; e.g. --mesh dp=2,ep={sizes['ep']} (every ep rank also trains its own "
+                    "share of the batch)"
                 )
         if self.sequence_parallel and "tp" not in sizes:
             raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")

@@ -2,7 +2,7 @@
 gates, shared expert, Switch's balance loss), the published shapes have their published parameter counts, the FLOPs
 count the active parameters (torch's counter agrees), and real CPU runs through `accelbench run`: single process with
 the routing balance in the record, DDP and FSDP on two gloo processes, and expert parallelism (ep=2 on two processes,
-ddp=2,ep=2 on four) training exactly the one-process model on the same global batch. Bad meshes are refused."""
+ddp=2,ep=2 and FSDP's dp=2,ep=2 on four) training exactly the one-process model on the same global batch. Bad meshes are refused."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_the_routed_feed_forward_is_top_k_experts_with_renormalised_gates_plus_t
     torch.manual_seed(0)
     cfg = tiny_config()
     layer = MoEFeedForward(cfg)
-    for w in (layer.w1, layer.w2, layer.w3):
+    for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3):
         torch.nn.init.normal_(w, std=0.1)
     x = torch.randn(3, 5, cfg.dim)
     y = layer(x)
@@ -91,7 +91,10 @@ def test_the_routed_feed_forward_is_top_k_experts_with_renormalised_gates_plus_t
         gates = top.values / top.values.sum()
         expected = layer.shared_expert(token)
         for gate, e in zip(gates, top.indices.tolist(), strict=True):
-            expected = expected + gate * swiglu(token[None], layer.w1[e], layer.w3[e], layer.w2[e])[0]
+            expected = (
+                expected
+                + gate * swiglu(token[None], layer.experts.w1[e], layer.experts.w3[e], layer.experts.w2[e])[0]
+            )
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     assert (
         layer.routed is not None and layer.routed.sum().item() == 15 * cfg.top_k
@@ -104,7 +107,7 @@ def test_the_balance_loss_is_switchs_per_sequence_and_one_when_even() -> None:
     torch.manual_seed(1)
     cfg = tiny_config(shared_experts=0)
     layer = MoEFeedForward(cfg)
-    torch.nn.init.normal_(layer.w1)
+    torch.nn.init.normal_(layer.experts.w1)
     x = torch.randn(2, 6, cfg.dim)
     layer(x)
     probs = layer.router(x).softmax(-1)  # (batch, time, experts)
@@ -206,13 +209,13 @@ def test_the_expert_axis_in_the_mesh() -> None:
             "moe",
             "4 experts per layer do not divide over ep=3 ranks; an ep size must divide 4: 2, 4",
         ),
-        ("tp=2,ep=2", 4, "moe", "composes with a DDP data axis only, not with tp"),
-        ("dp=2,ep=2", 4, "moe", "not with fsdp; e.g. --mesh ddp=2,ep=2"),
+        ("tp=2,ep=2", 4, "moe", "composes with a data axis (dp/fsdp or ddp) only, not with tp"),
+        ("pp=2,ep=2", 4, "moe", "not with pp; e.g. --mesh dp=2,ep=2"),
     ],
 )
 def test_bad_expert_meshes_are_refused(mesh: str, devices: int, workload: str, message: str) -> None:
     host = get_host()
-    with pytest.raises((ConfigError, ValueError), match=message.replace("(", r"\(")):
+    with pytest.raises((ConfigError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
         config = host.resolve(RunConfig(workload=workload, mesh=mesh, devices=devices))
         check_model_split(config, host.workload(workload).units(config), workload)
 
@@ -290,7 +293,11 @@ def one_process_losses(record: ResultRecord) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("mesh, devices", [("ep=2", 2), ("ddp=2,ep=2", 4)], ids=["ep=2", "ddp=2,ep=2"])
+@pytest.mark.parametrize(
+    "mesh, devices",
+    [("ep=2", 2), ("ddp=2,ep=2", 4), ("dp=2,ep=2", 4)],
+    ids=["ep=2", "ddp=2,ep=2", "fsdp=2,ep=2"],
+)
 @pytest.mark.slow
 def test_expert_parallel_training_is_one_process_training_on_the_global_batch(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mesh: str, devices: int

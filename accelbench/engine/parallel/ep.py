@@ -1,5 +1,6 @@
-"""The executor of an expert-parallel mesh (``--mesh ep=N``, or ``--mesh ddp=D,ep=N``): a mixture of experts'
-routed experts dealt out over the ep ranks, everything else replicated.
+"""The executor of an expert-parallel mesh (``--mesh ep=N``, ``--mesh ddp=D,ep=N`` or ``--mesh dp=D,ep=N``): a
+mixture of experts' routed experts dealt out over the ep ranks, everything else replicated (``ddp``) or sharded by
+FSDP2 (``dp``/``fsdp``: the experts over the data axis, the rest over every rank).
 
 Every rank trains its own share of the batch, as under DDP (the ep ranks are data-parallel for the rest of the
 model). Each MoE layer keeps ``experts / ep`` of its experts (slices of the weights the one-device model was
@@ -32,8 +33,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.tensor import DTensor
 
 from accelbench.contract import DataShard, Executor, ExecutorRequest, World
+from accelbench.contract.strategies import Strategy
+from accelbench.engine.parallel.executor import _unmixed
+from accelbench.engine.parallel.mesh import build_device_mesh
 from accelbench.errors import ConfigError
 from accelbench.parallel_dims import ParallelDims
 from accelbench.workloads import TrainingJob
@@ -88,11 +93,34 @@ class ExpertParallelExecutor(Executor):
         # the ranks start from the same weights (the same seed): made sure, as DDP does, by rank 0's broadcast
         for p in self._replicated:
             dist.broadcast(p.data, src=0)
+        self.sharded = layout.data_parallel == Strategy.FSDP
+        if self.sharded:
+            self._fully_shard(model, layers, job)
         self.model = model
-        self.optimizer = job.make_optimizer(
-            model, self.device, self.backend.optimizer_implementation(self.device)
+        self.optimizer = _unmixed(
+            job.make_optimizer(model, self.device, self.backend.optimizer_implementation(self.device))
         )
         self._clip = job.grad_clip_norm
+
+    def _fully_shard(self, model: nn.Module, layers: list[Any], job: TrainingJob) -> None:
+        """FSDP2 on an fsdp data axis: each layer's experts sharded over the data axis (the ranks holding the same
+        experts), each unit and the root over every rank. FSDP's reduce-scatter then does what the DDP path's
+        all-reduces do: the replicated gradients averaged over every rank, an expert's averaged over the data axis
+        (after the exchange summed it over the ep group), then divided by ep in :meth:`_reduce_gradients` (FSDP's own
+        divide factor would need NCCL's PreMulSum, which gloo lacks)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        dp_mesh = build_device_mesh(self.layout, self.device.type)["dp"]
+        world_mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("world",))
+        for layer in layers:
+            fully_shard(layer.experts, mesh=dp_mesh)
+        for unit in job.units.modules(model):
+            fully_shard(unit, mesh=world_mesh)
+        fully_shard(model, mesh=world_mesh)
+        experts = {id(p) for layer in layers for p in layer.expert_parameters()}
+        self._expert_params = [p for p in model.parameters() if id(p) in experts]
+        self._replicated = [p for p in model.parameters() if id(p) not in experts]
 
     def _my_group(self, axis: str) -> Any:
         mine = None
@@ -122,7 +150,13 @@ class ExpertParallelExecutor(Executor):
 
     def _reduce_gradients(self) -> None:
         """Replicated gradients averaged over every rank; experts' summed over the data axis and divided by the
-        ranks (see the module docstring), one flat buffer each."""
+        ranks (see the module docstring), one flat buffer each. Under FSDP, which reduced them in backward (each
+        over its mesh, averaged), only the experts' are left to divide by ep."""
+        if self.sharded:
+            for p in self._expert_params:
+                if p.grad is not None:
+                    _local(p.grad).div_(self.layout.ep)
+            return
         self._sum_then_scale(self._replicated, dist.group.WORLD)
         self._sum_then_scale(self._expert_params, self._dp_group)
 
@@ -150,18 +184,19 @@ class ExpertParallelExecutor(Executor):
         experts = [p.grad for p in self._expert_params if p.grad is not None]
         squares = torch.zeros((), device=self.device, dtype=torch.float32)
         if experts:
-            squares += torch.nn.utils.get_total_norm(experts, foreach=foreach).float() ** 2
+            squares += _whole(torch.nn.utils.get_total_norm(experts, foreach=foreach)).float() ** 2
         dist.all_reduce(squares, group=self._ep_group)
         if replicated:
-            squares += torch.nn.utils.get_total_norm(replicated, foreach=foreach).float() ** 2
+            squares += _whole(torch.nn.utils.get_total_norm(replicated, foreach=foreach)).float() ** 2
         return squares.sqrt()
 
     def _clip_gradients(self, max_norm: float) -> None:
         """Clip by the global norm, as ``clip_grad_norm_`` on one device."""
-        foreach = self.backend.optimizer_implementation(self.device) != "plain"
-        torch.nn.utils.clip_grads_with_norm_(
-            self.model.parameters(), max_norm, self._global_norm(), foreach=foreach
-        )
+        coefficient = torch.clamp(max_norm / (self._global_norm() + 1e-6), max=1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:  # each shard's local gradient (FSDP's DTensors of two meshes)
+                grad = _local(p.grad)
+                grad.mul_(coefficient.to(grad.dtype))
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """This rank's held-out loss (eval mode, no gradients; the exchanges run as in training: every rank
@@ -205,11 +240,31 @@ class ExpertParallelExecutor(Executor):
                 "experts_per_rank": self._experts_per_rank,
                 "exchange": "torch.distributed._functional_collectives.all_to_all_single_autograd over each ep group: tokens to the "
                 "rank holding their expert and back, twice per MoE layer forward and twice backward",
-                "replicated_gradients": f"averaged over all {self.world} ranks (one flat all-reduce)",
+                "sharding": f"FSDP2: each layer's experts over the data axis ({layout.dp} ranks), each unit and the "
+                f"root over all {self.world} ranks"
+                if self.sharded
+                else "none: the replicated parameters whole on every rank (DDP-style)",
+                "replicated_gradients": f"averaged over all {self.world} ranks ("
+                + ("FSDP's reduce-scatter)" if self.sharded else "one flat all-reduce)"),
                 "expert_gradients": "summed by the exchange over the ep group"
-                + (f", all-reduced over the data axis ({layout.dp} ranks)" if layout.dp > 1 else "")
-                + f", divided by {self.world}",
+                + (
+                    f", reduced over the data axis ({layout.dp} ranks"
+                    + (", FSDP's reduce-scatter)" if self.sharded else ")")
+                    if layout.dp > 1
+                    else ""
+                )
+                + f", divided by {self.world} in all",
                 "reported_loss": "the global batch's: the mean of the ranks' losses",
             },
             "samples_counted": "on every rank (each trains its own share of the batch)",
         }
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    """A norm over sharded (DTensor) gradients made whole over their mesh; a plain tensor as it is."""
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP's), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

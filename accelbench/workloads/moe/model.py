@@ -64,18 +64,33 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
     return (F.silu(x @ w1) * (x @ w3)) @ w2
 
 
+class GroupedExperts(nn.Module):
+    """The routed experts' SwiGLU weights, stacked (``w1``, ``w3``: (experts, dim, hidden); ``w2``: (experts,
+    hidden, dim)): a module of their own, so a strategy can shard them apart from the rest (FSDP over the data
+    axis when expert parallelism holds a slice of them)."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+
+    def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts on ``rows``, grouped by expert in order, ``counts[e]`` rows each."""
+        parts = rows.split(counts.tolist())
+        outs = [swiglu(part, self.w1[e], self.w3[e], self.w2[e]) for e, part in enumerate(parts)]
+        return torch.cat(outs) if outs else rows
+
+
 class MoEFeedForward(nn.Module):
-    """Top-k routed SwiGLU experts (stacked weights ``w1``, ``w3``: (experts, dim, hidden); ``w2``: (experts,
-    hidden, dim)), an optional shared expert, the balance loss (:attr:`aux_loss`, set by each forward) and the
+    """Top-k routed SwiGLU experts (:class:`GroupedExperts`), an optional shared expert, the balance loss (:attr:`aux_loss`, set by each forward) and the
     tokens each expert got (:attr:`routed`)."""
 
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
-        self.w1 = nn.Parameter(torch.empty(cfg.n_experts, cfg.dim, cfg.ffn_dim))
-        self.w3 = nn.Parameter(torch.empty(cfg.n_experts, cfg.dim, cfg.ffn_dim))
-        self.w2 = nn.Parameter(torch.empty(cfg.n_experts, cfg.ffn_dim, cfg.dim))
+        self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.ffn_dim)
         self.shared_expert = (
             FeedForward(LlamaConfig(**{**_llama_fields(cfg), "ffn_dim": cfg.ffn_dim * cfg.shared_experts}))
             if cfg.shared_experts
@@ -91,11 +106,11 @@ class MoEFeedForward(nn.Module):
 
     @property
     def local_experts(self) -> int:
-        return self.w1.shape[0]
+        return self.experts.w1.shape[0]
 
     def expert_parameters(self) -> list[nn.Parameter]:
         """The routed experts' weights: sharded over the ep axis, the rest of the model is replicated."""
-        return [self.w1, self.w3, self.w2]
+        return list(self.experts.parameters())
 
     def shard_experts(self, group: Any, rank: int, size: int) -> None:
         """Keep experts ``rank * E/size`` to ``(rank + 1) * E/size - 1`` (slices of the weights initialised for
@@ -105,8 +120,8 @@ class MoEFeedForward(nn.Module):
         per = self.n_experts // size
         self.first_expert, self.ep_size, self.ep_group = rank * per, size, group
         for name in ("w1", "w3", "w2"):
-            whole = getattr(self, name)
-            setattr(self, name, nn.Parameter(whole.detach()[rank * per : (rank + 1) * per].clone()))
+            whole = getattr(self.experts, name)
+            setattr(self.experts, name, nn.Parameter(whole.detach()[rank * per : (rank + 1) * per].clone()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -121,7 +136,7 @@ class MoEFeedForward(nn.Module):
         source = order // self.top_k  # the token of each sorted choice
         rows = tokens[source]
         if self.ep_group is None:
-            out = self._experts(rows, counts)
+            out = self.experts(rows, counts)
         else:
             out = self._exchange_and_compute(rows, counts)
         y = torch.zeros_like(tokens).index_add_(0, source, out * gates.flatten()[order, None])
@@ -134,12 +149,6 @@ class MoEFeedForward(nn.Module):
             done = counts.detach()
             self.routed = done if self.routed is None else self.routed + done
         return y.view(b, t, d)
-
-    def _experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The local experts on ``rows``, grouped by expert in order, ``counts[e]`` rows each."""
-        parts = rows.split(counts.tolist())
-        outs = [swiglu(part, self.w1[e], self.w3[e], self.w2[e]) for e, part in enumerate(parts)]
-        return torch.cat(outs) if outs else rows
 
     def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Send each row to the rank holding its expert, compute, and bring the outputs back (same order)."""
@@ -157,7 +166,7 @@ class MoEFeedForward(nn.Module):
         # arrived rows are grouped by source rank, then by expert: regroup them by expert
         expert_of = torch.arange(local, device=rows.device).repeat(p).repeat_interleave(received.flatten())
         regroup = expert_of.argsort(stable=True)
-        computed = self._experts(arrived[regroup], received.sum(dim=0))
+        computed = self.experts(arrived[regroup], received.sum(dim=0))
         back = torch.empty_like(computed).index_copy(0, regroup, computed)  # the arrival order again
         return all_to_all_single_autograd(back, send_splits, recv_splits, self.ep_group)
 
