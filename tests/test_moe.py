@@ -360,6 +360,15 @@ def test_estimate_counts_all_experts_in_memory_active_ones_in_flops_and_the_all_
     assert ops[("all_reduce", "dp", 4)].message_bytes == 4 * replicated
     assert ops[("all_reduce", "dp", 2)].message_bytes == 4 * experts // 2
 
+    sharded = host.resolve(RunConfig(**base, workload_options=options, mesh="dp=2,ep=2", devices=4))  # type: ignore[arg-type]
+    f = predict(sharded, meta_facts(host.workload("moe"), sharded), device_type="cpu")
+    assert f.memory.weights_bytes == 4 * shape.parameters(VOCAB) / 4  # 1/world of every parameter
+    assert {(op.op, op.axis) for op in f.comm} == {
+        ("all_gather", "dp"),
+        ("reduce_scatter", "dp"),
+        ("all_to_all", "ep"),
+    }
+
 
 def test_comm_measures_all_to_all_with_nccl_tests_bus_factor() -> None:
     from accelbench.comm.collectives import COLLECTIVES

@@ -531,6 +531,35 @@ def expert_parallel_breakdown(
     held_experts = facts.expert_parameters // ep
     replicated = facts.stored_parameters - facts.expert_parameters
     per_device = replicated + held_experts
+    exchange = _token_exchange(facts, layout, state)
+    if dims.data_parallel == Strategy.FSDP:
+        # the experts held (1/ep) sharded over the data axis, the rest over every rank: each device keeps 1/world of
+        # every parameter, FSDP over the whole job of the model's parameters; a unit gathers its 1/ep of the experts
+        per_layer = facts.expert_parameters // max(1, facts.moe_layers)
+        units = tuple(u - per_layer + per_layer // ep for u in facts.unit_parameters)
+        fsdp = RunShape(
+            strategy=Strategy.FSDP.value,
+            precision=layout.precision,
+            batch_size=layout.batch_size,
+            dims=ParallelDims(dp=world, data_parallel=Strategy.FSDP.value),
+            grad_accum=layout.grad_accum,
+        )
+        memory, comm = data_parallel_breakdown(
+            dataclasses.replace(facts, unit_parameters=units),
+            fsdp,
+            state,
+            keeps_scores,
+            hardware,
+            notes,
+            stack,
+        )
+        notes.assume(
+            f"expert parallelism over {ep} ranks with FSDP2: each device keeps 1/{world} of every parameter (the "
+            f"{replicated:,} replicated ones sharded over all ranks, its ep rank's {held_experts:,} experts' over the "
+            f"data axis); a unit gathers its 1/{ep} of the experts; FSDP's collectives counted over every rank (the "
+            "experts' really run over the data axis); activations a dense layer's (Korthikanti et al.)"
+        )
+        return memory, [*comm, exchange]
     matmul = (
         facts.matmul_parameters
     )  # the linear layers: attention, router, head (the experts are not nn.Linear)
@@ -548,7 +577,7 @@ def expert_parallel_breakdown(
         f"{held_experts:,} of the {facts.expert_parameters:,} routed experts' ({per_device:,} in all); the "
         "activations are a dense layer's (Korthikanti et al.), not the routed experts' own"
     )
-    comm: list[CommOp] = []
+    comm = []
     grad_dtype = element_type(state.grad, layout.precision)
     comm.append(
         CommOp(
@@ -577,24 +606,29 @@ def expert_parallel_breakdown(
                 overlappable=False,
             )
         )
+    comm.append(exchange)
+    return memory, comm
+
+
+def _token_exchange(facts: WorkloadFacts, layout: RunShape, state: StateBytes) -> CommOp:
+    """The all_to_all of expert parallelism: each rank's b*s*k routed rows of h values to their experts' ranks and
+    back, twice per MoE layer in forward and twice in backward, (n-1)/n of each send buffer over the links."""
+    ep = layout.dims.ep
     shape = facts.transformer
     hidden = shape.hidden if shape is not None else 0
     sequence = shape.sequence if shape is not None else facts.tokens_per_sample
     rows = layout.batch_size * sequence * max(1, facts.top_k)
     message = rows * hidden * state.activation
     count = 4 * facts.moe_layers
-    comm.append(
-        CommOp(
-            op="all_to_all",
-            dtype=element_type(state.activation, layout.precision),
-            axis="ep",
-            ranks=ep,
-            what="routed tokens to their experts' ranks and back (b*s*k rows of h), twice per MoE layer in forward "
-            "and twice in backward; even routing assumed",
-            count=count,
-            message_bytes=message,
-            bus_bytes=count * message * (ep - 1) / ep,
-            overlappable=False,
-        )
+    return CommOp(
+        op="all_to_all",
+        dtype=element_type(state.activation, layout.precision),
+        axis="ep",
+        ranks=ep,
+        what="routed tokens to their experts' ranks and back (b*s*k rows of h), twice per MoE layer in forward "
+        "and twice in backward; even routing assumed",
+        count=count,
+        message_bytes=message,
+        bus_bytes=count * message * (ep - 1) / ep,
+        overlappable=False,
     )
-    return memory, comm
