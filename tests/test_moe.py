@@ -238,6 +238,20 @@ def test_bad_command_lines_exit_2(corpus_dir: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def test_a_published_shape_is_counted_from_its_shape_and_refused_where_it_cannot_fit(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    """mixtral-8x7b (46.4 B parameters at a 512-token vocabulary, 173 GiB of fp32 weights): counted from its shape
+    by the preflight, every expert included, and refused (exit 2) on a host without the memory, before anything is
+    built."""
+    proc = accelbench("run", "--workload", "moe", "--model", "mixtral-8x7b", "--seq-len", "64", "--batch-size", "1",
+                      "--vocab-size", str(VOCAB), "--data", str(corpus_dir / "text.txt"), "--output-dir",
+                      str(tmp_path), "-q", env=env_of(corpus_dir))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    counted = MODEL_SIZES["mixtral-8x7b"].parameters(VOCAB)  # its experts, with --vocab-size 512
+    assert f"moe mixtral-8x7b: {counted:,} parameters" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_moe_trains_single_process_and_records_routing(corpus_dir: Path, tmp_path: Path) -> None:
     record = run(corpus_dir, tmp_path, "--batch-size", "8")
     m = record.metrics
@@ -256,6 +270,16 @@ def test_moe_trains_single_process_and_records_routing(corpus_dir: Path, tmp_pat
     assert [sum(layer) for layer in routing["tokens_per_expert_by_layer"]] == [per_layer] * shape.n_layers
     assert sum(routing["tokens_per_expert"]) == per_layer * shape.n_layers
     assert routing["imbalance"] == max(routing["tokens_per_expert"]) / (per_layer * shape.n_layers / 4)
+    import io
+
+    from rich.console import Console
+
+    from accelbench.display import summary_table
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(summary_table(record))
+    counts = ", ".join(f"{n:,}" for n in routing["tokens_per_expert"])
+    assert f"tokens per expert {counts}" in console.export_text()  # the run summary's routing row
     assert record.workload_identity == {"model": "moe-tiny", "seq_len": 32, "vocab_size": VOCAB,
                                         "aux_loss_coef": 0.01}  # fmt: skip
 
