@@ -78,7 +78,10 @@ class GroupedExperts(nn.Module):
     def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts on ``rows``, grouped by expert in order, ``counts[e]`` rows each."""
         parts = rows.split(counts.tolist())
-        outs = [swiglu(part, self.w1[e], self.w3[e], self.w2[e]) for e, part in enumerate(parts)]
+        # unbind, not w[e]: its backward stacks the experts' gradients once, where indexing would fill a zero
+        # gradient of the whole stack for every expert
+        w1, w3, w2 = self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)
+        outs = [swiglu(part, w1[e], w3[e], w2[e]) for e, part in enumerate(parts)]
         return torch.cat(outs) if outs else rows
 
 
