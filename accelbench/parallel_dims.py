@@ -91,8 +91,8 @@ def generic_axis(axis: str) -> str:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """How a job's ranks divide the work: the sizes of the data, tensor and pipeline axes (1 where absent), what runs
-    on the data axis, the placement order, and the pipeline's schedule, microbatches and stages per rank.
+    """How a job's ranks divide the work: the sizes of the data, tensor, pipeline and expert axes (1 where absent),
+    what runs on the data axis, the placement order, and the pipeline's schedule, microbatches and stages per rank.
 
     Built from a run configuration with :meth:`of` (for any strategy: ddp, fsdp and ZeRO are a dp axis over the
     whole job), or directly for the analytical model."""
@@ -257,8 +257,13 @@ class ParallelDims:
             "data_parallel": self.data_parallel,
             "order": list(self.order),
             "placement": (
-                "auto: pp, dp, tp from outermost to innermost (tensor parallelism inside a node, pipeline stages "
-                "across nodes)"
+                (
+                    "auto: pp, dp, ep, tp from outermost to innermost (expert and tensor parallelism inside a node, "
+                    "pipeline stages across nodes)"
+                    if self.ep > 1
+                    else "auto: pp, dp, tp from outermost to innermost (tensor parallelism inside a node, pipeline "
+                    "stages across nodes)"
+                )
                 if self.placement == "auto"
                 else f"given: {', '.join(self.order)} from outermost to innermost"
             ),
