@@ -10,6 +10,7 @@ backend plugin (the CUDA plugin's TF32 policy) are declared by them as :class:`R
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -212,6 +213,12 @@ class RunConfig(BaseModel):
         description="stop at the end of the first epoch whose validation loss is at or below this, and record the "
         "time, steps, samples and energy to it (or that it was not reached)",
     )
+    target: str | None = Field(
+        default=None,
+        description="a named target instead of --target-loss: the model's reference held-out loss, ref-epochN "
+        "being the loss a run training as the shipped fp32 reference does reaches by epoch N (docs/quality.md)",
+        json_schema_extra=_flag(metavar="NAME"),
+    )
     grad_norm_limit: float = Field(
         default=DEFAULT_GRAD_NORM_LIMIT,
         ge=0.0,
@@ -282,12 +289,28 @@ class RunConfig(BaseModel):
                 f"--node-rank {self.node_rank} with --nnodes {self.nnodes}: node ranks count from 0, so the last "
                 f"node is {self.nnodes - 1}"
             )
+        if self.target is not None:
+            self._name_target(self.target)
         if self.target_loss is not None and self.eval_batches == 0:
             raise ValueError(
-                f"--target-loss {self.target_loss:g} is judged on the validation loss, which --eval-batches 0 turns "
+                f"{f'--target {self.target}' if self.target else f'--target-loss {self.target_loss:g}'} is judged "
+                "on the validation loss, which --eval-batches 0 turns "
                 "off; give --eval-batches 1 or more (or leave it out: 4)"
             )
         return self
+
+    def _name_target(self, name: str) -> None:
+        """``--target NAME`` as the validation loss it stands for, kept in ``target_loss`` (the checks and compare
+        read that); a record repeated with ``--config`` carries both, which must agree."""
+        from accelbench.references import resolve_target
+
+        loss = resolve_target(self.model, name)
+        if self.target_loss is not None and not math.isclose(self.target_loss, loss, rel_tol=1e-9):
+            raise ValueError(
+                f"--target {name} is a validation loss of {loss:.4f} for {self.model}, but --target-loss "
+                f"{self.target_loss:g} was given too; give one of them"
+            )
+        self._normalise(target_loss=loss)
 
     @model_validator(mode="after")
     def _parallel_layout(self) -> RunConfig:

@@ -357,9 +357,12 @@ class EpochQuality(_Model):
 
 
 class TargetResult(_Model):
-    """--target-loss: when the validation loss first reached the target, or that it did not."""
+    """--target-loss or --target: when the validation loss first reached the target, or that it did not."""
 
     loss: float = Field(description="The target: a validation loss at or below it counts as reached.")
+    name: str | None = Field(
+        default=None, description="--target NAME, where the target was named (e.g. ref-epoch4); else null."
+    )
     reached: bool
     epoch: int | None = Field(default=None, description="The epoch it was reached in (counted from 1).")
     time_to_target_s: float | None = Field(

@@ -211,6 +211,69 @@ def test_bad_target_on_the_command_line_runs_nothing(
     assert not list(tmp_path.glob("*.json"))
 
 
+def test_a_named_target_is_the_reference_band_after_that_epoch() -> None:
+    """--target ref-epochN stands for the upper end of the reference's 99% band after epoch N (a run training as
+    the reference does reaches it by then 99 times in 100); the record keeps the name and the loss it stood for."""
+    references = load_references()
+    for model, reference in references.items():
+        for epoch in range(1, reference.epochs + 1):
+            config = make_config({"model": model, "target": f"ref-epoch{epoch}"})
+            assert config.target_loss == pytest.approx(reference.band(epoch)[1])
+    nano = references["gpt-nano"].targets()
+    assert list(nano) == [f"ref-epoch{n}" for n in range(1, RECIPE["epochs"] + 1)]
+    assert list(nano.values()) == sorted(nano.values(), reverse=True)  # a later epoch is a lower loss
+    again = make_config(make_config({"target": "ref-epoch2"}).model_dump())  # a record repeated (--config)
+    assert again.target == "ref-epoch2" and again.target_loss == pytest.approx(nano["ref-epoch2"])
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        (
+            {"target": "ref-epoch9"},
+            "--target ref-epoch9: no such target for gpt-nano; its targets: ref-epoch1 (",
+        ),
+        ({"target": "best"}, "--target best: no such target for gpt-nano"),
+        (
+            {"model": "custom", "target": "ref-epoch1"},
+            "--target ref-epoch1: the model custom has no reference trajectory, so no named targets (models with "
+            "one: gpt-nano, gpt-micro",
+        ),
+        ({"target": "ref-epoch1", "target_loss": 2.0}, "but --target-loss 2 was given too; give one of them"),
+        ({"target": "ref-epoch1", "eval_batches": 0}, "--target ref-epoch1 is judged on the validation loss"),
+    ],
+)
+def test_unknown_named_targets_are_refused(values: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_config(values)
+    assert says in str(caught.value)
+
+
+def test_run_help_lists_each_models_named_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, at hyphens too
+    for model, targets in load_references().items():
+        assert f"{model}:" in text
+        for name, value in targets.targets().items():
+            assert f"{name}({value:.3f})" in text
+
+
+def test_gpt_nano_reaches_its_first_named_target(tmp_path: Path) -> None:
+    """gpt-nano at the reference recipe, a seed the reference was not made with, reaches ref-epoch1 after one
+    epoch and says which target it was, by name and value."""
+    recipe = {k: v for k, v in RECIPE.items() if k not in ("workload", "epochs")}
+    config = RunConfig(**recipe, model="gpt-nano", seed=7, epochs=2, threads=1, target="ref-epoch1")
+    record, _, status = run(config.model_copy(update={"output_dir": tmp_path}), get_host())
+    assert status == "ok" and record is not None and record.quality is not None and record.metrics is not None
+    target = record.quality.target
+    assert target is not None and target.reached and target.epoch == 1 and target.name == "ref-epoch1"
+    assert target.loss == pytest.approx(load_references()["gpt-nano"].band(1)[1])
+    assert target.message.startswith("validation loss ") and "<= --target ref-epoch1 (3." in target.message
+    assert (record.metrics.epochs_decision or "").startswith("--target ref-epoch1 (3.")
+    assert read_record(next(tmp_path.glob("*.json"))).config.target == "ref-epoch1"
+
+
 @pytest.mark.slow
 def test_two_gloo_ranks_agree_on_validation_and_the_target(tmp_path: Path) -> None:
     """DDP over 2 processes: the held-out loss is averaged over both ranks' samples, both stop at the same epoch

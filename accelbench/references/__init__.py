@@ -55,14 +55,20 @@ class Reference:
     def epochs(self) -> int:
         return min(len(t) for t in self.trajectories.values())
 
-    def band(self) -> tuple[float, float]:
-        """The 99% prediction interval of the held-out loss after the last epoch (module docstring)."""
-        finals = [t[self.epochs - 1] for t in self.trajectories.values()]
+    def band(self, epoch: int | None = None) -> tuple[float, float]:
+        """The 99% prediction interval of the held-out loss after ``epoch`` (counted from 1; default: the last)
+        (module docstring)."""
+        finals = [t[(epoch or self.epochs) - 1] for t in self.trajectories.values()]
         mean = statistics.fmean(finals)
         n = len(finals)
         spread = T_995[n - 1] * statistics.stdev(finals) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
         half = max(spread, FLOOR * abs(mean))
         return mean - half, mean + half
+
+    def targets(self) -> dict[str, float]:
+        """The named targets (``--target NAME``): ``ref-epochN`` is the upper end of the band after epoch N, the
+        held-out loss a run that trains as the reference does reaches by its epoch N 99 times in 100."""
+        return {f"ref-epoch{epoch}": self.band(epoch)[1] for epoch in range(1, self.epochs + 1)}
 
     def verdict(self, val_losses: list[float | None]) -> float | None:
         """The run's held-out loss after the reference's last epoch, if it trained that long and measured it."""
@@ -84,6 +90,40 @@ def load(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
         )
         for model, entry in raw["models"].items()
     }
+
+
+def named_targets(references: dict[str, Reference] | None = None) -> dict[str, dict[str, float]]:
+    """Every model's named targets (:meth:`Reference.targets`), by model name."""
+    return {
+        model: reference.targets()
+        for model, reference in (load() if references is None else references).items()
+    }
+
+
+def describe_targets(references: dict[str, Reference] | None = None) -> str:
+    """The named targets as ``run --help`` lists them: ``gpt-nano: ref-epoch1 (3.80), ...; gpt-micro: ...``."""
+    return "; ".join(
+        f"{model}: " + ", ".join(f"{name} ({value:.3f})" for name, value in targets.items())
+        for model, targets in named_targets(references).items()
+    )
+
+
+def resolve_target(model: str, name: str, references: dict[str, Reference] | None = None) -> float:
+    """The validation loss ``--target NAME`` stands for with ``--model model``; ValueError (naming what works)
+    where the model has no reference or no target of that name."""
+    targets = named_targets(references)
+    if model not in targets:
+        have = ", ".join(targets) or "none"
+        raise ValueError(
+            f"--target {name}: the model {model} has no reference trajectory, so no named targets (models with "
+            f"one: {have}); give a validation loss with --target-loss X instead"
+        )
+    if name not in targets[model]:
+        raise ValueError(
+            f"--target {name}: no such target for {model}; its targets: "
+            + ", ".join(f"{n} ({v:.3f})" for n, v in targets[model].items())
+        )
+    return targets[model][name]
 
 
 def reference_for(
