@@ -61,6 +61,9 @@ def test_a_tiny_gpt_reaches_a_target_and_records_the_time_to_it(
     assert "--target-loss 3.5: stopped when it was reached" in (metrics.epochs_decision or "")
     cell = compare_cell(tmp_path, capsys)
     assert cell["time_to_target_s"]["median"] == pytest.approx(target.time_to_target_s)
+    assert (
+        cell["target_steps"]["median"] == target.steps and cell["target_samples"]["median"] == target.samples
+    )
     assert cell["val_loss"]["median"] == pytest.approx(quality.epochs[-1].val_loss)
     capsys.readouterr()
     assert main(["compare", str(tmp_path)]) == 0

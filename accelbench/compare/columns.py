@@ -269,6 +269,9 @@ REGISTRY: tuple[Column, ...] = (
         "reached --target-loss; 'not reached' where no run reached it.",
     ),
     Column("target_loss", figure=True),
+    Column("target_steps", figure=True),
+    Column("target_samples", figure=True),
+    Column("target_energy_j", figure=True),
     Column("reference_val_loss", figure=True),
     Column("outside_reference", figure=True),
     Column(
