@@ -30,6 +30,19 @@ SCHEMA_VERSION = 2  # 2: workload options and identity, energy, host load, epoch
 # diverged: a loss that is not finite, a gradient norm exploding or a loss not decreasing (accelbench.engine.quality)
 Status = Literal["ok", "oom", "error", "interrupted", "diverged"]
 
+# a diverged run's sentence (accelbench.engine.quality) is DIVERGED + what was found + STOPPED + why its speed does not
+# count: diverged_cause reads what was found back
+DIVERGED = "training diverged: "
+STOPPED = "; the run stopped at the end of that epoch"
+
+
+def diverged_cause(message: str) -> str:
+    """What a numerics check found, from the sentence it recorded (``quality.problem``, ``outcome.message``): the
+    NaN/inf loss and its step, the gradient norm and the limit, or the stalled loss and its epochs, without the
+    part every diverged run shares. A sentence of another form is returned whole."""
+    cause = message.removeprefix(DIVERGED)
+    return cause.split(STOPPED, 1)[0] if STOPPED in cause else cause
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")

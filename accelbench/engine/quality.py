@@ -38,7 +38,7 @@ import torch.distributed as dist
 from accelbench.config import RunConfig
 from accelbench.contract import Backend, DataShard, Executor
 from accelbench.engine.metrics import RankLog
-from accelbench.results import EpochQuality, QualityRecord, TargetResult
+from accelbench.results import DIVERGED, STOPPED, EpochQuality, QualityRecord, TargetResult
 from accelbench.workloads import BatchSource, TrainingJob
 
 
@@ -51,8 +51,8 @@ def nonfinite_loss(step_losses: torch.Tensor, epoch: int, steps_per_epoch: int) 
     """The sentence for an epoch whose training loss was NaN or infinite, naming the first step that had it."""
     bad = int((~torch.isfinite(step_losses)).nonzero()[0, 0])
     return (
-        f"training diverged: the loss was {float(step_losses[bad])} at step {bad + 1} of epoch {epoch + 1} (step "
-        f"{epoch * steps_per_epoch + bad + 1} of the run); the run stopped at the end of that epoch, whose time "
+        f"{DIVERGED}the loss was {float(step_losses[bad])} at step {bad + 1} of epoch {epoch + 1} (step "
+        f"{epoch * steps_per_epoch + bad + 1} of the run){STOPPED}, whose time "
         "is kept with the others, and its speed is no valid result (a learning rate too high, a precision that "
         "overflows, or a broken backend: compare its loss with an fp32 run's)"
     )
@@ -102,8 +102,8 @@ class QualityChecks:
             self.problem = (
                 nonfinite_loss(step_losses, epoch, steps_per_epoch)
                 if local_nan
-                else f"training diverged: another rank's loss was not finite in epoch {epoch + 1}; the run stopped "
-                "at the end of that epoch and its speed is no valid result"
+                else f"{DIVERGED}another rank's loss was not finite in epoch {epoch + 1}{STOPPED} and its speed "
+                "is no valid result"
             )
             self.epochs.append(EpochQuality(epoch=epoch + 1))
             raise TrainingDiverged(self.problem)
@@ -281,8 +281,7 @@ class QualityChecks:
 
     def _diverged(self, what: str) -> None:
         self.problem = (
-            f"training diverged: {what}; the run stopped at the end of that epoch, whose time is kept with the "
-            "others, and its speed is no valid result"
+            f"{DIVERGED}{what}{STOPPED}, whose time is kept with the others, and its speed is no valid result"
         )
         raise TrainingDiverged(self.problem)
 
