@@ -10,7 +10,6 @@ backend plugin (the CUDA plugin's TF32 policy) are declared by them as :class:`R
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -289,28 +288,13 @@ class RunConfig(BaseModel):
                 f"--node-rank {self.node_rank} with --nnodes {self.nnodes}: node ranks count from 0, so the last "
                 f"node is {self.nnodes - 1}"
             )
-        if self.target is not None:
-            self._name_target(self.target)
-        if self.target_loss is not None and self.eval_batches == 0:
+        if (self.target is not None or self.target_loss is not None) and self.eval_batches == 0:
             raise ValueError(
                 f"{f'--target {self.target}' if self.target else f'--target-loss {self.target_loss:g}'} is judged "
                 "on the validation loss, which --eval-batches 0 turns "
                 "off; give --eval-batches 1 or more (or leave it out: 4)"
             )
         return self
-
-    def _name_target(self, name: str) -> None:
-        """``--target NAME`` as the validation loss it stands for, kept in ``target_loss`` (the checks and compare
-        read that); a record repeated with ``--config`` carries both, which must agree."""
-        from accelbench.references import resolve_target
-
-        loss = resolve_target(self.model, name)
-        if self.target_loss is not None and not math.isclose(self.target_loss, loss, rel_tol=1e-9):
-            raise ValueError(
-                f"--target {name} is a validation loss of {loss:.4f} for {self.model}, but --target-loss "
-                f"{self.target_loss:g} was given too; give one of them"
-            )
-        self._normalise(target_loss=loss)
 
     @model_validator(mode="after")
     def _parallel_layout(self) -> RunConfig:

@@ -214,18 +214,24 @@ def test_bad_target_on_the_command_line_runs_nothing(
     assert not list(tmp_path.glob("*.json"))
 
 
+def resolved(values: dict[str, object]) -> RunConfig:
+    """A configuration as a run sees it: validated, then resolved against its workload (the model's default size,
+    the workload's options, the loss a named target stands for)."""
+    return get_host().resolve(make_config(values))
+
+
 def test_a_named_target_is_the_reference_band_after_that_epoch() -> None:
     """--target ref-epochN stands for the upper end of the reference's 99% band after epoch N (a run training as
     the reference does reaches it by then 99 times in 100); the record keeps the name and the loss it stood for."""
     references = load_references()
     for model, reference in references.items():
         for epoch in range(1, reference.epochs + 1):
-            config = make_config({"model": model, "target": f"ref-epoch{epoch}"})
+            config = resolved({"workload": reference.workload, "model": model, "target": f"ref-epoch{epoch}"})
             assert config.target_loss == pytest.approx(reference.band(epoch)[1])
     nano = references["gpt-nano"].targets()
     assert list(nano) == [f"ref-epoch{n}" for n in range(1, RECIPE["epochs"] + 1)]
     assert list(nano.values()) == sorted(nano.values(), reverse=True)  # a later epoch is a lower loss
-    again = make_config(make_config({"target": "ref-epoch2"}).model_dump())  # a record repeated (--config)
+    again = resolved(resolved({"target": "ref-epoch2"}).model_dump())  # a record repeated (--config)
     assert again.target == "ref-epoch2" and again.target_loss == pytest.approx(nano["ref-epoch2"])
 
 
@@ -238,18 +244,37 @@ def test_a_named_target_is_the_reference_band_after_that_epoch() -> None:
         ),
         ({"target": "best"}, "--target best: no such target for gpt-nano"),
         (
-            {"model": "custom", "target": "ref-epoch1"},
-            "--target ref-epoch1: the model custom has no reference trajectory, so no named targets (models with "
-            "one: gpt-nano, gpt-micro",
+            {"model": "gpt2", "target": "ref-epoch1"},
+            "--target ref-epoch1: the model gpt2 has no reference trajectory, so no named targets (models with "
+            "one: ",
+        ),
+        (  # the workload's default size, not the GPT's gpt-nano, is what the name is looked up for
+            {"workload": "bert", "target": "ref-epoch1"},
+            "--target ref-epoch1: the model bert-base has no reference trajectory",
         ),
         ({"target": "ref-epoch1", "target_loss": 2.0}, "but --target-loss 2 was given too; give one of them"),
-        ({"target": "ref-epoch1", "eval_batches": 0}, "--target ref-epoch1 is judged on the validation loss"),
     ],
 )
 def test_unknown_named_targets_are_refused(values: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        make_config(values)
+        resolved(values)
     assert says in str(caught.value)
+
+
+def test_a_named_target_without_validation_is_refused_as_the_flags_are_read() -> None:
+    with pytest.raises(ConfigError, match="--target ref-epoch1 is judged on the validation loss"):
+        make_config({"target": "ref-epoch1", "eval_batches": 0})
+
+
+def test_an_unknown_named_target_on_the_command_line_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--target", "ref-epoch99", "--output-dir", str(tmp_path), "-q"]) == 2
+    assert (
+        "--target ref-epoch99: no such target for gpt-nano; its targets: ref-epoch1"
+        in capsys.readouterr().err
+    )
+    assert not list(tmp_path.glob("*.json"))
 
 
 def test_run_help_lists_each_models_named_targets(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,18 +1,22 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
-For gpt-nano and gpt-micro at a fixed recipe (:data:`RECIPE`: fp32, one device, the generated corpus, batch 16, 4
-epochs of 20 steps, 4 held-out batches) and :data:`SEEDS`, the held-out loss after every epoch, shipped as
-``gpt.json`` with how it was made (accelbench and torch versions, host, date, the command). ``compare`` tests a
-run of the same recipe, whatever its precision, strategy or backend, against it (:meth:`Reference.verdict`): its
-held-out loss after the reference's last epoch must lie in the seeds' 99% prediction interval,
+For each workload of :data:`WORKLOADS` (gpt-nano and gpt-micro, llama-tiny, bert-tiny, mobilenet-v3-small at 32
+pixels) at one fixed recipe (:data:`RECIPE`: fp32, one device, generated data, batch 16, 4 epochs of 20 steps, 4
+held-out batches, plus the workload's options in :data:`WORKLOADS`) and :data:`SEEDS`, the held-out loss after
+every epoch, shipped as ``<workload>.json`` with how it was made (accelbench and torch versions, host, date, the
+command). ``compare`` tests a run of the same recipe, whatever its precision, strategy or backend, against it
+(:meth:`Reference.verdict`): its held-out loss after the reference's last epoch must lie in the seeds' 99%
+prediction interval,
 
     mean ± max(t(0.995, n - 1) · s · sqrt(1 + 1/n), 1% of the mean)
 
 (n seeds, s their standard deviation; Student's t, as a normal sample predicts one more draw; the 1% floor
 covers the spread of the last digits between thread counts and CPUs, which three seeds may not show). A run
-outside it trains differently from single-device fp32 and is marked so beside its speed.
+outside it trains differently from single-device fp32 and is marked so beside its speed. The same intervals give
+the named targets (``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (minutes on a CPU).
+Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those), about ten
+minutes on one CPU core.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REFERENCE_FILE = Path(__file__).with_name("gpt.json")
-MODELS = ("gpt-nano", "gpt-micro")
+REFERENCE_DIR = Path(__file__).parent
+REFERENCE_FILE = REFERENCE_DIR / "gpt.json"
 SEEDS = (0, 1, 2)
-# the reference recipe: run fields that must match for a run to be tested against it (batch: the global batch)
+# the recipe every reference is made at: run fields a run must share to be tested against it (batch: the global
+# batch, per-device batch x processes); the workload's own options are in WORKLOADS
 RECIPE: dict[str, Any] = {
     "workload": "gpt",
     "batch_size": 16,
@@ -38,6 +43,19 @@ RECIPE: dict[str, Any] = {
     "precision": "fp32",
     "strategy": "single",
 }
+# workload -> (models, workload options of the recipe). The options are part of the workload's identity, which a run
+# must share. llama and bert at 128 tokens keep a run under a minute on one core. The image model: 32 pixels and 8
+# classes, a number that divides the 64 synthetic JPEGs, so that each image always carries the same label and there
+# is something to learn (at 1000 classes the synthetic labels are noise); no data workers, as the reference runs in
+# one thread (augmentation is seeded per sample, so workers never change the numbers: data_workers is not matched).
+WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "gpt": (("gpt-nano", "gpt-micro"), {}),
+    "llama": (("llama-tiny",), {"seq_len": 128}),
+    "bert": (("bert-tiny",), {"seq_len": 128}),
+    "mobilenet-v3-small": (("mobilenet-v3-small",), {"image_size": 32, "num_classes": 8, "data_workers": 0}),
+}
+MODELS = tuple(model for models, _ in WORKLOADS.values() for model in models)
+UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
 # Student's t quantile 0.995 by degrees of freedom (n seeds - 1): a two-sided 99% interval
 T_995 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250}
 FLOOR = 0.01
@@ -50,6 +68,7 @@ class Reference:
     model: str
     identity: dict[str, Any]
     trajectories: dict[int, list[float]]  # seed -> held-out loss after each epoch
+    workload: str = "gpt"
 
     @property
     def epochs(self) -> int:
@@ -77,19 +96,18 @@ class Reference:
         return val_losses[self.epochs - 1]
 
 
-def load(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
-    """The shipped references by model name (none where the file is missing)."""
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
-    return {
-        model: Reference(
-            model,
-            entry["identity"],
-            {int(seed): [float(v) for v in losses] for seed, losses in entry["trajectories"].items()},
-        )
-        for model, entry in raw["models"].items()
-    }
+def load(folder: Path = REFERENCE_DIR) -> dict[str, Reference]:
+    """The shipped references by model name (every ``<workload>.json`` in ``folder``; none where there is none)."""
+    references: dict[str, Reference] = {}
+    for path in sorted(folder.glob("*.json")):
+        raw = json.loads(path.read_text())
+        workload = str(raw["made"]["recipe"]["workload"])
+        for model, entry in raw["models"].items():
+            trajectories = {
+                int(seed): [float(v) for v in losses] for seed, losses in entry["trajectories"].items()
+            }
+            references[model] = Reference(model, entry["identity"], trajectories, workload)
+    return references
 
 
 def named_targets(references: dict[str, Reference] | None = None) -> dict[str, dict[str, float]]:
@@ -130,25 +148,34 @@ def reference_for(
     config: dict[str, Any], identity: dict[str, Any], world_size: int, references: dict[str, Reference]
 ) -> Reference | None:
     """The reference a run of ``config`` (its record's, as a dict) is tested against: the same workload, model,
-    identity, global batch, steps, learning rate and held-out batches on the generated corpus; precision, strategy
-    and backend may differ (that is what the test is for)."""
+    identity (its data workers aside), global batch, steps, learning rate and held-out batches on generated data;
+    precision, strategy and backend may differ (that is what the test is for)."""
     reference = references.get(str(config.get("model")))
-    if reference is None or config.get("workload") != RECIPE["workload"] or config.get("data") is not None:
+    if reference is None or config.get("workload") != reference.workload or config.get("data") is not None:
         return None
+
+    def matched(fields: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in fields.items() if k not in UNMATCHED}
+
     same = (
         int(config.get("batch_size", 0)) * world_size == RECIPE["batch_size"]
         and config.get("steps_per_epoch") == RECIPE["steps_per_epoch"]
         and math.isclose(float(config.get("learning_rate", 0.0)), RECIPE["learning_rate"])
         and config.get("eval_batches") == RECIPE["eval_batches"]
-        and identity == reference.identity
+        and matched(identity) == matched(reference.identity)
     )
     return reference if same else None
 
 
-def regenerate(path: Path = REFERENCE_FILE, output_dir: Path | None = None) -> dict[str, Any]:
-    """Train every model of :data:`MODELS` at the recipe for every seed of :data:`SEEDS` and write the references
-    with how they were made. Returns what was written."""
+def regenerate(
+    workloads: tuple[str, ...] = tuple(WORKLOADS),
+    folder: Path = REFERENCE_DIR,
+    output_dir: Path | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Train every model of each workload in ``workloads`` at the recipe for every seed of :data:`SEEDS` and write
+    ``<workload>.json`` with how it was made. Returns what was written, by workload."""
     import tempfile
+    import time
     from datetime import datetime, timezone
 
     import torch
@@ -159,34 +186,55 @@ def regenerate(path: Path = REFERENCE_FILE, output_dir: Path | None = None) -> d
     from accelbench.hostinfo import usable_cores
     from accelbench.plugins import get_host
 
-    models: dict[str, Any] = {}
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(
+            f"no reference recipe for {', '.join(unknown)}; the workloads with one: {', '.join(WORKLOADS)}"
+        )
     out = output_dir or Path(tempfile.mkdtemp(prefix="accelbench-references-"))
-    for model in MODELS:
-        trajectories: dict[str, list[float]] = {}
-        identity: dict[str, Any] = {}
-        for seed in SEEDS:
-            # one thread: deterministic, and never stalled by OpenMP barriers on a shared host
-            config = RunConfig(
-                **{**RECIPE, "model": model, "seed": seed, "backend": "cpu", "threads": 1, "output_dir": out}
-            )
-            record, _, status = run(config, get_host())
-            if record is None or status != "ok" or record.quality is None:
-                raise RuntimeError(f"reference run {model} seed {seed} ended {status}")
-            trajectories[str(seed)] = [q.val_loss for q in record.quality.epochs if q.val_loss is not None]
-            identity = dict(record.workload_identity)
-        models[model] = {"identity": identity, "trajectories": trajectories}
-    made = {
-        "how": "python -m accelbench.references: accelbench run at the recipe below for each model and seed, on "
-        "the CPU backend (one thread), fp32, one device, the generated corpus; trajectories are quality.epochs[].val_loss",
-        "recipe": RECIPE,
-        "seeds": list(SEEDS),
-        "accelbench": __version__,
-        "torch": torch.__version__,
-        "threads": 1,
-        "cores": usable_cores(),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
-    }
-    written = {"made": made, "models": models}
-    path.write_text(json.dumps(written, indent=1) + "\n")
+    written: dict[str, dict[str, Any]] = {}
+    for workload in workloads:
+        names, options = WORKLOADS[workload]
+        recipe = {**RECIPE, "workload": workload}
+        models: dict[str, Any] = {}
+        start = time.perf_counter()
+        for model in names:
+            trajectories: dict[str, list[float]] = {}
+            identity: dict[str, Any] = {}
+            for seed in SEEDS:
+                # one thread: deterministic, and never stalled by OpenMP barriers on a shared host
+                config = RunConfig(
+                    **recipe,
+                    model=model,
+                    seed=seed,
+                    backend="cpu",
+                    threads=1,
+                    output_dir=out,
+                    workload_options=dict(options),
+                )
+                record, _, status = run(config, get_host())
+                if record is None or status != "ok" or record.quality is None:
+                    raise RuntimeError(f"reference run {model} seed {seed} ended {status}")
+                trajectories[str(seed)] = [
+                    q.val_loss for q in record.quality.epochs if q.val_loss is not None
+                ]
+                identity = dict(record.workload_identity)
+            models[model] = {"identity": identity, "trajectories": trajectories}
+        made = {
+            "how": "python -m accelbench.references: accelbench run at the recipe below for each model and seed, on "
+            "the CPU backend (one thread), fp32, one device, generated data; trajectories are "
+            "quality.epochs[].val_loss",
+            "recipe": recipe,
+            "workload_options": options,
+            "seeds": list(SEEDS),
+            "accelbench": __version__,
+            "torch": torch.__version__,
+            "threads": 1,
+            "cores": usable_cores(),
+            "seconds": round(time.perf_counter() - start, 1),
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
+        }
+        written[workload] = {"made": made, "models": models}
+        (folder / f"{workload}.json").write_text(json.dumps(written[workload], indent=1) + "\n")
     return written
