@@ -250,6 +250,8 @@ class QualityChecks:
                     for parameter in model.parameters() if model is not None else ():
                         parameter.grad = None  # nothing of a failed probe may reach the next training step
                     probed = None
+                if probed is None and self.probe_note is None:
+                    self.probe_note = f"no gradient norm: this executor ({type(self.executor).__name__}) cannot probe its gradients"
                 norm = float(probed.item()) if probed is not None else None
                 if norm is not None and not math.isfinite(norm):
                     norm = math.inf  # NaN is not ordered: an all-reduced maximum must see it

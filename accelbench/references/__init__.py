@@ -158,13 +158,28 @@ def reference_for(
         return {k: v for k, v in fields.items() if k not in UNMATCHED}
 
     same = (
-        int(config.get("batch_size", 0)) * world_size == RECIPE["batch_size"]
+        int(config.get("batch_size", 0)) * data_parallel(config, world_size) == RECIPE["batch_size"]
         and config.get("steps_per_epoch") == RECIPE["steps_per_epoch"]
         and math.isclose(float(config.get("learning_rate", 0.0)), RECIPE["learning_rate"])
         and config.get("eval_batches") == RECIPE["eval_batches"]
         and matched(identity) == matched(reference.identity)
     )
     return reference if same else None
+
+
+def data_parallel(config: dict[str, Any], world_size: int) -> int:
+    """The replicas that each train on their own batch: every rank, less those a tensor or pipeline axis of the
+    run's mesh gives the same batch (the global batch is the per-device batch times this)."""
+    from accelbench.parallel_dims import generic_axis, parse_mesh
+
+    mesh = config.get("mesh")
+    if not mesh:
+        return world_size
+    split = 1
+    for axis, size in parse_mesh(str(mesh)).items():
+        if generic_axis(axis) != "dp":
+            split *= size
+    return max(1, world_size // split)
 
 
 def regenerate(
