@@ -21,6 +21,7 @@ minutes on one CPU core.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -84,9 +85,22 @@ class Reference:
         half = max(spread, FLOOR * abs(mean))
         return mean - half, mean + half
 
+    def means(self) -> list[float]:
+        """The seeds' mean held-out loss after each epoch."""
+        return [statistics.fmean(t[e] for t in self.trajectories.values()) for e in range(self.epochs)]
+
+    @property
+    def falls(self) -> bool:
+        """Whether the mean held-out loss falls every epoch: a target only means something on a curve that falls."""
+        means = self.means()
+        return all(later < earlier for earlier, later in itertools.pairwise(means))
+
     def targets(self) -> dict[str, float]:
         """The named targets (``--target NAME``): ``ref-epochN`` is the upper end of the band after epoch N, the
-        held-out loss a run that trains as the reference does reaches by its epoch N 99 times in 100."""
+        held-out loss a run that trains as the reference does reaches by its epoch N 99 times in 100. None where
+        the reference's loss does not fall (the image reference: see :data:`WORKLOADS`)."""
+        if not self.falls:
+            return {}
         return {f"ref-epoch{epoch}": self.band(epoch)[1] for epoch in range(1, self.epochs + 1)}
 
     def verdict(self, val_losses: list[float | None]) -> float | None:
@@ -123,13 +137,21 @@ def describe_targets(references: dict[str, Reference] | None = None) -> str:
     return "; ".join(
         f"{model}: " + ", ".join(f"{name} ({value:.3f})" for name, value in targets.items())
         for model, targets in named_targets(references).items()
+        if targets
     )
 
 
 def resolve_target(model: str, name: str, references: dict[str, Reference] | None = None) -> float:
     """The validation loss ``--target NAME`` stands for with ``--model model``; ValueError (naming what works)
     where the model has no reference or no target of that name."""
-    targets = named_targets(references)
+    references = load() if references is None else references
+    targets = {m: t for m, t in named_targets(references).items() if t}
+    if model in references and model not in targets:
+        flat = ", ".join(f"{m:.3f}" for m in references[model].means())
+        raise ValueError(
+            f"--target {name}: the reference of {model} does not fall (its held-out loss after each epoch: {flat}), "
+            "so it names no targets; give a validation loss with --target-loss X instead"
+        )
     if model not in targets:
         have = ", ".join(targets) or "none"
         raise ValueError(
