@@ -211,16 +211,31 @@ def _quality(view: RecordView) -> dict[str, float | None]:
     reference = reference_for(
         view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
     )
-    loss = reference.verdict([q.val_loss for q in quality.epochs]) if reference else None
-    if reference is not None and loss is not None:
+    losses = [q.val_loss for q in quality.epochs]
+    loss = reference.verdict(losses) if reference else None
+    outside = reference.outside_epochs(losses) if reference else None
+    if reference is not None and loss is not None and outside is not None:
         low, high = reference.band()
         figures.update(
             reference_val_loss=loss,
             reference_low=low,
             reference_high=high,
-            outside_reference=0.0 if low <= loss <= high else 1.0,
+            outside_reference=1.0 if outside else 0.0,  # the trajectory test: any epoch outside its band
+            reference_first_outside=float(outside[0]) if outside else None,
         )
     return figures
+
+
+def _reference_model(view: RecordView) -> str | None:
+    """The model whose shipped reference the run is tested against, where it is (its trajectory measured)."""
+    if view.quality is None:
+        return None
+    reference = reference_for(
+        view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
+    )
+    if reference is None or reference.outside_epochs([q.val_loss for q in view.quality.epochs]) is None:
+        return None
+    return reference.model
 
 
 @functools.cache
@@ -322,7 +337,9 @@ class RunFigures:
     reference_val_loss: float | None = None  # the run's held-out loss after the reference's last epoch
     reference_low: float | None = None  # ... and the reference's band for it
     reference_high: float | None = None
-    outside_reference: float | None = None  # 1.0 outside the band, 0.0 within
+    outside_reference: float | None = None  # 1.0 when some epoch's loss is outside its band, 0.0 when none is
+    reference_first_outside: float | None = None  # ... the first epoch outside
+    reference_model: str | None = None  # ... the reference tested against (for the test over several seeds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +441,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             tensor_peak_bytes=metrics.tensor_peak.peak_bytes if metrics.tensor_peak else None,
             **_predicted(view.prediction),
             **_quality(view),
+            reference_model=_reference_model(view),
             target_name=view.quality.target.name if view.quality and view.quality.target else None,
             target_message=view.quality.target.message if view.quality and view.quality.target else None,
         )

@@ -58,7 +58,31 @@ WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 MODELS = tuple(model for models, _ in WORKLOADS.values() for model in models)
 UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
 # Student's t quantile 0.995 by degrees of freedom (n seeds - 1): a two-sided 99% interval
-T_995 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250}
+T_995 = {
+    1: 63.657,
+    2: 9.925,
+    3: 5.841,
+    4: 4.604,
+    5: 4.032,
+    6: 3.707,
+    7: 3.499,
+    8: 3.355,
+    9: 3.250,
+    10: 3.169,
+    12: 3.055,
+    15: 2.947,
+    20: 2.845,
+    30: 2.750,
+    60: 2.660,
+}
+
+
+def t_995(df: float) -> float:
+    """Student's t quantile 0.995 at ``df`` degrees of freedom, read at the table's largest df not above it (so never
+    smaller than the exact one: an interval no narrower than it should be); df of 1 or less read as 1."""
+    return T_995[max((k for k in T_995 if k <= max(df, 1.0)), default=1)]
+
+
 FLOOR = 0.01
 
 
@@ -81,7 +105,7 @@ class Reference:
         finals = [t[(epoch or self.epochs) - 1] for t in self.trajectories.values()]
         mean = statistics.fmean(finals)
         n = len(finals)
-        spread = T_995[n - 1] * statistics.stdev(finals) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+        spread = t_995(n - 1) * statistics.stdev(finals) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
         half = max(spread, FLOOR * abs(mean))
         return mean - half, mean + half
 
@@ -102,6 +126,41 @@ class Reference:
         if not self.falls:
             return {}
         return {f"ref-epoch{epoch}": self.band(epoch)[1] for epoch in range(1, self.epochs + 1)}
+
+    def outside_epochs(self, val_losses: list[float | None]) -> list[int] | None:
+        """The trajectory test: the epochs (from 1) after which the run's held-out loss lies outside that epoch's
+        99% prediction interval (:meth:`band`); [] when every one lies within; None when the run did not measure
+        every epoch of the reference. A run that trains as the reference does fails it at most 1% of the time per
+        epoch, so at most 4% over 4 epochs, and less in practice: one run's losses after successive epochs move
+        together."""
+        if len(val_losses) < self.epochs or any(v is None for v in val_losses[: self.epochs]):
+            return None
+        outside = []
+        for epoch in range(1, self.epochs + 1):
+            low, high = self.band(epoch)
+            loss = val_losses[epoch - 1]
+            assert loss is not None
+            if not low <= loss <= high:
+                outside.append(epoch)
+        return outside
+
+    def seeds_test(self, finals: list[float]) -> tuple[float, float]:
+        """The test over several seeds of the run under test (two or more): Welch's two-sample t-test of their
+        held-out losses after the last epoch against the reference seeds', at 99% (two-sided), with the same 1%
+        floor as the band. Returns (difference of the means, half-width): the runs differ from the reference when
+        the difference's magnitude is above the half-width."""
+        reference = [t[self.epochs - 1] for t in self.trajectories.values()]
+        n, k = len(reference), len(finals)
+        if k < 2:
+            raise ValueError("the seeds' test needs two or more runs")
+        difference = statistics.fmean(finals) - statistics.fmean(reference)
+        var_r = statistics.variance(reference) / n if n > 1 else 0.0
+        var_x = statistics.variance(finals) / k
+        se = math.sqrt(var_r + var_x)
+        if se == 0:
+            return difference, FLOOR * abs(statistics.fmean(reference))
+        welch = se**4 / ((var_r**2 / (n - 1) if n > 1 else 0.0) + var_x**2 / (k - 1))
+        return difference, max(t_995(welch) * se, FLOOR * abs(statistics.fmean(reference)))
 
     def verdict(self, val_losses: list[float | None]) -> float | None:
         """The run's held-out loss after the reference's last epoch, if it trained that long and measured it."""
