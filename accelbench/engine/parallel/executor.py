@@ -42,7 +42,7 @@ from accelbench.engine.parallel.pp import (
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import TransformerShape, estimate_parallel, pipeline_bubble
-from accelbench.parallel_dims import ParallelDims, fewest_microbatches
+from accelbench.parallel_dims import PP_SCHEDULES, ParallelDims, fewest_microbatches
 from accelbench.workloads import ModelUnits, TrainingJob
 
 if TYPE_CHECKING:
@@ -293,7 +293,10 @@ class ParallelExecutor(Executor):
         """The held-out loss: every part in eval mode under ``torch.no_grad`` and the run's autocast. Tensor
         parallelism runs the sharded model forward as training does; a pipeline runs its schedule forward only
         (``schedule.eval``, the same microbatches as training), and the last stage's mean loss is broadcast to the
-        pipeline's ranks, as a training step's is. Train mode is restored after."""
+        pipeline's ranks, as a training step's is. Train mode is restored after. None under the V-shaped schedules
+        (zbv, dualpipev): torch 2.13 runs no forward-only step of them (their action lists assume a backward)."""
+        if PP_SCHEDULES.get(self.layout.schedule) == "v" and self.pipelined:
+            return None
         for module in self.modules:
             module.eval()
         try:
