@@ -719,3 +719,31 @@ def test_bf16_true_trains_but_not_as_fp32_does(tmp_path: Path, capsys: pytest.Ca
     assert mean < (losses[-1] or 0.0) < 1.03 * mean
     cell = compare_cell(tmp_path, capsys)
     assert cell["reference_val_loss"]["median"] == pytest.approx(losses[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["llama", "bert", "mobilenet-v3-small"])
+def test_a_seed_the_reference_was_not_made_with_trains_within_each_workloads_reference(
+    workload: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama-tiny, bert-tiny and mobilenet-v3-small at their recipes, seed 7, with the data workers as the user
+    leaves them (not the reference's 0 for the image model: they never change the numbers): compare finds each
+    run's reference and passes its trajectory."""
+    if workload == "mobilenet-v3-small" and importlib.util.find_spec("torchvision") is None:
+        pytest.skip("needs torchvision (pip install 'accelbench[vision]')")
+    (model,), options = WORKLOADS[workload]
+    recipe = {k: v for k, v in RECIPE.items() if k != "workload"}
+    flags = {k: v for k, v in options.items() if k != "data_workers"}
+    config = RunConfig(
+        **recipe,
+        workload=workload,
+        model=model,
+        seed=7,
+        threads=1,
+        output_dir=tmp_path,
+        workload_options=flags,
+    )
+    _, _, status = run(config, get_host())
+    assert status == "ok"
+    cell = compare_cell(tmp_path, capsys)
+    assert cell["outside_reference"]["median"] == 0.0, cell["val_loss"]

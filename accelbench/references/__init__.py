@@ -5,18 +5,19 @@ pixels) at one fixed recipe (:data:`RECIPE`: fp32, one device, generated data, b
 held-out batches, plus the workload's options in :data:`WORKLOADS`) and :data:`SEEDS`, the held-out loss after
 every epoch, shipped as ``<workload>.json`` with how it was made (accelbench and torch versions, host, date, the
 command). ``compare`` tests a run of the same recipe, whatever its precision, strategy or backend, against it
-(:meth:`Reference.verdict`): its held-out loss after the reference's last epoch must lie in the seeds' 99%
-prediction interval,
+(:meth:`Reference.outside_epochs`): its held-out loss after every epoch must lie in that epoch's 99% prediction
+interval over the seeds,
 
     mean ± max(t(0.995, n - 1) · s · sqrt(1 + 1/n), 1% of the mean)
 
 (n seeds, s their standard deviation; Student's t, as a normal sample predicts one more draw; the 1% floor
-covers the spread of the last digits between thread counts and CPUs, which three seeds may not show). A run
-outside it trains differently from single-device fp32 and is marked so beside its speed. The same intervals give
-the named targets (``--target ref-epochN``, :meth:`Reference.targets`).
+covers the spread of the last digits between thread counts and CPUs, which three seeds may not show); two or more
+seeds of a run are tested together by Welch's t-test (:meth:`Reference.seeds_test`). A run outside trains
+differently from single-device fp32 and is marked so beside its speed. The same intervals give the named targets
+(``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those), about ten
-minutes on one CPU core.
+Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those): about 13
+minutes on a shared 2-core VM, each run on one thread.
 """
 
 from __future__ import annotations
