@@ -749,3 +749,18 @@ def test_a_seed_the_reference_was_not_made_with_trains_within_each_workloads_ref
     assert status == "ok"
     cell = compare_cell(tmp_path, capsys)
     assert cell["outside_reference"]["median"] == 0.0, cell["val_loss"]
+
+
+@pytest.mark.slow
+def test_a_pipeline_schedule_that_cannot_run_forward_only_says_so(tmp_path: Path) -> None:
+    """zbv (V-shaped, zero bubble): torch runs no forward-only step of it, so the run records no validation loss and
+    says why, and trains as ever."""
+    proc = accelbench(
+        "run", *SMALL, "--layers", "4", "--batch-size", "8", "--strategy", "pp", "--devices", "2",
+        "--pp-schedule", "zbv", "--output-dir", str(tmp_path), "-q", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(next(tmp_path.glob("*.json")))
+    assert record.outcome.status == "ok" and record.quality is not None
+    assert all(q.val_loss is None for q in record.quality.epochs)
+    assert "none: this executor (ParallelExecutor) cannot evaluate" in (record.quality.validation or "")
