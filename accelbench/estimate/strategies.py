@@ -230,8 +230,9 @@ def zero_breakdown(
 
     Memory: the 16-bit (or fp32) model, an fp32 master partition and fp32 moments of 1/p of the parameters, the
     gradients (whole for ZeRO-1, the partition from ZeRO-2 on) and an fp32 gradient partition for the step, and
-    the contiguous gradient bucket of ``reduce_bucket_size`` elements: an accelerator's allocator takes it whole,
-    a CPU's resident memory only as far as it is written (at most the gradients). ZeRO-3 keeps tensors under
+    the contiguous gradient bucket of ``reduce_bucket_size`` elements, a tensor allocated whole (an accelerator's
+    allocator takes it whole; a CPU's resident memory holds only as much as is written, but the prediction is of
+    tensors, which the run's tensor peak measures). ZeRO-3 keeps tensors under
     ``stage3_param_persistence_threshold`` elements whole on every rank and fetches up to
     ``stage3_prefetch_bucket_size`` elements ahead.
     Communication: ZeRO-1 and ZeRO-2 all-reduce the gradient bucket (``use_multi_rank_bucket_allreduce``, on by
@@ -244,18 +245,17 @@ def zero_breakdown(
     allgather_bucket = stack.ds_allgather_bucket
     p, n = layout.devices, facts.stored_parameters
     stage = Strategy(layout.strategy).zero_stage
-    bucket_elements = reduce_bucket if hardware.device_type != "cpu" else min(n, reduce_bucket)
-    bucket = bucket_elements * state.reduction
-    if hardware.device_type == "cpu":
-        notes.assume(
-            f"DeepSpeed's gradient bucket (reduce_bucket_size, {reduce_bucket:.3g} elements) is resident on a CPU "
-            "only as far as it is written: at most the gradients"
+    bucket = reduce_bucket * state.reduction
+    notes.assume(
+        f"DeepSpeed allocates its gradient bucket whole: {reduce_bucket:.3g} elements x {state.reduction} bytes "
+        f"= {bucket / 2**30:.1f} GiB, whatever the model's size"
+        + (
+            " (a tensor that size, as the run's tensor peak counts it; a CPU's resident set holds only as much of "
+            "it as is written, at most the gradients)"
+            if hardware.device_type == "cpu"
+            else ""
         )
-    else:
-        notes.assume(
-            f"DeepSpeed allocates its gradient bucket whole: {reduce_bucket:.3g} elements x {state.reduction} bytes "
-            f"= {reduce_bucket * state.reduction / 2**30:.1f} GiB, whatever the model's size"
-        )
+    )
     fp32_grad_partition = 4 * n / p
     persistent = sum(t for t in facts.tensor_sizes if t < DS_PERSISTENCE_THRESHOLD) if stage == 3 else 0
     partitioned = n - persistent

@@ -317,6 +317,14 @@ class ParallelExecutor(Executor):
             grad = _local(p.grad)
             grad.mul_(coefficient.to(grad.dtype))
 
+    def tensors_before_step(self) -> list[nn.Module | torch.optim.Optimizer | torch.Tensor] | None:
+        """This rank's stages (their parameters: a DTensor's local shard, FSDP2's sharded parameters; their buffers),
+        the optimizer's state over them, and the untied copies of tied parameters; the pipeline's receive buffers,
+        made at its first step, are counted from the first operator of the step that writes them."""
+        if not self.modules or not hasattr(self, "optimizer"):
+            return None
+        return [*self.modules, self.optimizer, *(copy.module for copy in self._copies)]
+
     # ---------------------------------------------------------------------------------------------------------
     # the record
     # ---------------------------------------------------------------------------------------------------------
