@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench", "accelbench.errors", "accelbench.exitcodes"),
     ("accelbench.contract",),
     ("accelbench.devices", "accelbench.parallel_dims", "accelbench.config", "accelbench.hostinfo"),
-    ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
+    ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records",
+     "accelbench.plan.schema"),  # a plan file's schema: data, as a record's, which the report reads
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
      "accelbench.engine.metrics", "accelbench.engine.tensor_peak", "accelbench.estimate"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,10 +104,14 @@ def test_a_plan_beside_records_is_a_section_of_their_report(plan_file: Path, tmp
     ids=["truncated", "missing-field", "newer", "wrong-type"],
 )
 def test_a_bad_plan_file_is_refused_with_what_is_wrong(
-    plan_file: Path, tmp_path: Path, change: object, said: str, capsys: pytest.CaptureFixture[str]
+    plan_file: Path,
+    tmp_path: Path,
+    change: Callable[[str], str],
+    said: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text(change(plan_file.read_text()))  # type: ignore[operator]
+    bad.write_text(change(plan_file.read_text()))
     out = tmp_path / "report.html"
     assert main(["report", str(bad), "-o", str(out)]) == 2
     err = " ".join(capsys.readouterr().err.split())

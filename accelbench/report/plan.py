@@ -239,8 +239,14 @@ def _measured_figure(plan: Plan) -> ReportFigure:
     ax: Axes = fig.add_subplot()
     xs = [r.predicted_samples_per_s for r in runs]
     ys = [r.measured_samples_per_s or 0.0 for r in runs]
-    colours = [DROPPED if r.contended else MEASURED for r in runs]
-    ax.scatter(xs, ys, c=colours, s=34)
+    for contended, colour, label in (
+        (False, MEASURED, "measured"),
+        (True, DROPPED, "measured, host contended"),
+    ):
+        mine = [r for r in runs if r.contended is contended]
+        if mine:
+            ax.scatter([r.predicted_samples_per_s for r in mine], [r.measured_samples_per_s or 0.0 for r in mine],
+                       c=colour, s=34, label=label)  # fmt: skip
     for r in runs:
         ax.annotate(f"#{r.predicted_rank}", (r.predicted_samples_per_s, r.measured_samples_per_s or 0.0),
                     xytext=(4, 3), textcoords="offset points", fontsize=8)  # fmt: skip
