@@ -148,6 +148,12 @@ class Executor(ABC):
             return [model, optimizer]
         return None
 
+    def why_no_tensor_peak(self) -> str | None:
+        """Why this executor's step cannot run under a tracker of the dispatcher and its module hooks as it ran
+        timed (say, a schedule whose backward the tracker's hooks cannot follow), or None: it can. Said before the
+        step runs, on every rank alike, so no rank waits in a collective its peers never reach."""
+        return None
+
     def tensor_peak_caveat(self) -> str | None:
         """What this executor's step keeps that a dispatch-level tracker cannot attribute as such (an engine's own
         flat buffers made at set-up, say), recorded as a note beside its tensor peak; None where there is nothing

@@ -72,6 +72,10 @@ def why_not_measurable(executor: Any, compiled: bool) -> str | None:
         )
     if getattr(executor, "replays_graphs", False):
         return "the steps replay CUDA graphs, whose memory no dispatch mode sees"
+    said = getattr(executor, "why_no_tensor_peak", None)
+    why = said() if callable(said) else None
+    if why is not None:
+        return str(why)
     if alive_before_step(executor) is None:
         return f"executor {type(executor).__name__} exposes no torch model and optimizer to register"
     return None
