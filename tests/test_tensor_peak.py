@@ -451,7 +451,10 @@ def test_tensor_and_pipeline_parallel_ranks_measure_the_peak_the_estimate_predic
 def test_a_schedule_that_splits_the_backward_records_why_it_has_no_tensor_peak(tmp_path: Path) -> None:
     """zbv computes each stage's input gradients with torch.autograd.grad, which MemTracker's module hooks cannot
     follow (torch raises): no rank runs the step, the run is ok, and its message says why."""
-    record = run_record(["--strategy", "pp", "--devices", "2", "--pp-schedule", "zbv"], tmp_path)
+    # zbv puts two stages on each rank: four layers (the last --layers given wins)
+    record = run_record(
+        ["--layers", "4", "--strategy", "pp", "--devices", "2", "--pp-schedule", "zbv"], tmp_path
+    )
     assert record.outcome.status == "ok"
     assert record.metrics is not None and record.metrics.tensor_peak is None
     message = " ".join((record.outcome.message or "").split())
