@@ -313,3 +313,55 @@ def test_estimate_from_a_real_profiled_run(
     assert main(["estimate", "--model", "gpt-nano", "--batch-size", "8", "--threads", "1", "--calibrate",
                  "--from-profile", str(record)]) == 2  # fmt: skip
     assert "a profile of another configuration (batch_size 4 (here 8))" in capsys.readouterr().err
+
+
+def test_scale_to_uses_the_calibrated_step_and_says_which_time_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--scale-to from 2 ddp devices to 4 and 8: with --calibrate the step at 2 is the calibrated prediction (its
+    compute kept, the collectives' time at each count added), without it the fixed efficiency's; each says so, in
+    the JSON and under the human-readable table."""
+    from accelbench.cli import main
+    from accelbench.estimate import calibration as module
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
+    monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    args = ["estimate", "--model", "gpt-nano", "--strategy", "ddp", "--devices", "2", "--scale-to", "4", "8",
+            "--bus-bandwidth", "1", "--peak-tflops", "0.05"]  # fmt: skip
+    found = {}
+    for how in ("calibrated", "efficiency"):
+        assert main([*args, *(["--calibrate"] if how == "calibrated" else []), "--json"]) == 0
+        p = json.loads(capsys.readouterr().out)
+        assert p["time_model"].startswith(how)
+        assert [s["devices_to"] for s in p["scaling"]] == [4, 8]
+        for s in p["scaling"]:
+            assert s["time_model"] == p["time_model"]  # the starting step is the prediction's own
+            assert s["step_s_from"] == pytest.approx(p["step_time_s"])
+            assert s["comm_s_from"] == pytest.approx(p["comm_exposed_s"])
+            assert s["step_s_to"] == pytest.approx(s["step_s_from"] - s["comm_s_from"] + s["comm_s_to"])
+            assert s["comm_s_to"] > s["comm_s_from"] > 0  # more ranks in the ring, the same bus bandwidth
+        found[how] = p["scaling"][0]["step_s_from"]
+    assert found["calibrated"] != pytest.approx(found["efficiency"])  # two models, two steps
+
+    assert main([*args, "--calibrate"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step time at the starting count: calibrated:" in out
+
+
+def test_scale_to_from_a_measured_step_says_so(tmp_path: Path) -> None:
+    """A measured step (--measured) is the starting step whatever the model, and the scaling says it."""
+    from accelbench.estimate.comm import BusBandwidth
+    from accelbench.estimate.facts import meta_facts
+    from accelbench.estimate.predictor import predict_scaling
+
+    calibration = tiny_calibration(tmp_path)
+    config, ops = traced("gpt-nano", strategy="ddp", devices=2)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    bandwidth = BusBandwidth.constant(1e9, "given: 1 GB/s")
+    calibrated = predict_scaling(config, facts, 4, device_type="cpu", bandwidth=bandwidth,
+                                 calibration=calibration, operators=ops)  # fmt: skip
+    assert calibrated.time_model and calibrated.time_model.startswith("calibrated:")
+    measured = predict_scaling(config, facts, 4, measured_step_s=0.5, device_type="cpu", bandwidth=bandwidth,
+                               calibration=calibration, operators=ops)  # fmt: skip
+    assert measured.time_model == "measured step (--measured)" and measured.step_s_from == 0.5

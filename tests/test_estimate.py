@@ -137,12 +137,15 @@ def test_b_ddp_against_zero3_on_a_cpu() -> None:
     assert m.master_weights_bytes == 4 * B_STORED / 2 == 1_662_464
     assert m.gradients_bytes == 4 * B_STORED / 2 + 4 * B_STORED / 2 == 3_324_928
     assert m.optimizer_bytes == 8 * B_STORED / 2 == 3_324_928
-    # gathered parameters (all the partitioned ones: under the 5e7 prefetch) + the bucket as far as a CPU writes it
-    assert m.transient_bytes == 4 * B_PARTITIONED and m.buffer_bytes == 4 * B_STORED
+    # gathered parameters (all the partitioned ones: under the 5e7 prefetch) + the bucket, a tensor of 5e8 fp32
+    # elements whatever the model (a CPU's resident set holds only what is written; the tensor peak counts it whole)
+    assert m.transient_bytes == 4 * B_PARTITIONED and m.buffer_bytes == 500_000_000 * 4
     # more than DDP's: for so small a model DeepSpeed's copies and bucket outweigh what the sharding saves
     held = m.weights_bytes + m.master_weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.buffer_bytes
     assert (
-        zero3.peak_memory_bytes == held + m.transient_bytes + B_ACTIVATIONS + B_LOSS_GRADIENTS == 19_549_696
+        zero3.peak_memory_bytes
+        == held + m.transient_bytes + B_ACTIVATIONS + B_LOSS_GRADIENTS
+        == 19_549_696 - 4 * B_STORED + 2_000_000_000
     )
     # all-gather of the partitioned parameters twice, (p-1)/p x 2 x 4 x 720,896; reduce-scatter (p-1)/p x 4 x n
     ops = {op.op: op.bus_bytes for op in zero3.comm}

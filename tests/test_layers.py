@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench.contract",),
     ("accelbench.devices", "accelbench.parallel_dims", "accelbench.config", "accelbench.hostinfo"),
     ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records",
-     "accelbench.references"),
+     "accelbench.references",
+     "accelbench.plan.schema"),  # a plan file's schema: data, as a record's, which the report reads
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
      "accelbench.engine.metrics", "accelbench.engine.tensor_peak", "accelbench.engine.float8", "accelbench.estimate"),

@@ -7,6 +7,7 @@ AdamW), then on real runs: one process in this one, and (slow) DDP and FSDP over
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from torch import nn
 
 from accelbench.display import summary_table
 from accelbench.engine.runner import run
-from accelbench.engine.tensor_peak import TOTAL, measure_step, why_not_measurable
+from accelbench.engine.tensor_peak import TOTAL, measure_step, measure_step_with, why_not_measurable
 from accelbench.plugins import get_host
 from accelbench.results import ResultRecord, check_prediction, predicted_tensor_bytes, read_record
 from accelbench.testing import tiny_config
@@ -212,7 +213,7 @@ def test_the_epochs_are_on_disk_before_the_step_and_a_failed_step_leaves_a_note(
         drafts.extend(json.loads(p.read_text()) for p in out.glob("*.json"))
         raise RuntimeError("tracker broke")
 
-    monkeypatch.setattr(tensor_peak, "measure_step", broken)
+    monkeypatch.setattr(tensor_peak, "measure_step_with", broken)
     record, path, status = run(tiny_config(epochs=2, steps_per_epoch=2, output_dir=out), get_host())
     assert status == "ok" and record is not None and record.metrics is not None
     ((draft,),) = [drafts]
@@ -355,3 +356,173 @@ def test_tracing_gpt2_xl_costs_seconds_and_no_memory(capsys: pytest.CaptureFixtu
     assert p["traced_fits"] is (
         p["traced_peak_bytes"] <= p["device_memory_bytes"]
     )  # against this host's memory
+
+
+# --------------------------------------------------------------------------------------------------------------
+# every executor: Lightning, tensor/pipeline parallelism, DeepSpeed
+# --------------------------------------------------------------------------------------------------------------
+
+EXECUTOR_RUN = [*MEASURED_RUN, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2"]
+# the issue's target for the tensor peak; the estimate measured here: tp -0.3%, pp -2.9%, Lightning +2.1%
+ESTIMATE_TOLERANCE = 0.05
+
+
+def run_record(args: list[str], out: Path) -> ResultRecord:
+    done = accelbench("run", *EXECUTOR_RUN, *args, "--output-dir", str(out), "-q", timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.glob("*.json")
+    return read_record(path)
+
+
+def test_a_root_module_run_once_per_microbatch_is_measured_as_one_step() -> None:
+    """A pipeline stage's module runs forward once per microbatch within one step; stock MemTracker takes a root
+    module's second forward for a next iteration and refuses it. Two microbatches of half the batch, each
+    backward before the next forward: the peak is one half-batch's activations on top of the weights, gradients and
+    moments: less than the whole batch's at once (a batch large enough that its activations make the peak)."""
+    torch.manual_seed(0)
+    width, batch = 256, 2048
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(3)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x, y = torch.randn(batch, width), torch.randn(batch, width)
+
+    def step(parts: int) -> None:
+        for xs, ys in zip(x.chunk(parts), y.chunk(parts), strict=True):
+            nn.functional.mse_loss(model(xs), ys).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step(1)
+    whole = measure_step_with(lambda: step(1), [model, optimizer, x, y], torch.device("cpu"))
+    halves = measure_step_with(lambda: step(2), [model, optimizer, x, y], torch.device("cpu"))
+    weights = 3 * width * width * 4
+    assert halves["parameters"] == weights and halves[TOTAL] >= 4 * weights
+    activations = 3 * batch * width * 4  # each layer's output, kept for backward
+    # half the saved outputs, and half the loss's batch-sized temporaries, are not alive at once any more
+    assert activations / 2 < whole[TOTAL] - halves[TOTAL] < activations
+
+
+def test_each_executor_says_what_holds_tensors_before_its_step() -> None:
+    """The contract's default: a ``model`` and an ``optimizer`` that are torch's; else None, and the run says why."""
+    from accelbench.contract import Executor
+
+    class Bare(Executor):
+        def setup(self, job: Any) -> None: ...
+
+        def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return inputs
+
+    bare = Bare()
+    assert bare.tensors_before_step() is None and bare.tensor_peak_caveat() is None
+    assert "exposes no torch model and optimizer" in (why_not_measurable(bare, compiled=False) or "")
+    bare.model = nn.Linear(2, 2)  # type: ignore[attr-defined]
+    bare.optimizer = torch.optim.SGD(bare.model.parameters(), lr=0.1)  # type: ignore[attr-defined]
+    assert bare.tensors_before_step() == [bare.model, bare.optimizer]  # type: ignore[attr-defined]
+    assert why_not_measurable(bare, compiled=False) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("layout", "ranks_alike"),
+    [(["--strategy", "tp", "--devices", "2"], True), (["--strategy", "pp", "--devices", "2"], False)],
+    ids=["tp", "pp"],
+)
+def test_tensor_and_pipeline_parallel_ranks_measure_the_peak_the_estimate_predicts(
+    layout: list[str], ranks_alike: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two gloo processes: each rank measures its own step (DTensor shards under tp; its stage and the
+    microbatches' activations under pp), and rank 0 (the first pipeline rank, which the estimate's per-device
+    figures describe) is within 5% of `accelbench estimate` for the same configuration."""
+    record = run_record(layout, tmp_path)
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.metrics is not None
+    peak = record.metrics.tensor_peak
+    assert peak is not None and len(peak.ranks) == 2 and all(peak.ranks)
+    assert sum(peak.by_kind.values()) == peak.peak_bytes
+    assert (peak.ranks[0] == peak.ranks[1]) is ranks_alike  # pp: the stages differ (stem and head)
+    predicted = estimate_json([*MEASURED_RUN, *layout], capsys)
+    tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
+    assert peak.ranks[0] == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+    # half the weights per rank (the blocks' matrices split or the layers dealt), plus what stays whole
+    weights = estimate_json(MEASURED_RUN, capsys)["memory"]["weights_bytes"]
+    assert weights / 2 < peak.by_kind["parameters"] < 0.7 * weights
+
+
+@pytest.mark.slow
+def test_a_schedule_that_splits_the_backward_records_why_it_has_no_tensor_peak(tmp_path: Path) -> None:
+    """zbv computes each stage's input gradients with torch.autograd.grad, which MemTracker's module hooks cannot
+    follow (torch raises): no rank runs the step, the run is ok, and its message says why."""
+    # zbv puts two stages on each rank: four layers (the last --layers given wins)
+    record = run_record(
+        ["--layers", "4", "--strategy", "pp", "--devices", "2", "--pp-schedule", "zbv"], tmp_path
+    )
+    assert record.outcome.status == "ok"
+    assert record.metrics is not None and record.metrics.tensor_peak is None
+    message = " ".join((record.outcome.message or "").split())
+    assert "no tensor peak: --pp-schedule zbv splits each backward" in message
+    assert "_will_engine_execute_node" in message and "gpipe, 1f1b" in message
+
+
+@pytest.mark.slow
+def test_a_mesh_with_fsdp_and_a_pipeline_measures_every_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dp=2 (FSDP2) x pp=2 on four gloo processes: every rank measures its step; the two ranks of each stage alike.
+    A pipeline keeps each stage's FSDP parameters gathered between its microbatches (reshard_after_forward off),
+    so a rank holds its shard and its stage whole, about three times the shard, and accumulates the stage's
+    gradients unsharded: the estimate counts both, and rank 0 (the first stage) is within 5% of it."""
+    record = run_record(["--mesh", "dp=2,pp=2", "--devices", "4", "--collective-timeout", "120"], tmp_path)
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    peak = record.metrics.tensor_peak
+    assert len(peak.ranks) == 4 and all(peak.ranks)
+    first, second = peak.ranks[:2], peak.ranks[2:]  # pp-major: ranks 0, 1 hold stage 0 (the mesh's order)
+    assert first[0] == first[1] and second[0] == second[1] and first != second
+    predicted = estimate_json([*MEASURED_RUN, "--mesh", "dp=2,pp=2", "--devices", "4"], capsys)
+    assert peak.by_kind["parameters"] == pytest.approx(3 * predicted["memory"]["weights_bytes"], rel=0.05)
+    tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
+    assert peak.ranks[0] == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_lightning_measures_the_peak_the_estimate_predicts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fabric's wrapped module and optimizer are torch's types: registered as the native engine's are."""
+    record = run_record(["--engine", "lightning"], tmp_path)
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    peak = record.metrics.tensor_peak
+    assert len(peak.ranks) == 1 and peak.by_kind["optimizer"] > 0
+    predicted = estimate_json(MEASURED_RUN, capsys)
+    assert peak.by_kind["parameters"] == predicted["memory"]["weights_bytes"]
+    tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
+    assert peak.peak_bytes == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed")
+def test_deepspeed_measures_its_peak_and_says_what_the_tracker_sees_of_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ZeRO-2 on one process: the peak is measured with a note on ZeRO's own buffers. DeepSpeed allocates its
+    contiguous gradient bucket whole at each backward (reduce_bucket_size, 5e8 elements: 2 GB in fp32), so the
+    tensors alive are at least that, whatever the model's size (a CPU's resident set holds only what is written),
+    and the estimate, which counts the bucket whole, agrees."""
+    from accelbench.estimate.stack import DS_REDUCE_BUCKET
+
+    record = run_record(["--strategy", "deepspeed-zero2"], tmp_path)
+    assert record.outcome.status == "ok"
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    peak = record.metrics.tensor_peak
+    assert peak.ranks == [peak.peak_bytes]
+    # the bucket, whole: the gradients live in it
+    assert peak.by_kind["gradients"] >= DS_REDUCE_BUCKET * 4
+    assert peak.by_kind["optimizer"] > 0 and peak.by_kind["parameters"] > 0
+    assert "tensor peak: DeepSpeed ZeRO-2: the flat buffers" in (record.outcome.message or "")
+    predicted = estimate_json([*MEASURED_RUN, "--strategy", "deepspeed-zero2"], capsys)
+    tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
+    assert peak.peak_bytes == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+    # without the bucket: within 25% (measured -18%): the estimate counts the gradients and their fp32 partition
+    # beside the bucket, while this step held them inside it (contiguous_gradients)
+    bucket = DS_REDUCE_BUCKET * 4
+    assert peak.peak_bytes - bucket == pytest.approx(tensors - bucket, rel=0.25)

@@ -135,6 +135,31 @@ class Executor(ABC):
         """This process's share of the data (see :class:`DataShard`); every rank its own by default."""
         return DataShard(world.rank, world.world_size)
 
+    def tensors_before_step(self) -> list[torch.nn.Module | torch.optim.Optimizer | torch.Tensor] | None:
+        """What holds tensors before a training step begins: the modules (parameters, buffers), the optimizers (their
+        state) and any tensor the executor keeps by itself. The tensor-peak step registers them with MemTracker
+        (``track_external``) as alive when it starts; the step's own operators it sees. None where this executor
+        cannot say (the run then records no tensor peak, with a note). By default its ``model`` and ``optimizer``
+        attributes, where both are torch's."""
+        import torch
+
+        model, optimizer = getattr(self, "model", None), getattr(self, "optimizer", None)
+        if isinstance(model, torch.nn.Module) and isinstance(optimizer, torch.optim.Optimizer):
+            return [model, optimizer]
+        return None
+
+    def why_no_tensor_peak(self) -> str | None:
+        """Why this executor's step cannot run under a tracker of the dispatcher and its module hooks as it ran
+        timed (say, a schedule whose backward the tracker's hooks cannot follow), or None: it can. Said before the
+        step runs, on every rank alike, so no rank waits in a collective its peers never reach."""
+        return None
+
+    def tensor_peak_caveat(self) -> str | None:
+        """What this executor's step keeps that a dispatch-level tracker cannot attribute as such (an engine's own
+        flat buffers made at set-up, say), recorded as a note beside its tensor peak; None where there is nothing
+        beyond what every measurement leaves out."""
+        return None
+
     def rank_facts(self) -> dict[str, Any]:
         """What this rank measured that the record needs from every rank (a pipeline rank's idle time), as plain
         data. The runner sends it to rank 0 with the rank's log, after training."""

@@ -113,6 +113,29 @@ class DeepSpeedExecutor(Executor):
             }
         )
 
+    def tensors_before_step(self) -> list[torch.nn.Module | torch.optim.Optimizer | torch.Tensor] | None:
+        """ZeRO's own tensors first (the flat buffers and partitions its optimizer keeps as attributes, counted as
+        'other'), then the engine's module (parameters: under ZeRO-1/2 views of its flat buffer, which then counts
+        as parameters) and the client optimizer (the fp32 master partitions' moments), so each storage lands under
+        the most specific kind (MemTracker keeps a storage's last registration)."""
+        if self.engine is None:
+            return None
+        zero = self.engine.optimizer
+        client = getattr(zero, "optimizer", None)
+        kept = [t for t in _tensors_in(vars(zero).values()) if t.numel()] if zero is not None else []
+        return [
+            *kept,
+            self.engine,
+            *([client] if isinstance(client, torch.optim.Optimizer) else []),
+        ]
+
+    def tensor_peak_caveat(self) -> str | None:
+        return (
+            f"DeepSpeed ZeRO-{self.stage}: the flat buffers and partitions its optimizer holds between steps are "
+            "counted (as 'other' where they are not a parameter's storage or the client optimizer's state); "
+            "buffers DeepSpeed's C++ ops or its communication backend allocate for themselves are not seen"
+        )
+
     def describe(self) -> dict[str, Any]:
         import deepspeed
 
@@ -128,3 +151,23 @@ class DeepSpeedExecutor(Executor):
 
     def close(self) -> None:
         self.engine = None
+
+
+def _tensors_in(values: Any) -> list[torch.Tensor]:
+    """The tensors among ``values`` and within their lists, tuples and dicts (two levels: ZeRO keeps a list of
+    flat buffers per parameter group, and dicts of lists of gradient partitions)."""
+    found: list[torch.Tensor] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif depth and isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, depth - 1)
+        elif depth and isinstance(value, dict):
+            for item in value.values():
+                walk(item, depth - 1)
+
+    for value in values:
+        walk(value, 3)
+    return found

@@ -607,7 +607,7 @@ def tensor_peak_or_note(
     """The live tensor peak of one untimed training step on this rank (:mod:`accelbench.engine.tensor_peak`), or
     None with a note saying why there is none: like the --profile window, an optional step whose failure never costs
     the timed epochs (a peer still in its collectives is let go). Every rank runs it (its collectives must meet)."""
-    from accelbench.engine.tensor_peak import measure_step, why_not_measurable
+    from accelbench.engine.tensor_peak import alive_before_step, measure_step_with, why_not_measurable
 
     executor, device, backend = run.executor, run.device, run.backend
     why = why_not_measurable(executor, run.config.compile)
@@ -625,14 +625,13 @@ def tensor_peak_or_note(
             executor.train_step(inputs, targets)
             backend.end_of_step(device)
 
-        peak = measure_step(
-            step,
-            executor.model,  # type: ignore[attr-defined]  # checked by why_not_measurable
-            executor.optimizer,  # type: ignore[attr-defined]
-            device,
-            (inputs, targets),
-        )
+        alive = alive_before_step(executor)
+        assert alive is not None  # checked by why_not_measurable
+        peak = measure_step_with(step, [*alive, inputs, targets], device)
         backend.synchronize(device)
+        caveat = executor.tensor_peak_caveat()
+        if caveat is not None and run.launch.rank == 0:
+            notes.append(f"tensor peak: {caveat}")
         return peak
     except Exception as exc:  # noqa: BLE001 - recorded as a note; the measured epochs stand
         text = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]

@@ -18,8 +18,14 @@ memory. DDP's gradient buckets, which its reducer allocates once when it wraps t
 first operator in the step that touches them (as temporaries or activations, not as gradients), not before: a DDP
 peak in the forward pass leaves them out. Measured after the timed
 epochs, so it never changes them; skipped (with a reason) where the step cannot run under a dispatch mode as it
-ran timed (``--compile``, CUDA graphs) or the executor exposes no ``model`` and ``optimizer`` (DeepSpeed, Lightning,
-tensor/pipeline parallelism).
+ran timed (``--compile``, CUDA graphs) or the executor cannot say what holds tensors before its step
+(:meth:`~accelbench.contract.Executor.tensors_before_step` returns None).
+
+Every core executor says: the native engine and Lightning their model and optimizer (Fabric's wrappers are torch's
+own types), the tensor/pipeline/mesh executor its stages' modules and its optimizer (DTensor parameters count their
+local shard: MemTracker reads a DTensor's storage), DeepSpeed its engine, its client optimizer (the fp32 master
+partitions and their moments) and ZeRO's flat buffers; what a tracker of the dispatcher still cannot attribute
+there is said in a note beside the peak (:meth:`~accelbench.contract.Executor.tensor_peak_caveat`).
 """
 
 from __future__ import annotations
@@ -57,18 +63,28 @@ TOTAL = "total"
 
 def why_not_measurable(executor: Any, compiled: bool) -> str | None:
     """Why the tensor peak cannot be measured for this run (None: it can): a step compiled or replayed as CUDA
-    graphs would run otherwise under a dispatch mode (re-traced or not replayed), and without the executor's
-    ``model`` and ``optimizer`` the tensors that existed before the step are not known."""
+    graphs would run otherwise under a dispatch mode (re-traced or not replayed), and where the executor cannot say
+    what holds tensors before its step (:meth:`~accelbench.contract.Executor.tensors_before_step`) the weights and
+    optimizer state alive when it starts are not known."""
     if compiled:
         return (
             "--compile: a compiled step is re-traced under a dispatch mode, so it would not be the step timed"
         )
     if getattr(executor, "replays_graphs", False):
         return "the steps replay CUDA graphs, whose memory no dispatch mode sees"
-    model, optimizer = getattr(executor, "model", None), getattr(executor, "optimizer", None)
-    if not isinstance(model, torch.nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
+    said = getattr(executor, "why_no_tensor_peak", None)
+    why = said() if callable(said) else None
+    if why is not None:
+        return str(why)
+    if alive_before_step(executor) is None:
         return f"executor {type(executor).__name__} exposes no torch model and optimizer to register"
     return None
+
+
+def alive_before_step(executor: Any) -> list[torch.nn.Module | torch.optim.Optimizer | torch.Tensor] | None:
+    """What the executor says holds tensors before its step (None where it cannot say, or is no Executor)."""
+    said = getattr(executor, "tensors_before_step", None)
+    return said() if callable(said) else None
 
 
 def measure_step(
@@ -80,9 +96,20 @@ def measure_step(
 ) -> dict[str, int]:
     """Run ``step`` (one training step, already bound to its batch) under MemTracker, with ``model``, ``optimizer``
     and the ``existing`` tensors (the batch) registered as alive before it; return the peak on ``device`` by kind,
-    with its ``total``. The peak is taken at the moment the total is largest, so the kinds add up to it."""
+    with its ``total`` (:func:`measure_step_with`)."""
+    return measure_step_with(step, [model, optimizer, *existing], device)
+
+
+def measure_step_with(
+    step: Callable[[], object],
+    alive: Sequence[torch.nn.Module | torch.optim.Optimizer | torch.Tensor],
+    device: torch.device,
+) -> dict[str, int]:
+    """Run ``step`` under MemTracker with everything in ``alive`` (modules, optimizers, tensors such as the batch)
+    registered as existing before it; return the peak on ``device`` by kind, with its ``total``. The peak is taken
+    at the moment the total is largest, so the kinds add up to it."""
     tracker = _device_peak_tracker()
-    tracker.track_external(model, optimizer, *existing)
+    tracker.track_external(*alive)
     with tracker:
         step()
     snapshot = tracker.get_tracker_snapshot("peak")
@@ -96,8 +123,10 @@ def measure_step(
 def _device_peak_tracker() -> Any:
     """A MemTracker that keeps the device's peak only. Stock MemTracker also keeps each module's own peak, walking
     every module it has seen on every operator (most of its time: 10 of 16 s for a GPT-2 124M step); the device's
-    peak, the one figure read here, is the same. Where this torch's MemTracker lacks the internals the override
-    relies on, the stock tracker is used (slower, same figure)."""
+    peak, the one figure read here, is the same. And stock MemTracker takes a root module's second forward for a
+    second iteration and refuses it, while a pipeline stage's module runs once per microbatch within one step: here
+    that module's own statistics (never read) start again. Where this torch's MemTracker lacks the internals the
+    overrides rely on, the stock tracker is used (slower, same figure, no pipeline)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class DevicePeakTracker(MemTracker):
@@ -107,11 +136,16 @@ def _device_peak_tracker() -> Any:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
 
+        def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                name = self._mod_tracker.get_known_fqn(module)
+                if set(self._mod_tracker.parents) - {name} <= {"Global"}:  # a root again: a microbatch
+                    del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
     stock = MemTracker()
-    if all(
-        hasattr(stock, name)
-        for name in ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_update_peak_stats")
-    ):
+    needed = ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_update_peak_stats", "_pre_fw_hook")
+    if all(hasattr(stock, name) for name in (*needed, "memory_tracking", "_mod_tracker")):
         return DevicePeakTracker()
     return stock
 

@@ -92,7 +92,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
             config, facts, runtime_bytes=args.runtime_mib * 2**20, stack=stack, **common, **calibrated
         )
         scaling: list[ScalingPrediction] = [
-            predict_scaling(config, facts, n, measured_step_s=measured_step, **common)
+            predict_scaling(config, facts, n, measured_step_s=measured_step, **common, **calibrated)
             for n in args.scale_to or ()
         ]
     except (ValueError, OverflowError, ZeroDivisionError) as exc:  # the flags are checked: a model's limit
@@ -743,6 +743,9 @@ def show(prediction: Prediction, out: Console) -> None:
                 f"{s.throughput_speedup:.3g}x",
             )
         out.print(scaling)
+        models = dict.fromkeys(s.time_model for s in p.scaling if s.time_model)
+        for model in models:
+            out.print(f"  step time at the starting count: {escape(model)}", highlight=False, soft_wrap=True)
     out.print("[bold]assumptions[/]", highlight=False)
     for line in p.assumptions:
         out.print(f"  - {escape(line)}", highlight=False, soft_wrap=True)

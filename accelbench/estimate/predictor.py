@@ -301,12 +301,17 @@ def predict_scaling(
     bandwidth: Bandwidth | None = None,
     efficiency: float = DEFAULT_EFFICIENCY,
     overlap: Overlap = "auto",
+    calibration: Calibration | None = None,
+    operators: StepOperators | None = None,
 ) -> ScalingPrediction:
     """Seed 001's speedup of ``config`` (at its g devices) to ``devices_to`` = n devices, same per-device batch.
 
-    The step at g is ``measured_step_s`` (a record's, or a profile's) when given, else the predicted one; its
-    exposed communication, and that at n, are predicted (bus bytes over the bus bandwidth at each size), so
-    ``bandwidth`` is needed whenever either has collectives. A ``single`` run scales as ``ddp``.
+    The step at g is ``measured_step_s`` (a record's, or a profile's) when given, else the predicted one: with a
+    ``calibration`` of the device and the step's traced ``operators`` (both, or neither) the calibrated compute and
+    optimizer times, as :func:`predict` gives them, else FLOPs at ``efficiency`` of the peak. Its exposed
+    communication, and that at n, are predicted (bus bytes over the bus bandwidth at each size), so ``bandwidth`` is
+    needed whenever either has collectives. A ``single`` run scales as ``ddp``. The result says which time model
+    gave the step (``time_model``).
     """
     if config.mesh is not None:
         raise ConfigError(
@@ -328,6 +333,8 @@ def predict_scaling(
             bandwidth=bandwidth,
             efficiency=efficiency,
             overlap=overlap,
+            calibration=calibration,
+            operators=operators,
         )
         for c in (config, wider)
     )
@@ -343,6 +350,8 @@ def predict_scaling(
             "--measure-peak) or a measured step (--measured RECORD)"
         )
     config_devices = config.devices * config.nnodes
-    return predict_speedup(
+    speedup = predict_speedup(
         step, min(at_g.comm_exposed_s, step), config_devices, devices_to, at_n.comm_exposed_s
     )
+    time_model = "measured step (--measured)" if measured_step_s is not None else at_g.time_model
+    return speedup.model_copy(update={"time_model": time_model})

@@ -146,6 +146,11 @@ class ScalingPrediction(_Model):
         description="t_iter(g) / t_iter(n) = (r_compute + r_comm) / (r_compute + r_comm / eff)."
     )
     throughput_speedup: float = Field(description="(n / g) x step_ratio: samples per second at n over at g.")
+    time_model: str | None = Field(
+        default=None,
+        description="Where the step at g (and so the compute kept at n) comes from: a measured record, the "
+        "calibrated operators, or the fixed efficiency of the peak FLOP/s (absent in files from before it was said).",
+    )
 
 
 class Prediction(_Model):

@@ -230,8 +230,9 @@ def zero_breakdown(
 
     Memory: the 16-bit (or fp32) model, an fp32 master partition and fp32 moments of 1/p of the parameters, the
     gradients (whole for ZeRO-1, the partition from ZeRO-2 on) and an fp32 gradient partition for the step, and
-    the contiguous gradient bucket of ``reduce_bucket_size`` elements: an accelerator's allocator takes it whole,
-    a CPU's resident memory only as far as it is written (at most the gradients). ZeRO-3 keeps tensors under
+    the contiguous gradient bucket of ``reduce_bucket_size`` elements, a tensor allocated whole (an accelerator's
+    allocator takes it whole; a CPU's resident memory holds only as much as is written, but the prediction is of
+    tensors, which the run's tensor peak measures). ZeRO-3 keeps tensors under
     ``stage3_param_persistence_threshold`` elements whole on every rank and fetches up to
     ``stage3_prefetch_bucket_size`` elements ahead.
     Communication: ZeRO-1 and ZeRO-2 all-reduce the gradient bucket (``use_multi_rank_bucket_allreduce``, on by
@@ -244,18 +245,17 @@ def zero_breakdown(
     allgather_bucket = stack.ds_allgather_bucket
     p, n = layout.devices, facts.stored_parameters
     stage = Strategy(layout.strategy).zero_stage
-    bucket_elements = reduce_bucket if hardware.device_type != "cpu" else min(n, reduce_bucket)
-    bucket = bucket_elements * state.reduction
-    if hardware.device_type == "cpu":
-        notes.assume(
-            f"DeepSpeed's gradient bucket (reduce_bucket_size, {reduce_bucket:.3g} elements) is resident on a CPU "
-            "only as far as it is written: at most the gradients"
+    bucket = reduce_bucket * state.reduction
+    notes.assume(
+        f"DeepSpeed allocates its gradient bucket whole: {reduce_bucket:.3g} elements x {state.reduction} bytes "
+        f"= {bucket / 2**30:.1f} GiB, whatever the model's size"
+        + (
+            " (a tensor that size, as the run's tensor peak counts it; a CPU's resident set holds only as much of "
+            "it as is written, at most the gradients)"
+            if hardware.device_type == "cpu"
+            else ""
         )
-    else:
-        notes.assume(
-            f"DeepSpeed allocates its gradient bucket whole: {reduce_bucket:.3g} elements x {state.reduction} bytes "
-            f"= {reduce_bucket * state.reduction / 2**30:.1f} GiB, whatever the model's size"
-        )
+    )
     fp32_grad_partition = 4 * n / p
     persistent = sum(t for t in facts.tensor_sizes if t < DS_PERSISTENCE_THRESHOLD) if stage == 3 else 0
     partitioned = n - persistent
@@ -399,18 +399,30 @@ def model_parallel_breakdown(
             "activation checkpointing is not modelled for tp/pp/mesh: the layers' activations are kept"
         )
     autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
+    gathered = unsharded_grads = 0.0
+    if mesh.pp > 1 and mesh.shards_parameters and mesh.dp > 1:
+        # torch's pipelining keeps a stage's FSDP parameters gathered between its microbatches and accumulates its
+        # gradients unsharded until the last microbatch's backward reduce-scatters them (measured: rank 0 of a
+        # dp=2 x pp=2 GPT held its shard, its stage whole and the stage's unsharded gradients at the peak)
+        rest = result.parameters_per_device * (mesh.dp - 1)
+        gathered = rest * state.param
+        unsharded_grads = result.parameters_per_device * mesh.dp * state.grad
+        notes.assume(
+            "FSDP under a pipeline: each stage's parameters stay gathered between its microbatches and its gradients "
+            "accumulate unsharded until the last backward (torch.distributed.pipelining with fully_shard)"
+        )
     memory = MemoryBreakdown(
         weights_bytes=result.weights_bytes,
         master_weights_bytes=0.0,
         gradients_bytes=result.gradients_bytes,
         optimizer_bytes=result.optimizer_bytes,
         activations_bytes=activations,
-        transient_bytes=autocast,
+        transient_bytes=autocast + gathered,
         backward_transient_bytes=backward_transient_bytes(
             facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp
         )
         if mesh.pp == 1
-        else 0.0,  # the loss is on the last stage; the first stage's memory is the one predicted
+        else unsharded_grads,  # the loss is on the last stage; the first stage's memory is the one predicted
         optimizer_transient_bytes=optimizer_temporaries(
             facts,
             state,

@@ -42,6 +42,7 @@ from accelbench.report.figures import (
 )
 from accelbench.report.overview import overview_figures
 from accelbench.report.palette import Palette, using
+from accelbench.report.plan import PlanFile, plan_section
 from accelbench.report.predicted import has_predictions, predicted_figures
 from accelbench.report.target import TARGET_CAPTION, TARGET_HEADER, has_targets, target_rows
 from accelbench.results import check_writable, write_output
@@ -96,9 +97,11 @@ def build_report(
     title: str = "accelbench report",
     figure_format: str = "svg",
     comm: CommComparison | None = None,
+    plans: Sequence[PlanFile] = (),
 ) -> Report:
     """The HTML page and its figures (rendered lazily by the caller if it wants files too); with ``comm``, the
-    collective bandwidth view too (:func:`build_comm_report` when there are comm records alone)."""
+    collective bandwidth view too (:func:`build_comm_report` when there are comm records alone); with ``plans``, a
+    section per plan after the views (:func:`build_plan_report` when there are plans alone)."""
     matplotlib = load_matplotlib()
     if figure_format not in FIGURE_FORMATS:
         raise AccelbenchError(f"--figure-format {figure_format!r}: choose one of {', '.join(FIGURE_FORMATS)}")
@@ -261,8 +264,57 @@ def build_report(
                 for table_title, rows in largest_fit_tables(items):
                     body.append(f"<h3>Largest model that fits: {esc(table_title)}</h3>")
                     body.append(html_table(["model", "peak memory", "steady epoch time (s)"], rows))
-    page = _page(comparison, title, views, body)
+        links = plan_sections(plans, figures, body, figure_format)
+    page = _page(comparison, title, views, body, links)
     return Report(page, figures)
+
+
+def plan_sections(
+    plans: Sequence[PlanFile], figures: list[ReportFigure], body: list[str], figure_format: str
+) -> list[tuple[str, str]]:
+    """Each plan's section appended to ``body``, its figures to ``figures`` (numbered after those there); returns
+    the sections' (anchor, navigation text). Call within the report's matplotlib style."""
+    links = []
+    for index, plan_file in enumerate(plans, 1):
+        anchor = f"plan-{index}"
+        parts, drawn = plan_section(plan_file, anchor)
+        first = len(figures)
+        figures += drawn
+        for part in parts:
+            if part.startswith("{figure:") and part.endswith("}"):
+                number = first + int(part[len("{figure:") : -1])
+                body.append(figure_html(figures[number], number + 1, figure_format))
+            else:
+                body.append(part)
+        links.append((anchor, f"Plan: {plan_file.plan.model} ({plan_file.path.name})"))
+    return links
+
+
+def build_plan_report(
+    plans: Sequence[PlanFile], title: str = "accelbench report", figure_format: str = "svg"
+) -> Report:
+    """The page for plans alone (``accelbench plan --json`` files, no result records): one section each."""
+    matplotlib = load_matplotlib()
+    if figure_format not in FIGURE_FORMATS:
+        raise AccelbenchError(f"--figure-format {figure_format!r}: choose one of {', '.join(FIGURE_FORMATS)}")
+    figures: list[ReportFigure] = []
+    body: list[str] = []
+    with matplotlib.rc_context(STYLE):
+        links = plan_sections(plans, figures, body, figure_format)
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nav = "".join(f'<li><a href="#{anchor}">{esc(text)}</a></li>' for anchor, text in links)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="meta">{len(plans)} plan(s); generated {esc(generated)} by accelbench {esc(__version__)}.</p>',
+        f"<nav><ul>{nav}</ul></nav>",
+        *body,
+        "</body></html>",
+    ]
+    return Report("\n".join(parts) + "\n", figures)
 
 
 def distinguish_titles(figures: Sequence[ReportFigure]) -> None:
@@ -282,7 +334,13 @@ def distinguish_titles(figures: Sequence[ReportFigure]) -> None:
                 fig.title = f"{fig.title} ({', '.join(apart)})"
 
 
-def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[str]) -> str:
+def _page(
+    comparison: Comparison,
+    title: str,
+    views: Sequence[View],
+    body: list[str],
+    extra: Sequence[tuple[str, str]] = (),
+) -> str:
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     links = [
         ("systems", "Systems"),
@@ -290,6 +348,7 @@ def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[
         *((("target", "Time to a target"),) if has_targets(comparison) else ()),
         ("environment", "What differs between the environments"),
         *((v.anchor, v.nav) for v in views),
+        *extra,
         ("records", "Records"),
     ]
     nav = "".join(f'<li><a href="#{anchor}">{esc(text)}</a></li>' for anchor, text in links)

@@ -30,6 +30,7 @@ from accelbench.contract import DataShard, Executor, ExecutorRequest, World
 from accelbench.contract.strategies import Strategy
 from accelbench.engine.parallel.mesh import build_device_mesh, check_model_split
 from accelbench.engine.parallel.pp import (
+    SPLIT_BACKWARD_SCHEDULES,
     TORCH_SCHEDULES,
     StageClock,
     StageModule,
@@ -379,6 +380,28 @@ class ParallelExecutor(Executor):
             assert p.grad is not None
             grad = _local(p.grad)
             grad.mul_(coefficient.to(grad.dtype))
+
+    def why_no_tensor_peak(self) -> str | None:
+        """The zero-bubble schedules split each backward into the input's gradient (``torch.autograd.grad`` on the
+        stage's inputs) and the weights' later; MemTracker's module hooks (multi-grad hooks on each module's
+        tensors) cannot follow the first: torch raises "A leaf node was passed to _will_engine_execute_node but we
+        are currently running autograd.grad()" (torch 2.13), and the other ranks would wait in the pipeline."""
+        if self.pipelined and self.layout.schedule in SPLIT_BACKWARD_SCHEDULES:
+            return (
+                f"--pp-schedule {self.layout.schedule} splits each backward into the inputs' gradients "
+                "(torch.autograd.grad) and the weights', which MemTracker's module hooks cannot follow (torch "
+                "raises 'A leaf node was passed to _will_engine_execute_node'); the schedules that do not split it "
+                "(gpipe, 1f1b, interleaved-1f1b, looped-bfs) measure one"
+            )
+        return None
+
+    def tensors_before_step(self) -> list[nn.Module | torch.optim.Optimizer | torch.Tensor] | None:
+        """This rank's stages (their parameters: a DTensor's local shard, FSDP2's sharded parameters; their buffers),
+        the optimizer's state over them, and the untied copies of tied parameters; the pipeline's receive buffers,
+        made at its first step, are counted from the first operator of the step that writes them."""
+        if not self.modules or not hasattr(self, "optimizer"):
+            return None
+        return [*self.modules, self.optimizer, *(copy.module for copy in self._copies)]
 
     # ---------------------------------------------------------------------------------------------------------
     # the record

@@ -37,6 +37,8 @@ TORCH_SCHEDULES = {
     "zbv": "ZBVZeroBubble",
     "dualpipev": "DualPipeV",
 }
+# the zero-bubble schedules: each backward split into the inputs' gradients and, later, the weights'
+SPLIT_BACKWARD_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
 
 
 def split_units(
