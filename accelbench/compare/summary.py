@@ -146,6 +146,13 @@ class _TensorPeak(_View):
     peak_bytes: int = Field(ge=0, le=MAX_BYTES)
 
 
+class _Slowest(_View):
+    rank: int
+    host: str
+    cause: str
+    excess_s_per_step: float = Field(ge=0, le=MAX_MEASURED_S)
+
+
 class _Metrics(_View):
     compile_s: float | None = Field(ge=0, le=MAX_MEASURED_S)
     epochs: list[_Epoch]
@@ -156,6 +163,7 @@ class _Metrics(_View):
     peak: _Source | None
     host: _Host | None = None
     tensor_peak: _TensorPeak | None = None  # absent in records from before it was measured
+    slowest_rank: _Slowest | None = None  # absent in records from before stragglers were named
 
 
 class _Profile(_View):
@@ -304,6 +312,9 @@ class RunFigures:
     reference_low: float | None = None  # ... and the reference's band for it
     reference_high: float | None = None
     outside_reference: float | None = None  # 1.0 outside the band, 0.0 within
+    slowest_rank: str | None = (
+        None  # the rank that held the others up and why (metrics.slowest_rank), in words
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +387,13 @@ def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
     }
 
 
+def _slowest(slowest: _Slowest | None) -> str | None:
+    """``rank 1 (node7): data loading, +201.7 ms a step``."""
+    if slowest is None:
+        return None
+    return f"rank {slowest.rank} ({slowest.host}): {slowest.cause}, +{slowest.excess_s_per_step * 1e3:.1f} ms a step"
+
+
 def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
     """The summary of one validated record."""
     c, s, b = view.config, view.system, view.backend
@@ -403,6 +421,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             if steady and metrics.epochs[-1].steps
             else None,
             tensor_peak_bytes=metrics.tensor_peak.peak_bytes if metrics.tensor_peak else None,
+            slowest_rank=_slowest(metrics.slowest_rank),
             **_predicted(view.prediction),
             **_quality(view),
         )

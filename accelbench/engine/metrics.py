@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.config import AUTO_MAX_EPOCHS, AUTO_TOLERANCE, MIN_STEADY_EPOCHS
 from accelbench.contract import MemoryStats, PeakFigures
+from accelbench.engine.stragglers import name_slowest_rank
 from accelbench.errors import AccelbenchError
 from accelbench.results import EpochMetrics, HostContention, Metrics, RankMetrics, SteadyState
 
@@ -58,6 +59,14 @@ class RankLog:
         default_factory=dict
     )  # Executor.rank_facts(): e.g. a pipeline's idle time
     tensor_peak: dict[str, int] | None = None  # one untimed step's live tensor peak by kind, with its "total"
+    # what names the slowest rank (accelbench.engine.stragglers): per epoch
+    epoch_data_wait_s: list[float] = field(default_factory=list)  # getting its batches
+    epoch_first_collective_s: list[float | None] = field(
+        default_factory=list
+    )  # median step: to its first all-reduce
+    epoch_collective_wait_s: list[float | None] = field(
+        default_factory=list
+    )  # in all-reduces after its backward
 
 
 MIN_STEADY = MIN_STEADY_EPOCHS
@@ -250,26 +259,32 @@ def build_metrics(
     steady_range = slice(1, n_epochs) if n_epochs >= 2 else slice(0, n_epochs)
     rank_peaks = [max_known(log.epoch_peak_bytes[steady_range]) for log in logs]
     known = [p for p in rank_peaks if p is not None]
+    ranks = [
+        RankMetrics(
+            rank=log.rank,
+            host=log.host,
+            epoch_wall_s=log.epoch_wall_s,
+            epoch_samples=log.epoch_samples,
+            peak_memory_bytes=peak_bytes,
+            epoch_steps=log.epoch_steps,
+            data_wait_s=log.epoch_data_wait_s,
+            first_collective_s=log.epoch_first_collective_s,
+            collective_wait_s=log.epoch_collective_wait_s,
+        )
+        for log, peak_bytes in zip(logs, rank_peaks, strict=True)
+    ]
     return Metrics(
         compile_s=compile_s,
         setup_s=setup_s,
         epochs=epochs,
         warmup=epochs[0] if epochs else None,
         steady=steady,
-        ranks=[
-            RankMetrics(
-                rank=log.rank,
-                host=log.host,
-                epoch_wall_s=log.epoch_wall_s,
-                epoch_samples=log.epoch_samples,
-                peak_memory_bytes=peak_bytes,
-            )
-            for log, peak_bytes in zip(logs, rank_peaks, strict=True)
-        ],
+        ranks=ranks,
         memory=memory,
         peak_memory_max_bytes=max(known) if known else None,
         peak_memory_mean_bytes=statistics.fmean(known) if known else None,
         stragglers=find_stragglers(logs),
+        slowest_rank=name_slowest_rank(ranks, [log.epoch_steps for log in logs]),
         flops_per_sample=work.flops_per_sample,
         flops_formula=work.flops_formula,
         flop_convention=FLOP_CONVENTION,
