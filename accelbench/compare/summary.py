@@ -91,6 +91,7 @@ class _System(_View):
     scheduler: str | None
     job_id: str | None
     environment: dict[str, str]
+    numa_nodes: dict[str, str] = Field(default_factory=dict)
 
 
 class _BackendInfo(_View):
@@ -100,6 +101,7 @@ class _BackendInfo(_View):
 
 class _Device(_View):
     name: str
+    details: dict[str, str] = Field(default_factory=dict)  # vendor extras: driver, clocks, power limit, ...
 
 
 class _Backend(_View):
@@ -140,6 +142,12 @@ class _Source(_View):
 
 class _Host(_View):
     contended: bool
+    waiting: float | None = None
+
+
+class _Peak(_View):
+    source: str
+    conditions: dict[str, str] = Field(default_factory=dict)  # e.g. the enforced power limit and max SM clock
 
 
 class _TensorPeak(_View):
@@ -160,7 +168,7 @@ class _Metrics(_View):
     steady: _Steady | None
     memory: _Source | None
     peak_memory_max_bytes: int | None = Field(ge=0, le=MAX_BYTES)
-    peak: _Source | None
+    peak: _Peak | None
     host: _Host | None = None
     tensor_peak: _TensorPeak | None = None  # absent in records from before it was measured
     slowest_rank: _Slowest | None = None  # absent in records from before stragglers were named
@@ -333,6 +341,7 @@ class RunSummary:
     environment: Environment
     parameters: float | None
     figures: RunFigures | None  # None when the run measured nothing (e.g. out of memory while building)
+    node_facts: Environment = ()  # what else sets a node apart (compare --fleet): driver, clocks, contention
 
     @property
     def path(self) -> Path:
@@ -392,6 +401,33 @@ def _slowest(slowest: _Slowest | None) -> str | None:
     if slowest is None:
         return None
     return f"rank {slowest.rank} ({slowest.host}): {slowest.cause}, +{slowest.excess_s_per_step * 1e3:.1f} ms a step"
+
+
+# device details that name one device, not how it is set up: they differ on every node by design
+_IDENTITY_DETAILS = ("uuid", "serial", "pci", "bus", "index", "minor")
+
+
+def node_facts(view: RecordView) -> Environment:
+    """What a node's record says beyond :func:`environment_of` that can make one node slower than its peers: the
+    device's driver, clocks and power limit (its vendor details and the peak's conditions), the NUMA layout and
+    how busy the host was (its contention)."""
+    facts: dict[str, str] = {}
+    devices = view.backend.devices
+    if devices:
+        for name, value in devices[0].details.items():
+            if not any(part in name.lower() for part in _IDENTITY_DETAILS):
+                facts[f"device {name}"] = value
+    metrics = view.metrics
+    if metrics is not None and metrics.peak is not None:
+        for name, value in metrics.peak.conditions.items():
+            facts[f"device {name}"] = value
+    if view.system.numa_nodes:
+        facts["NUMA nodes"] = str(len(view.system.numa_nodes))
+    if metrics is not None and metrics.host is not None:
+        waiting = metrics.host.waiting  # a quiet host's few percent vary by node: only contention is a fact
+        share = f" (threads waited for a core {waiting:.0%} of the time)" if waiting is not None else ""
+        facts["host contention"] = "contended" + share if metrics.host.contended else "quiet"
+    return tuple(sorted(facts.items()))
 
 
 def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
@@ -454,4 +490,5 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
         environment=intern(environment_of(view)),
         parameters=float(parameters) if isinstance(parameters, (int, float)) and parameters else None,
         figures=figures,
+        node_facts=intern(node_facts(view)),
     )
