@@ -172,7 +172,12 @@ def compare_command(args: argparse.Namespace, err: Console) -> int:
     if args.fleet:
         text = fleet_text(args, err)
         if args.output:
-            write_output(text.encode("utf-8"), args.output)
+            try:
+                write_output(text.encode("utf-8"), args.output)
+            except OSError as exc:
+                raise AccelbenchError(
+                    f"--output {args.output}: cannot write it ({exc.strerror or exc})"
+                ) from None
             err.print(Text(f"fleet written to {args.output}"), soft_wrap=True)
         else:
             sys.stdout.write(text)
