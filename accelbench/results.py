@@ -269,6 +269,12 @@ class RankMetrics(_Model):
         description="Per epoch: seconds this rank sat in gradient all-reduces after its own backward was done, "
         "mostly waiting for slower ranks (DDP; None: not timed for this strategy).",
     )
+    energy_j: list[float | None] = Field(
+        default_factory=list,
+        description="Per epoch: this rank's share of the energy. A counter of its own device is its own; a node's "
+        "counter (RAPL), read once per node, is shared over the node's ranks by their CPU seconds (equally where "
+        "those are unknown). None: no readable counter.",
+    )
 
 
 class SlowestRank(_Model):

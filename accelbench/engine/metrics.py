@@ -168,6 +168,25 @@ def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> Ep
     )
 
 
+def apportion_energy(epoch: int, logs: list[RankLog]) -> list[float | None]:
+    """Each rank's share of one epoch's energy, in ``logs`` order. Ranks reporting the same counter (a node's
+    RAPL packages, read once per node by its local rank 0) share its joules by their CPU seconds in the epoch
+    (equally where a rank's are unknown or all are zero); a counter of a rank's own is all its own."""
+    shares: list[float | None] = [None] * len(logs)
+    by_domain: dict[str, list[int]] = {}
+    for i, log in enumerate(logs):
+        joules = log.epoch_energy_j[epoch] if epoch < len(log.epoch_energy_j) else None
+        if joules is not None and log.energy_domain is not None:
+            by_domain.setdefault(log.energy_domain, []).append(i)
+    for members in by_domain.values():
+        total = max(logs[i].epoch_energy_j[epoch] or 0.0 for i in members)
+        cpu = [logs[i].epoch_cpu_s[epoch] if epoch < len(logs[i].epoch_cpu_s) else 0.0 for i in members]
+        weights = cpu if all(c > 0 for c in cpu) else [1.0] * len(members)
+        for i, weight in zip(members, weights, strict=True):
+            shares[i] = total * weight / sum(weights)
+    return shares
+
+
 def epoch_energy(epoch: int, logs: list[RankLog]) -> float | None:
     """Joules of one epoch: each distinct counter once; unknown if any rank's counter is unreadable."""
     by_domain: dict[str, float] = {}
@@ -259,6 +278,7 @@ def build_metrics(
     steady_range = slice(1, n_epochs) if n_epochs >= 2 else slice(0, n_epochs)
     rank_peaks = [max_known(log.epoch_peak_bytes[steady_range]) for log in logs]
     known = [p for p in rank_peaks if p is not None]
+    shares = [apportion_energy(e, logs) for e in range(n_epochs)]
     ranks = [
         RankMetrics(
             rank=log.rank,
@@ -270,8 +290,9 @@ def build_metrics(
             data_wait_s=log.epoch_data_wait_s,
             first_collective_s=log.epoch_first_collective_s,
             collective_wait_s=log.epoch_collective_wait_s,
+            energy_j=[shares[e][i] for e in range(n_epochs)],
         )
-        for log, peak_bytes in zip(logs, rank_peaks, strict=True)
+        for i, (log, peak_bytes) in enumerate(zip(logs, rank_peaks, strict=True))
     ]
     return Metrics(
         compile_s=compile_s,

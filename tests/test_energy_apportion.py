@@ -1,0 +1,102 @@
+"""Energy at scale: a node's RAPL counters read once per node (by its local rank 0) and apportioned over its ranks
+by their CPU seconds; tested with the counters faked at the file level (ACCELBENCH_POWERCAP_DIR)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from core_support import accelbench
+from test_energy_and_build import rapl_zone
+
+from accelbench.backends.cpu import POWERCAP_ENV, CpuBackend
+from accelbench.contract import World
+from accelbench.engine.metrics import RankLog, apportion_energy, epoch_energy
+from accelbench.results import read_record
+
+WATTS = 100.0  # the fake package's power draw
+
+
+def log(rank: int, joules: float | None, domain: str | None, cpu_s: float) -> RankLog:
+    return RankLog(rank=rank, host="n", epoch_energy_j=[joules], energy_domain=domain, epoch_cpu_s=[cpu_s])
+
+
+def test_a_shared_node_counter_counts_once_and_is_shared_by_cpu_seconds() -> None:
+    """Two ranks on node a (rank 0 read 30 J for the node, rank 1 reports the counter with none of its own),
+    one rank with a device counter of its own: the node counts once and splits 3:1 by CPU seconds."""
+    logs = [log(0, 30.0, "rapl:a", 3.0), log(1, 0.0, "rapl:a", 1.0), log(2, 12.0, "gpu:uuid-2", 5.0)]
+    assert epoch_energy(0, logs) == 42.0
+    assert apportion_energy(0, logs) == [22.5, 7.5, 12.0]
+    logs[1] = log(1, 0.0, "rapl:a", 0.0)  # CPU seconds unknown (0): an equal split
+    assert apportion_energy(0, logs)[:2] == [15.0, 15.0]
+    logs[2] = log(2, None, None, 5.0)  # no readable counter: no share, and the epoch's total is unknown
+    assert apportion_energy(0, logs)[2] is None and epoch_energy(0, logs) is None
+
+
+def test_only_local_rank_0_reads_the_nodes_counters(tmp_path: Path) -> None:
+    counter = rapl_zone(tmp_path, "intel-rapl:0", 1_000_000)
+    cpu = torch.device("cpu")
+    reader, peer = CpuBackend(powercap=tmp_path), CpuBackend(powercap=tmp_path)
+    reader.setup_device(World(rank=2, local_rank=0, world_size=4, local_world_size=2, nnodes=2), {})
+    peer.setup_device(World(rank=3, local_rank=1, world_size=4, local_world_size=2, nnodes=2), {})
+    reader.epoch_start(cpu)
+    peer.epoch_start(cpu)
+    counter.write_text("9000000\n")  # +8 J
+    mine, theirs = reader.epoch_end(cpu).energy, peer.epoch_end(cpu).energy
+    assert mine is not None and theirs is not None
+    assert (mine.joules, theirs.joules) == (8.0, 0.0) and mine.domain == theirs.domain
+    assert "read once per node, by its local rank 0" in theirs.source
+
+
+@pytest.fixture
+def fake_rapl(tmp_path: Path) -> Iterator[Path]:
+    """A powercap folder whose package counter advances as a 100 W package's would, from the clock, until the
+    test ends (rewritten every 5 ms, atomically)."""
+    root = tmp_path / "powercap"
+    counter = rapl_zone(root, "intel-rapl:0", 0)
+    start, stop = time.monotonic(), threading.Event()
+
+    def advance() -> None:
+        while not stop.is_set():
+            tmp = counter.with_suffix(".tmp")
+            tmp.write_text(f"{int((time.monotonic() - start) * WATTS * 1e6)}\n")
+            os.replace(tmp, counter)
+            stop.wait(0.005)
+
+    writer = threading.Thread(target=advance, daemon=True)
+    writer.start()
+    try:
+        yield root
+    finally:
+        stop.set()
+        writer.join()
+
+
+@pytest.mark.slow
+def test_two_ranks_on_one_node_count_its_energy_once(fake_rapl: Path, tmp_path: Path) -> None:
+    """A real 2-rank gloo DDP run on one node whose RAPL counter is faked at 100 W: each epoch's energy is the
+    node's (~100 W x the epoch), not twice it, and the ranks' shares add up to it."""
+    env = {**os.environ, POWERCAP_ENV: str(fake_rapl)}
+    out = tmp_path / "out"
+    proc = accelbench(
+        "run", "--backend", "cpu", "--model", "gpt-nano", "--strategy", "ddp", "--devices", "2", "--epochs", "2",
+        "--steps-per-epoch", "3", "--batch-size", "4", "-q", "--output-dir", str(out), env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = out.glob("*.json")
+    metrics = read_record(path).metrics
+    assert (
+        metrics is not None and metrics.energy_source is not None and str(fake_rapl) in metrics.energy_source
+    )
+    for e, epoch in enumerate(metrics.epochs):
+        assert epoch.energy_j is not None
+        # the epoch's window on rank 0 is within its wall time (plus the 5 ms the file may lag): once, not twice
+        assert 0.5 * WATTS * epoch.wall_s < epoch.energy_j < 1.2 * WATTS * epoch.wall_s + 1.0
+        shares = [r.energy_j[e] for r in metrics.ranks]
+        assert all(s is not None and s > 0 for s in shares)
+        assert sum(s for s in shares if s is not None) == pytest.approx(epoch.energy_j)
