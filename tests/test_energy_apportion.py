@@ -3,6 +3,7 @@ by their CPU seconds; tested with the counters faked at the file level (ACCELBEN
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -100,3 +101,10 @@ def test_two_ranks_on_one_node_count_its_energy_once(fake_rapl: Path, tmp_path: 
         shares = [r.energy_j[e] for r in metrics.ranks]
         assert all(s is not None and s > 0 for s in shares)
         assert sum(s for s in shares if s is not None) == pytest.approx(epoch.energy_j)
+    # priced: the node's energy (once) x $ per kWh plus 2 device-hours' worth of time, per run and per token
+    prices = tmp_path / "prices.toml"
+    prices.write_text("kwh = 0.25\n[device_hour]\ndefault = 0.10\n")
+    compared = accelbench("compare", str(out), "--prices", str(prices), "--format", "json")
+    assert compared.returncode == 0, compared.stderr
+    (cell,) = json.loads(compared.stdout)["groups"][0]["cells"]
+    assert cell["usd_per_run"]["median"] > 0 and cell["usd_per_mtok"]["median"] > 0

@@ -65,6 +65,13 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail on a malformed, foreign or newer-schema file (default: skip it)",
     )
+    parser.add_argument(
+        "--prices",
+        type=Path,
+        metavar="FILE",
+        help="a TOML/JSON file of $ per device-hour ([device_hour], by device name) and $ per kWh (kwh): adds $ per "
+        "million tokens and $ per run",
+    )
 
 
 def comparisons_from_args(
@@ -95,6 +102,10 @@ def comparisons_from_args(
         comm.skipped, comm.duplicates = record_set.skipped, record_set.duplicates
         if not record_set.records:
             return None, comm
+    if args.prices is not None:
+        from accelbench.compare.prices import priced, read_prices
+
+        record_set.records = priced(record_set.records, read_prices(args.prices))
     filters = Filters(tuple(args.model), tuple(args.precision), tuple(args.strategy), tuple(args.system))
     comparison = compare(
         record_set,

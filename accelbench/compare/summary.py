@@ -201,7 +201,7 @@ class _Quality(_View):
     target: _Target | None = None
 
 
-def _quality(view: RecordView) -> dict[str, float | None]:
+def _quality(view: RecordView) -> dict[str, Any]:
     """The held-out loss, the target and, where a shipped reference has the run's recipe, its parity with it."""
     quality = view.quality
     if quality is None:
@@ -320,9 +320,10 @@ class RunFigures:
     reference_low: float | None = None  # ... and the reference's band for it
     reference_high: float | None = None
     outside_reference: float | None = None  # 1.0 outside the band, 0.0 within
-    slowest_rank: str | None = (
-        None  # the rank that held the others up and why (metrics.slowest_rank), in words
-    )
+    # the rank that held the others up and why (metrics.slowest_rank), in words
+    slowest_rank: str | None = None
+    usd_per_mtok: tuple[float | None, ...] = ()  # --prices: $ per million tokens, per steady epoch
+    usd_per_run: float | None = None  # --prices: $ for the run's timed epochs
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +364,7 @@ class Interner:
         return self._pool.setdefault(value, value)
 
 
-def _bubble(executor: dict[str, Any]) -> dict[str, float | None]:
+def _bubble(executor: dict[str, Any]) -> dict[str, Any]:
     """A pipeline's measured and analytical bubble from the record's executor facts (none for other runs)."""
     pipeline = executor.get("pipeline")
     bubble = pipeline.get("bubble") if isinstance(pipeline, dict) else None
@@ -382,7 +383,7 @@ def _fraction(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
+def _predicted(prediction: _Prediction | None) -> dict[str, Any]:
     if prediction is None:
         return {}
     peak = prediction.peak_memory_bytes
