@@ -14,12 +14,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import ClusterUnavailable, SlurmCluster, start_slurm
+from cluster_support import SlurmCluster
 
 from accelbench.cli import main
 from accelbench.errors import ConfigError
@@ -122,18 +121,6 @@ def test_slurm_flags_are_refused_before_anything_is_submitted(
 
 # ------------------------------------------------------------------------------------------------------------------
 # a real Slurm
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    try:
-        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
-    except ClusterUnavailable as exc:
-        pytest.skip(f"no real Slurm here: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def _sweep(slurm: SlurmCluster, folder: Path, *extra: str) -> list[str]:
