@@ -352,6 +352,11 @@ class Metrics(_Model):
     )
     peak: PeakFigures | None
     energy_source: str | None = Field(default=None, description="The energy counter, or None when unknown.")
+    energy_problems: list[str] = Field(
+        default_factory=list,
+        description="Energy counters that misbehaved: one that did not advance over an epoch of 0.5 s or more, or "
+        "one that jumped (more than 5 kW implied); those epochs' energy is unknown (null).",
+    )
     epochs_decision: str | None = Field(
         default=None,
         description="How the number of epochs was decided: fixed by --epochs, or (--epochs auto) when the steady "

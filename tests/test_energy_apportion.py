@@ -17,7 +17,14 @@ from test_energy_and_build import rapl_zone
 
 from accelbench.backends.cpu import POWERCAP_ENV, CpuBackend
 from accelbench.contract import World
-from accelbench.engine.metrics import RankLog, apportion_energy, epoch_energy
+from accelbench.engine.metrics import (
+    RankLog,
+    WorkCounts,
+    apportion_energy,
+    build_metrics,
+    check_energy_counters,
+    epoch_energy,
+)
 from accelbench.results import read_record
 
 WATTS = 100.0  # the fake package's power draw
@@ -37,6 +44,32 @@ def test_a_shared_node_counter_counts_once_and_is_shared_by_cpu_seconds() -> Non
     assert apportion_energy(0, logs)[:2] == [15.0, 15.0]
     logs[2] = log(2, None, None, 5.0)  # no readable counter: no share, and the epoch's total is unknown
     assert apportion_energy(0, logs)[2] is None and epoch_energy(0, logs) is None
+
+
+def test_a_stuck_or_jumping_counter_is_flagged_and_its_epochs_energy_is_unknown() -> None:
+    def timed(rank: int, joules: list[float], domain: str, walls: list[float]) -> RankLog:
+        return RankLog(rank=rank, host="n", epoch_wall_s=walls, epoch_energy_j=joules, energy_domain=domain,
+                       epoch_cpu_s=[1.0] * len(walls), epoch_samples=[8] * len(walls), epoch_steps=[2] * len(walls),
+                       epoch_loss=[1.0] * len(walls), epoch_peak_bytes=[None] * len(walls),
+                       epoch_telemetry=[{}] * len(walls), epoch_cpu_wait_s=[None] * len(walls),
+                       epoch_load=[None] * len(walls))  # fmt: skip
+
+    walls = [1.0, 1.0, 1.0, 0.1]
+    node = timed(
+        0, [50.0, 0.0, 60_000.0, 0.0], "rapl:a", walls
+    )  # fine; stuck; 60 kW; 0 J in 0.1 s (too short)
+    peer = timed(1, [0.0] * 4, "rapl:a", walls)  # the node's other rank: none of its own, not a stuck counter
+    problems, bad = check_energy_counters([node, peer], 4)
+    assert bad == {1, 2}
+    assert problems == [
+        "epoch 2: counter rapl:a did not advance in 1.00 s",
+        "epoch 3: counter rapl:a jumped by 6e+04 J in 1.00 s (6e+04 W, above 5000 W)",
+    ]
+    work = WorkCounts(tokens_per_sample=16, flops_per_sample=1.0, flops_formula="f")
+    metrics = build_metrics([node, peer], work, None, 2, 0.0, None, None)
+    assert [e.energy_j for e in metrics.epochs] == [50.0, None, None, 0.0]
+    assert metrics.energy_problems == problems
+    assert metrics.ranks[0].energy_j[1] is None and metrics.ranks[1].energy_j[0] == 25.0
 
 
 def test_only_local_rank_0_reads_the_nodes_counters(tmp_path: Path) -> None:

@@ -168,6 +168,41 @@ def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> Ep
     )
 
 
+MAX_COUNTER_WATTS = 5000.0  # no package or accelerator draws 5 kW: a counter implying more jumped
+STILL_COUNTER_S = (
+    0.5  # a live package or device spends energy every moment: a counter still this long is stuck
+)
+
+
+def check_energy_counters(logs: list[RankLog], epochs: int) -> tuple[list[str], set[int]]:
+    """Counters that misbehaved, in words, and the epochs whose energy they make unknown: a counter (domain) that
+    did not advance over an epoch of :data:`STILL_COUNTER_S` or more, or that advanced faster than
+    :data:`MAX_COUNTER_WATTS` (a wrap miscounted, a reset, a counter of another unit)."""
+    problems: list[str] = []
+    bad: set[int] = set()
+    for epoch in range(epochs):
+        by_domain: dict[
+            str, tuple[float, float]
+        ] = {}  # joules (the reading rank's), that rank's epoch seconds
+        for log in logs:
+            joules = log.epoch_energy_j[epoch] if epoch < len(log.epoch_energy_j) else None
+            if joules is None or log.energy_domain is None or epoch >= len(log.epoch_wall_s):
+                continue
+            seen = by_domain.get(log.energy_domain, (0.0, log.epoch_wall_s[epoch]))
+            by_domain[log.energy_domain] = (max(seen[0], joules), max(seen[1], log.epoch_wall_s[epoch]))
+        for domain, (joules, seconds) in by_domain.items():
+            if joules == 0 and seconds >= STILL_COUNTER_S:
+                problems.append(f"epoch {epoch + 1}: counter {domain} did not advance in {seconds:.2f} s")
+                bad.add(epoch)
+            elif seconds > 0 and joules / seconds > MAX_COUNTER_WATTS:
+                problems.append(
+                    f"epoch {epoch + 1}: counter {domain} jumped by {joules:.4g} J in {seconds:.2f} s "
+                    f"({joules / seconds:.4g} W, above {MAX_COUNTER_WATTS:g} W)"
+                )
+                bad.add(epoch)
+    return problems, bad
+
+
 def apportion_energy(epoch: int, logs: list[RankLog]) -> list[float | None]:
     """Each rank's share of one epoch's energy, in ``logs`` order. Ranks reporting the same counter (a node's
     RAPL packages, read once per node by its local rank 0) share its joules by their CPU seconds in the epoch
@@ -249,7 +284,12 @@ def build_metrics(
 ) -> Metrics:
     """Aggregate per-rank logs into the record's metrics (``cores``: what rank 0's process may use)."""
     n_epochs = min(len(log.epoch_wall_s) for log in logs)
+    energy_problems, bad_energy = check_energy_counters(logs, n_epochs)
     epochs = [epoch_metrics(e, logs, work.tokens_per_sample) for e in range(n_epochs)]
+    for e in bad_energy:  # a stuck or jumping counter's figure is no measurement
+        epochs[e] = epochs[e].model_copy(
+            update={"energy_j": None, "joules_per_sample": None, "samples_per_joule": None}
+        )
     steady = None
     if n_epochs >= 2:
         later = epochs[1:]
@@ -278,7 +318,9 @@ def build_metrics(
     steady_range = slice(1, n_epochs) if n_epochs >= 2 else slice(0, n_epochs)
     rank_peaks = [max_known(log.epoch_peak_bytes[steady_range]) for log in logs]
     known = [p for p in rank_peaks if p is not None]
-    shares = [apportion_energy(e, logs) for e in range(n_epochs)]
+    shares = [
+        apportion_energy(e, logs) if e not in bad_energy else [None] * len(logs) for e in range(n_epochs)
+    ]
     ranks = [
         RankMetrics(
             rank=log.rank,
@@ -312,6 +354,7 @@ def build_metrics(
         megatron_flops_per_sample=work.megatron_flops_per_sample,
         peak=peak,
         energy_source=next((log.energy_source for log in logs if log.energy_source), None),
+        energy_problems=energy_problems,
         epochs_decision=epochs_decision,
         host=host_contention(epochs, cores),
     )
