@@ -47,7 +47,7 @@ def test_a_shared_node_counter_counts_once_and_is_shared_by_cpu_seconds() -> Non
 
 
 def test_a_stuck_or_jumping_counter_is_flagged_and_its_epochs_energy_is_unknown() -> None:
-    def timed(rank: int, joules: list[float], domain: str, walls: list[float]) -> RankLog:
+    def timed(rank: int, joules: list[float | None], domain: str, walls: list[float]) -> RankLog:
         return RankLog(rank=rank, host="n", epoch_wall_s=walls, epoch_energy_j=joules, energy_domain=domain,
                        epoch_cpu_s=[1.0] * len(walls), epoch_samples=[8] * len(walls), epoch_steps=[2] * len(walls),
                        epoch_loss=[1.0] * len(walls), epoch_peak_bytes=[None] * len(walls),
