@@ -4,11 +4,13 @@ ceilings from the device details detection records, and no invented ceiling for 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
+from accelbench.cli import main
 from accelbench.comm.grade import crossed_link, grade_record
-from accelbench.comm.records import CommConfig, CommMeasurement, CommRecord
+from accelbench.comm.records import CommConfig, CommMeasurement, CommRecord, write_comm_record
 from accelbench.contract import BackendInfo, DeviceInfo
 from accelbench.results import BackendRecord, Outcome
 from accelbench.system import collect_system_info
@@ -119,3 +121,18 @@ def test_no_ceiling_is_invented(record: CommRecord, name: str, why: str) -> None
     (grade,) = grade_record(record)
     assert grade.link.name == name and grade.share is None and grade.verdict == "no ceiling known"
     assert why in grade.describe()
+
+
+def test_compare_grades_each_systems_best_bandwidth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two records of one system: compare grades the better one, in the table and in Markdown."""
+    write_comm_record(comm_record(H100, [1.0, 20.0, 60.0]), tmp_path)
+    write_comm_record(comm_record(H100, [1.0, 20.0, 90.0]).model_copy(update={"run_id": "1" * 32}), tmp_path)
+    assert main(["compare", str(tmp_path), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "## Against the link's ceiling" in out
+    assert (
+        "peak bus bandwidth 90 GB/s at 256 MiB = 20% of NVLink 4 x18's 450 GB/s: far below its ceiling" in out
+    )
+    assert "60 GB/s" not in out.split("## Against")[1]
