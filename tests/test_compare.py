@@ -157,6 +157,31 @@ def test_every_output_format_from_the_command_line(nodes: dict[str, Path], capsy
     assert "unknown field(s) 'hostname'; choose from: host," in capsys.readouterr().err
 
 
+def test_tokens_per_second_is_shown_for_language_models_only(
+    nodes: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """A GPT's sample is a sequence: compare shows tokens/s (samples/s times the sequence length) beside samples/s.
+    Where a sample is one token's worth (an image), the column would repeat samples/s and is left out."""
+    record = only_json(nodes["node-a"])
+    assert main(["compare", str(nodes["node-a"]), "--format", "markdown"]) == 0
+    markdown = capsys.readouterr().out
+    header = next(line for line in markdown.splitlines() if line.startswith("| system"))
+    assert "| samples/s | tokens/s |" in header
+    assert main(["compare", str(nodes["node-a"]), "--format", "json"]) == 0
+    cell = json.loads(capsys.readouterr().out)["groups"][0]["cells"][0]
+    seq_len = record["metrics"]["epochs"][0]["tokens"] / record["metrics"]["epochs"][0]["samples"]
+    assert seq_len > 1 and cell["tokens_per_s"]["median"] == pytest.approx(
+        cell["samples_per_s"]["median"] * seq_len
+    )
+
+    for epoch in record["metrics"]["epochs"]:  # the same run counted as one token a sample
+        epoch["tokens"], epoch["tokens_per_s"] = epoch["samples"], epoch["samples_per_s"]
+    record["metrics"]["steady"]["tokens_per_s"] = record["metrics"]["steady"]["samples_per_s"]
+    (tmp_path / "one-token.json").write_text(json.dumps(record))
+    assert main(["compare", str(tmp_path), "--format", "markdown"]) == 0
+    assert "tokens/s" not in capsys.readouterr().out
+
+
 def test_bad_files_are_named_and_skipped_or_fatal_with_strict(
     nodes: dict[str, Path], tmp_path: Path, capsys
 ) -> None:

@@ -310,6 +310,20 @@ class Comparison:
         return known
 
     @property
+    def counts_tokens(self) -> bool:
+        """Whether some cell's samples are sequences of tokens (a language model's), so tokens/s says more than
+        samples/s."""
+        known = self._has.get("counts_tokens")
+        if known is None:
+            known = self._has["counts_tokens"] = any(
+                c.tokens_per_s is not None
+                and c.samples_per_s is not None
+                and c.tokens_per_s.median > c.samples_per_s.median * 1.5
+                for c in self.cells
+            )
+        return known
+
+    @property
     def has_energy(self) -> bool:
         """Whether any cell has an energy figure (``any_cell_has("joules_per_sample")``)."""
         return self.any_cell_has("joules_per_sample")

@@ -198,6 +198,7 @@ class Column:
     csv: CsvFields = _median_field  # a figure's CSV fields from its spread
     optional: bool = False  # shown only when some cell has it (Comparison.any_cell_has(name))
     optional_on: str | None = None  # ... or, given, when some cell has this other figure
+    shown_when: Callable[[Comparison], bool] | None = None  # shown only when this holds for the comparison
     axis_only: bool = False  # shown only when comparing along an axis (--vs)
     systems_only: bool = False  # ... and only with several systems
     after: str | None = None  # in the text formats, right after this column instead of in registry order
@@ -228,6 +229,8 @@ class Column:
             return False
         if self.systems_only and len(comparison.systems) < 2:
             return False
+        if self.shown_when is not None and not self.shown_when(comparison):
+            return False
         return not self.optional or comparison.any_cell_has(self.optional_on or self.name)
 
 
@@ -238,7 +241,17 @@ REGISTRY: tuple[Column, ...] = (
     Column("runs", "runs", lambda c, g: c.outcome_text(), align="left", wrap=8, drop=9),
     Column("epoch_s", "steady epoch s", lambda c, g: fmt_epoch(c), figure=True, csv=_epoch_fields),
     Column("samples_per_s", "samples/s", lambda c, g: fmt_rate(c.samples_per_s), figure=True),
-    Column("tokens_per_s", figure=True),
+    Column(
+        "tokens_per_s",
+        "tokens/s",
+        lambda c, g: fmt_rate(c.tokens_per_s),
+        figure=True,
+        shown_when=lambda comparison: comparison.counts_tokens,
+        after="samples_per_s",
+        drop=1,
+        note="tokens/s = tokens trained on a second (samples/s times the tokens of a sample), the figure language-"
+        "model training is compared on; shown when some workload's sample is a sequence of tokens.",
+    ),
     Column(
         "peak_memory_bytes", "peak memory", lambda c, g: fmt_memory(c.peak_memory_bytes), figure=True, drop=8
     ),
@@ -344,9 +357,9 @@ def column(name: str) -> Column:
 
 def shown(comparison: Comparison) -> list[Column]:
     """The text columns ``comparison`` shows, in table order: registry order, each ``after`` column moved right
-    after the one it names."""
+    after the one it names (several after the same one keep registry order)."""
     out = [c for c in REGISTRY if c.after is None and c.shown_in(comparison)]
-    for c in REGISTRY:
+    for c in reversed(REGISTRY):
         if c.after is not None and c.shown_in(comparison):
             out.insert(next(i for i, o in enumerate(out) if o.name == c.after) + 1, c)
     return out

@@ -14,7 +14,14 @@ from accelbench.contract.backend import COLLECTIVE_DTYPES, Backend, OptimizerImp
 from accelbench.contract.executor import DataShard, Executor, ExecutorRequest, World
 from accelbench.contract.markers import CONTRACT_VERSION, PROJECT, hookimpl, hookspec
 from accelbench.contract.options import RunOption, Scalar
-from accelbench.contract.precision import PRECISIONS, PrecisionPlan, standard_plan
+from accelbench.contract.precision import (
+    FP8_PRECISIONS,
+    FP8_REQUIREMENT,
+    PRECISIONS,
+    Float8Layers,
+    PrecisionPlan,
+    standard_plan,
+)
 from accelbench.contract.records import (
     NO_COLLECTIVE,
     BackendInfo,
@@ -32,6 +39,9 @@ __all__ = [
     "COLLECTIVE_DTYPES",
     "CONTRACT_VERSION",
     "NO_COLLECTIVE",
+    "FP8_PRECISIONS",
+    "FP8_REQUIREMENT",
+    "Float8Layers",
     "PRECISIONS",
     "PROJECT",
     "STRATEGIES",

@@ -33,7 +33,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from accelbench.contract.options import RunOption, Scalar
-from accelbench.contract.precision import PRECISIONS, PrecisionPlan, standard_plan
+from accelbench.contract.precision import (
+    FP8_PRECISIONS,
+    FP8_REQUIREMENT,
+    PRECISIONS,
+    PrecisionPlan,
+    standard_plan,
+)
 from accelbench.contract.records import (
     NO_COLLECTIVE,
     BackendInfo,
@@ -196,8 +202,10 @@ class Backend:
 
     def supported_precisions(self, device: torch.device) -> list[str]:
         """Precision names this device can run; another is refused before the run, naming these. ``device`` may
-        carry no index (the launcher asks before binding one)."""
-        return list(PRECISIONS)
+        carry no index (the launcher asks before binding one). Stock: the standard names; FP8 (``fp8-*``) only where
+        a backend declares it, since it needs FP8 matrix units and torchao (the CUDA plugin on compute capability
+        >= 8.9)."""
+        return [name for name in PRECISIONS if name not in FP8_PRECISIONS]
 
     def precision_plan(
         self, precision: str, device: torch.device, options: Mapping[str, Scalar]
@@ -214,6 +222,12 @@ class Backend:
     def check_precision(self, precision: str, device: torch.device) -> None:
         """ConfigError naming the supported precisions when ``precision`` is not one. Not for overriding."""
         supported = self.supported_precisions(device)
+        if precision in FP8_PRECISIONS and precision not in supported:
+            raise ConfigError(
+                f"backend {self.name!r} does not support precision {precision!r} on {device}: this device has no "
+                f"FP8 training here; FP8 training needs {FP8_REQUIREMENT}. On this device use one of: "
+                f"{', '.join(supported)}"
+            )
         if precision not in supported:
             raise ConfigError(
                 f"backend {self.name!r} does not support precision {precision!r} on {device}; "

@@ -7,12 +7,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import torch
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true")
+# FP8 training (torchao's float8 recipes): the linears in FP8, everything else under bf16 autocast
+FP8_PRECISIONS: tuple[str, ...] = ("fp8-tensorwise", "fp8-rowwise")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true", *FP8_PRECISIONS)
+
+# What runs FP8 training, for refusals on devices that cannot: a backend without FP8 math names this
+FP8_REQUIREMENT = (
+    "an NVIDIA GPU with compute capability >= 8.9 (L4, L40S, H100, H200, B200; fp8-rowwise needs >= 9.0) with "
+    "torchao installed (pip install 'accelbench-cuda[fp8]')"
+)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -21,12 +29,43 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
+class Float8Layers(BaseModel):
+    """Which linears of the model ran in FP8 and which stayed in BF16, and why: recorded in the plan once the model
+    is converted, since MFU weighs each math's peak by its FLOPs and a reader must see what really ran in FP8."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    recipe: str = Field(description="torchao's float8 training recipe: tensorwise or rowwise.")
+    converted: list[str] = Field(
+        description="Fully qualified names of the linears swapped for torchao's Float8Linear."
+    )
+    kept: dict[str, str] = Field(
+        description="Linears left in BF16 (under autocast), by fully qualified name, with the reason."
+    )
+    fp8_flop_share: float = Field(
+        description="The share of the workload's model FLOPs per sample done by the converted linears: 6 x in x out "
+        "multiply-add FLOPs (forward and backward) for each token of a sample; the rest is counted as BF16."
+    )
+    flop_share_basis: str = Field(description="How fp8_flop_share was counted, and what it assumes.")
+
+    converted_count: int = Field(description="How many linears ran in FP8.")
+    kept_count: int = Field(description="How many linears stayed in BF16.")
+
+    @model_validator(mode="after")
+    def _counts_agree(self) -> Float8Layers:
+        if (self.converted_count, self.kept_count) != (len(self.converted), len(self.kept)):
+            raise ValueError("converted_count and kept_count must count converted and kept")
+        return self
+
+
 class PrecisionPlan(BaseModel):
     """How a run computes. Returned by ``Backend.precision_plan``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(description="The precision asked for: fp32, fp16-mixed, bf16-mixed, bf16-true.")
+    name: str = Field(
+        description="The precision asked for: fp32, fp16-mixed, bf16-mixed, bf16-true, fp8-tensorwise, fp8-rowwise."
+    )
     param_dtype: str = Field(description="dtype of the model parameters: float32, bfloat16, ...")
     autocast_dtype: str | None = Field(
         description="dtype of torch.autocast regions, None when autocast is off."
@@ -36,6 +75,14 @@ class PrecisionPlan(BaseModel):
         description="The math mode really in effect for fp32 matmuls: 'ieee-fp32', 'tf32', 'bf16x3', 'bf32', ..."
     )
     notes: str = ""
+    fp8_recipe: str | None = Field(
+        default=None,
+        description="torchao float8 training recipe applied to the model's linears (tensorwise, rowwise); None: no FP8.",
+    )
+    fp8_layers: Float8Layers | None = Field(
+        default=None,
+        description="Which linears ran in FP8 and which did not (set once the model is converted).",
+    )
 
     @property
     def torch_param_dtype(self) -> torch.dtype:
@@ -69,5 +116,20 @@ def standard_plan(name: str, matmul_math: str) -> PrecisionPlan:
             autocast_dtype=None,
             matmul_math=matmul_math,
             notes="parameters, gradients and optimizer state in bfloat16",
+        )
+    if name in FP8_PRECISIONS:
+        recipe = name.removeprefix("fp8-")
+        scaling = {
+            "tensorwise": "one dynamic scale per tensor",
+            "rowwise": "dynamic per-row scales, powers of two",
+        }
+        return PrecisionPlan(
+            name=name,
+            param_dtype="float32",
+            autocast_dtype="bfloat16",
+            matmul_math=matmul_math,
+            fp8_recipe=recipe,
+            notes=f"linears in FP8 (torchao float8 training, recipe {recipe}: {scaling[recipe]}); "
+            "everything else under bfloat16 autocast",
         )
     raise ValueError(f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from accelbench.contract import Executor, ExecutorRequest
+from accelbench.contract import Executor, ExecutorRequest, Float8Layers, PrecisionPlan
 from accelbench.workloads import ModelUnits, TrainingJob
 
 # torch.compile modes that capture CUDA graphs (inductor's cudagraph trees)
@@ -41,11 +41,19 @@ class TorchExecutor(Executor):
         )
         self._scaler = torch.amp.GradScaler(self.device.type) if plan.loss_scaling == "dynamic" else None
         self._clip: float | None = None
+        self._fp8_layers: Float8Layers | None = None  # what ran in FP8, once an FP8 run's model is converted
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
 
     def setup(self, job: TrainingJob) -> None:
-        model = job.model.to(device=self.device, dtype=self.request.precision.torch_param_dtype)
+        plan = self.request.precision
+        model = job.model.to(device=self.device, dtype=plan.torch_param_dtype)
+        if plan.fp8_recipe is not None:  # torchao's Float8Linear in place of the linears, before any wrapping
+            from accelbench.engine.float8 import convert_to_fp8
+
+            self._fp8_layers = convert_to_fp8(
+                model, plan.fp8_recipe, job.units, job.flops_per_sample, job.tokens_per_sample
+            )
         self.model = self.wrap(model.train(), job.units)
         # after wrapping: sharding replaces params; the backend says which optimizer kernels its device has
         self.optimizer = job.make_optimizer(
@@ -66,6 +74,11 @@ class TorchExecutor(Executor):
     @property
     def replays_graphs(self) -> bool:
         return getattr(self, "_cuda_graphs", False)
+
+    def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
+        """The plan, with which linears ran in FP8 once an FP8 run's model is converted."""
+        layers = self._fp8_layers
+        return requested if layers is None else requested.model_copy(update={"fp8_layers": layers})
 
     def wrap(self, model: torch.nn.Module, units: ModelUnits) -> torch.nn.Module:
         """The distribution strategy: DDP, FSDP, ... subclasses wrap or shard the placed model here, finding its

@@ -42,6 +42,7 @@ from accelbench.contract import (
 )
 from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
+from accelbench.engine.float8 import check_fp8_run
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics, peak_for
 from accelbench.engine.prediction import CalibratedRun, load_comm_records, predict_run
 from accelbench.engine.profile import (
@@ -190,6 +191,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
                 "or fewer for figures that mean something"
             )
     backend.check_precision(config.precision, kind)
+    check_fp8_run(config)
     config = host.resolve(config)
     backend.check_run(config)
     if config.mesh is not None:  # tensor/pipeline parallelism: can the model be split so?
@@ -365,6 +367,8 @@ def prepare(
         peak: PeakFigures | None = PeakFigures(
             flops_per_s=config.peak_tflops * 1e12, source="user (--peak-tflops)"
         )
+    elif plan.fp8_recipe is not None:  # FLOP-weighted over FP8 and BF16: known once the model is converted
+        peak = None
     else:  # the peak of the math that really runs (an executor may refine the plan); measured where no table
         peak = peak_for(backend, device, checked.devices[0], executor.effective_precision(plan))
     record = host.distribution_of(backend)
@@ -389,6 +393,16 @@ def prepare(
         host.versions(),
         launch,
     )
+
+
+def fp8_peak(run: PreparedRun) -> PeakFigures | None:
+    """The peak of an FP8 run, once its model is converted: the backend's table weighs its FP8 and BF16 peaks by
+    the FLOPs each math does (the plan records the converted linears' share). None where the table lacks either
+    peak: a measured BF16 matmul rate would not be the peak of FP8 linears, so MFU is then unknown."""
+    plan = run.executor.effective_precision(run.request.precision)
+    if plan.fp8_layers is None:
+        return None
+    return run.backend.peak_figures(run.backend_record.devices[0], plan)
 
 
 PROFILE_WINDOW = "the --profile window"  # the optional steps after the timed epochs, as messages name them
@@ -457,6 +471,8 @@ def measure(
             executor.setup(job)
             found = getattr(executor, "collective_clock", None)
             clock = found if isinstance(found, CollectiveClock) else None
+            if run.request.precision.fp8_recipe is not None and not config.peak_tflops:
+                run.peak = fp8_peak(run)
             job.data = place_data(job.data, device, config.data_placement)
             backend.synchronize(device)
             result.setup_s = time.perf_counter() - start - facts_s

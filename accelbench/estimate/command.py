@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from accelbench.config import RunConfig
 from accelbench.contract import PRECISIONS, DeviceInfo, PeakFigures, PrecisionPlan, standard_plan
 from accelbench.contract.strategies import MODEL_PARALLEL_STRATEGIES
+from accelbench.engine.float8 import planned_fp8_layers
 from accelbench.errors import ConfigError
 from accelbench.estimate.hardware import Bandwidth
 from accelbench.estimate.schema import Prediction, ScalingPrediction
@@ -305,6 +306,17 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Ta
     )
 
 
+def _planned_fp8_note(plan: PrecisionPlan) -> list[str]:
+    layers = plan.fp8_layers
+    if layers is None:
+        return []
+    return [
+        f"FP8 ({layers.recipe}): {len(layers.converted)} linear(s) in FP8, {len(layers.kept)} kept in BF16, "
+        f"{layers.fp8_flop_share:.1%} of the model FLOPs in FP8 (chosen on a meta-device build): the peak is "
+        "FLOP-weighted over fp8 and bf16"
+    ]
+
+
 def resolve_target(
     host: PluginHost,
     config: RunConfig,
@@ -332,8 +344,10 @@ def resolve_target(
         # the run options as a run on that device would check them: another backend's option is refused here
         config = host.check_backend_options(config, known.backend)
         plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
+        plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
         notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
         notes += [note] if note else [_plan_note(known.backend.name, plan)]
+        notes += _planned_fp8_note(plan)
         peak = known.backend.peak_figures(known.device, plan)
         return Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
     backend = host.select_backend(config.backend)
@@ -352,8 +366,10 @@ def resolve_target(
 
         torch.set_num_threads(config.threads or max(1, usable_cores() // config.devices))
     plan = backend.precision_plan(config.precision, kind, config.backend_options)
+    plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
     device = devices[0]
     notes = [f"device: {device.name} ({backend.name}, detected here)", _plan_note(backend.name, plan)]
+    notes += _planned_fp8_note(plan)
     if kind.type == "cpu":
         notes.append(f"{torch.get_num_threads()} intra-op thread(s) per process, as a run of {config.devices} "
                      "process(es) gets")  # fmt: skip

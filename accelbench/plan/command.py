@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelbench.contract import PRECISIONS
+from accelbench.engine.float8 import check_fp8_run
 from accelbench.errors import ConfigError
 from accelbench.exitcodes import ExitCode
 from accelbench.plan.candidates import PLANNABLE, default_strategies, enumerate_candidates
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from accelbench.config import RunConfig
     from accelbench.estimate.command import Target
     from accelbench.estimate.schema import Prediction
+    from accelbench.plugins import PluginHost
 
 # The most devices a plan enumerates layouts for: the layouts grow with the divisors, the candidates with them; far
 # beyond any job this tool launches (estimate's --scale-to speaks of larger ones).
@@ -171,7 +174,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         batch_sizes=args.batch_sizes or _default_batches(),
         global_batch=args.global_batch,
         units=workload.units(base_config),
-        check=host.resolve,
+        check=partial(_checked_as_a_run, host),
     )
     if not found.configs:
         reasons = "; ".join(f"{why} ({n}x)" for why, n in found.not_offered.most_common(3)) or "none offered"
@@ -233,6 +236,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
             "(none fits and is priced); see `accelbench plan` without --measure for why"
         )
     return plan
+
+
+def _checked_as_a_run(host: PluginHost, config: RunConfig) -> RunConfig:
+    """A candidate checked as ``accelbench run`` checks it: FP8 with a strategy that would not convert the model is
+    refused, then the plugin host resolves it."""
+    check_fp8_run(config)
+    return host.resolve(config)
 
 
 def _default_batches() -> list[int]:

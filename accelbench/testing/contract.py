@@ -68,7 +68,12 @@ NOT_PROVEN = (
 DETECT_BUDGET_S = 30.0  # "cheap": a probe subprocess fits easily, a hung driver does not
 
 # The dtype a precision name promises (a "-mixed" plan may run it by autocast or by casting the model).
-_SIXTEEN_BIT = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}
+_SIXTEEN_BIT = {
+    "fp16-mixed": "float16",
+    "bf16-mixed": "bfloat16",
+    "fp8-tensorwise": "bfloat16",  # FP8 linears, the rest under bf16 autocast
+    "fp8-rowwise": "bfloat16",
+}
 
 _RUNTIME_CHECK = """
 import json, sys
@@ -285,6 +290,8 @@ class BackendContract:
             else:
                 want = _SIXTEEN_BIT[name]
                 assert want in (plan.autocast_dtype, plan.param_dtype), f"{name} runs no {want}: {plan}"
+                if name.startswith("fp8-"):
+                    assert plan.fp8_recipe == name.removeprefix("fp8-"), f"{name} converts no linear: {plan}"
 
     def test_undeclared_precision_is_refused(
         self, contract_backend: Backend, contract_device: torch.device

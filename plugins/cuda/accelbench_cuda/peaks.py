@@ -13,7 +13,7 @@ from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 
 T = 1e12
 # Bumped whenever a figure changes, and recorded with every peak read from the table (PeakFigures.table_version)
-TABLE_VERSION = "2026.11-1"
+TABLE_VERSION = "2026.11-2"  # -2: FP4 column, B200 and GB200 rows
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class GpuPeaks:
     fp32: float
     bandwidth: float
     fp8: float | None = None  # dense FP8 tensor-core FLOP/s (Hopper on); None where the GPU has no FP8 math
+    fp4: float | None = (
+        None  # dense FP4 tensor-core FLOP/s (Blackwell on); None where the GPU has no FP4 math
+    )
 
 
 def _key(name: str) -> str:
@@ -57,6 +60,31 @@ TABLE: tuple[GpuPeaks, ...] = (
     ),
     GpuPeaks("H100 PCIe", _names("NVIDIA H100 PCIe"), 756 * T, 756 * T, 378 * T, 51 * T, 2.0e12, 1513 * T),
     GpuPeaks("H200 SXM", _names("NVIDIA H200"), 989 * T, 989 * T, 495 * T, 67 * T, 4.8e12, 1979 * T),
+    # NVIDIA Blackwell datasheet (HGX B200 at 1,000 W; GB200 NVL72 at 1,200 W), per GPU, the dense column (the
+    # sparse figures are twice these): https://resources.nvidia.com/en-us-blackwell-architecture/datasheet
+    # B300 (Blackwell Ultra) is left out until its NVML name and dense per-GPU figures are confirmed.
+    GpuPeaks(
+        "B200 (HGX, 1000 W)",
+        _names("NVIDIA B200"),
+        2250 * T,
+        2250 * T,
+        1100 * T,
+        80 * T,
+        8.0e12,
+        4500 * T,
+        9000 * T,
+    ),
+    GpuPeaks(
+        "GB200 (NVL72, 1200 W)",
+        _names("NVIDIA GB200"),
+        2500 * T,
+        2500 * T,
+        1250 * T,
+        90 * T,
+        8.0e12,
+        5000 * T,
+        10000 * T,
+    ),
 )
 
 
@@ -74,6 +102,8 @@ CATALOG: tuple[tuple[str, int, str, tuple[str, ...]], ...] = (
     ("NVIDIA H100 80GB HBM3", 80, "sm_90", ("H100", "H100 SXM", "H100 SXM5")),
     ("NVIDIA H100 PCIe", 80, "sm_90", ("H100 PCIe",)),
     ("NVIDIA H200", 141, "sm_90", ("H200", "H200 SXM")),
+    ("NVIDIA B200", 180, "sm_100", ("B200", "HGX B200")),
+    ("NVIDIA GB200", 186, "sm_100", ("GB200",)),
 )
 
 
@@ -95,12 +125,19 @@ def lookup(device_name: str) -> GpuPeaks | None:
 
 
 def peaks_by_math(device_name: str) -> dict[str, float]:
-    """Every dense peak the table has for a device, by math (fp32, tf32, bf16, fp16, fp8): what a run mixing maths
+    """Every dense peak the table has for a device, by math (fp32, tf32, bf16, fp16, fp8, fp4): what a run mixing maths
     weighs by its FLOPs (:func:`accelbench.engine.metrics.flop_weighted_peak`). Empty for an unknown device."""
     entry = lookup(device_name)
     if entry is None:
         return {}
-    maths = {"fp32": entry.fp32, "tf32": entry.tf32, "bf16": entry.bf16, "fp16": entry.fp16, "fp8": entry.fp8}
+    maths = {
+        "fp32": entry.fp32,
+        "tf32": entry.tf32,
+        "bf16": entry.bf16,
+        "fp16": entry.fp16,
+        "fp8": entry.fp8,
+        "fp4": entry.fp4,
+    }
     return {math: flops for math, flops in maths.items() if flops is not None}
 
 
@@ -109,20 +146,15 @@ def peak_for(
 ) -> PeakFigures | None:
     """The peak for the math ``plan`` really uses: bf16 or fp16 tensor cores for 16-bit plans, TF32 when the plan
     records TF32 matmuls, IEEE fp32 otherwise. None when the device or that math is not in the table: never another
-    device's figure. ``details`` (detection's) give the conditions recorded beside it: the enforced power limit and
+    device's figure. An FP8 plan's peak is FLOP-weighted over fp8 and bf16 (:func:`_fp8_weighted`). ``details`` (detection's) give the conditions recorded beside it: the enforced power limit and
     the maximum SM clock NVML reports."""
     entry = lookup(device_name)
     if entry is None:
         return None
-    sixteen = plan.autocast_dtype or (plan.param_dtype if plan.param_dtype != "float32" else None)
-    if sixteen == "bfloat16":
-        flops, math = entry.bf16, "dense bf16 tensor"
-    elif sixteen == "float16":
-        flops, math = entry.fp16, "dense fp16 tensor"
-    elif plan.matmul_math == "tf32":
-        flops, math = entry.tf32, "dense tf32 tensor"
+    if plan.fp8_recipe is not None:
+        flops, math = _fp8_weighted(device_name, plan)
     else:
-        flops, math = entry.fp32, "fp32"
+        flops, math = _single_math(entry, plan)
     if flops is None:
         return None
     return PeakFigures(
@@ -136,3 +168,35 @@ def peak_for(
             if key in ("power_limit_w", "max_sm_clock_mhz")
         },
     )
+
+
+def _fp8_weighted(device_name: str, plan: PrecisionPlan) -> tuple[float | None, str]:
+    """An FP8 run's peak: the FP8 and BF16 dense peaks weighed by the FLOPs each math does (the converted linears'
+    share, recorded in the plan once the model is converted). None before then, or where either peak is missing."""
+    from accelbench.engine.metrics import flop_weighted_peak
+
+    if plan.fp8_layers is None:
+        return None, "fp8 before conversion"
+    share = plan.fp8_layers.fp8_flop_share
+    by_math = peaks_by_math(device_name)
+    try:
+        flops = flop_weighted_peak({"fp8": share, "bf16": 1.0 - share}, by_math)
+    except KeyError:
+        return None, "fp8 without a peak"
+    parts = [f"{share:.1%} of FLOPs in dense fp8 tensor at {by_math['fp8'] / T:.0f} TFLOP/s"]
+    if share < 1.0:
+        parts.append(f"{1.0 - share:.1%} in dense bf16 tensor at {by_math['bf16'] / T:.0f} TFLOP/s")
+    return flops, "FLOP-weighted " + ", ".join(parts)
+
+
+def _single_math(entry: GpuPeaks, plan: PrecisionPlan) -> tuple[float | None, str]:
+    sixteen = plan.autocast_dtype or (plan.param_dtype if plan.param_dtype != "float32" else None)
+    if sixteen == "bfloat16":
+        flops, math = entry.bf16, "dense bf16 tensor"
+    elif sixteen == "float16":
+        flops, math = entry.fp16, "dense fp16 tensor"
+    elif plan.matmul_math == "tf32":
+        flops, math = entry.tf32, "dense tf32 tensor"
+    else:
+        flops, math = entry.fp32, "fp32"
+    return flops, math

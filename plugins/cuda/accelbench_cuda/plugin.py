@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from accelbench.contract import (
+    FP8_PRECISIONS,
     Backend,
     BackendInfo,
     DeviceInfo,
@@ -36,6 +37,8 @@ from accelbench_cuda.visible import ENV
 
 if TYPE_CHECKING:
     import torch
+
+    from accelbench.config import RunConfig
 
 accelbench_contract = "3.0"
 
@@ -130,6 +133,13 @@ class CudaBackend(Backend):
         tf32 = _tf32(options)
         precision_rules.apply_tf32(tf32)  # what the plan records is what runs
         return precision_rules.make_plan(precision, _capability(device), tf32)
+
+    def check_run(self, config: RunConfig) -> None:
+        """An FP8 run needs torchao (the extra ``fp8``): refused before anything starts when it is missing."""
+        if config.precision in FP8_PRECISIONS:
+            from accelbench.engine.float8 import require_torchao
+
+            require_torchao()
 
     def catalogue_precision_plan(
         self, precision: str, device: DeviceInfo, options: Mapping[str, Scalar]

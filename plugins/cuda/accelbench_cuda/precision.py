@@ -22,6 +22,9 @@ BF16_MIN = (
     0,
 )  # Ampere: bf16 and TF32 tensor cores (torch.cuda.is_bf16_supported(including_emulation=False))
 TF32_MIN = (8, 0)
+# FP8 tensor cores: Ada and Hopper on. torchao's tensorwise recipe (cuBLAS) needs sm_89; its rowwise recipe
+# (CUTLASS rowwise-scaled GEMM) sm_90: torchao's own tests skip rowwise below sm_90.
+FP8_MIN = {"fp8-tensorwise": (8, 9), "fp8-rowwise": (9, 0)}
 
 
 def tf32_policy(environ: Mapping[str, str] = os.environ) -> bool:
@@ -51,12 +54,14 @@ def catalogue_capability(device: DeviceInfo) -> tuple[int, int]:
 
 
 def supported_precisions(capability: tuple[int, int]) -> list[str]:
-    """The precisions a GPU of this compute capability runs natively (emulated bf16 is not offered)."""
+    """The precisions a GPU of this compute capability runs natively (emulated bf16 is not offered); FP8 needs torchao
+    besides, checked before the run (:func:`accelbench.engine.float8.require_torchao`)."""
     names = ["fp32"]
     if capability >= FP16_MIN:
         names.append("fp16-mixed")
     if capability >= BF16_MIN:
         names += ["bf16-mixed", "bf16-true"]
+    names += [name for name, floor in FP8_MIN.items() if capability >= floor]
     return names
 
 

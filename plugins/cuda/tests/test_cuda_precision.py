@@ -31,7 +31,10 @@ def restore_tf32_switches() -> Iterator[None]:
         ((7, 0), ["fp32", "fp16-mixed"]),  # V100: fp16 tensor cores, bf16 only emulated
         ((7, 5), ["fp32", "fp16-mixed"]),
         ((8, 0), ALL),
-        ((9, 0), ALL),
+        ((8, 6), ALL),
+        ((8, 9), [*ALL, "fp8-tensorwise"]),  # Ada (L4, L40S): FP8 tensor cores; torchao's rowwise needs sm_90
+        ((9, 0), [*ALL, "fp8-tensorwise", "fp8-rowwise"]),
+        ((10, 0), [*ALL, "fp8-tensorwise", "fp8-rowwise"]),
     ],
 )
 def test_precisions_follow_the_compute_capability(capability: tuple[int, int], expected: list[str]) -> None:

@@ -1,8 +1,9 @@
 """Dense peak figures per Gaudi generation, from Intel's datasheets and white papers.
 
-The matrix engines (MME) give the headline rates. A figure the sources do not state (FP32 and FP16 on every
-generation, FP8 on Gaudi 2, anything for the first generation) is absent: MFU is then unknown for that math, never
-another generation's or another math's.
+The matrix engines (MME) give the headline rates, dense (Gaudi has no structured-sparsity mode, so no figure here is
+a sparse one). A figure the sources do not state (FP32 and FP16 on every generation, anything for the first
+generation) is absent: MFU is then unknown for that math, never another generation's or another math's. No
+generation has FP4 math. The plugin offers no FP8 precision yet: the FP8 figures serve ``peaks_by_math``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from dataclasses import dataclass
 from accelbench.contract import DeviceInfo, PeakFigures, PrecisionPlan
 
 TB = 1e12
+# Bumped whenever a figure changes, and recorded with every peak read from the table (PeakFigures.table_version)
+TABLE_VERSION = "2026.11-1"
+# What the table's dtype keys are called where maths are named across plugins (peaks_by_math)
+_MATH_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8": "fp8"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ GENERATIONS = (
         memory_bytes=128 * 10**9,
         bandwidth=3.67 * TB,
         flops={"bfloat16": 1835 * TB, "float8": 1835 * TB},
+        # Intel Gaudi 3 AI Accelerator white paper (https://www.intel.com/content/www/us/en/content-details/817486/
+        # intel-gaudi-3-ai-accelerator-white-paper.html) and Hot Chips 2024: MME BF16 and FP8 1835 TFLOP/s each
         source="Intel, Gaudi 3 (Hot Chips 2024): MME dense BF16 and FP8 1835 TFLOP/s, HBM2e 3.67 TB/s",
         fp16=True,
     ),
@@ -43,8 +50,10 @@ GENERATIONS = (
         match=("HL-225", "GAUDI2", "GAUDI 2"),
         memory_bytes=96 * 10**9,
         bandwidth=2.46 * TB,
-        flops={"bfloat16": 432 * TB},
-        source="Intel, Gaudi 2 (Hot Chips 2024 comparison): MME dense BF16 432 TFLOP/s, HBM2e 2.46 TB/s",
+        # The same white paper's Gaudi 2 column: MME BF16 432, FP8 865 TFLOP/s (FP8 runs at twice BF16 on Gaudi 2)
+        flops={"bfloat16": 432 * TB, "float8": 865 * TB},
+        source="Intel, Gaudi 2 (Gaudi 3 white paper comparison, Hot Chips 2024): MME dense BF16 432, FP8 865 "
+        "TFLOP/s, HBM2e 2.46 TB/s",
         fp16=True,
     ),
     Generation(
@@ -70,10 +79,20 @@ def _math(precision: PrecisionPlan) -> str:
     return precision.autocast_dtype or precision.param_dtype
 
 
-def peak_for(name: str, precision: PrecisionPlan) -> PeakFigures | None:
-    """Dense peak FLOP/s of the math ``precision`` runs on a device called ``name``; None where unknown."""
+def peaks_by_math(name: str) -> dict[str, float]:
+    """Every dense peak the table has for a device called ``name``, by math (bf16, fp8): what a run mixing maths
+    weighs by its FLOPs (:func:`accelbench.engine.metrics.flop_weighted_peak`). Empty for an unknown device."""
     generation = generation_of(name)
     if generation is None:
+        return {}
+    return {_MATH_NAMES[dtype]: flops for dtype, flops in generation.flops.items()}
+
+
+def peak_for(name: str, precision: PrecisionPlan) -> PeakFigures | None:
+    """Dense peak FLOP/s of the math ``precision`` runs on a device called ``name``; None where unknown, and for
+    an FP8 plan (this plugin converts no linear to FP8: a bf16 figure would not be the math that ran)."""
+    generation = generation_of(name)
+    if generation is None or precision.fp8_recipe is not None:
         return None
     flops = generation.flops.get(_math(precision))
     if flops is None:
@@ -82,6 +101,7 @@ def peak_for(name: str, precision: PrecisionPlan) -> PeakFigures | None:
         flops_per_s=flops,
         memory_bandwidth_bytes_per_s=generation.bandwidth,
         source=f"vendor table: {generation.label}, {_math(precision)}; {generation.source}",
+        table_version=TABLE_VERSION,
     )
 
 

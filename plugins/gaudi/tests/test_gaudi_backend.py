@@ -226,3 +226,14 @@ def test_peaks_are_dense_per_generation_and_unknown_never_borrowed() -> None:
     labels = {d.details["label"] for d in GaudiBackend().known_devices()}
     assert "Gaudi 3 (HL-325L OAM)" in labels
     assert all(isinstance(d, DeviceInfo) for d in GaudiBackend().known_devices())
+
+
+def test_fp8_peaks_by_math_are_dense_versioned_and_never_borrowed() -> None:
+    assert peaks.peaks_by_math("HL-325L") == {"bf16": 1835e12, "fp8": 1835e12}
+    assert peaks.peaks_by_math("HL-225") == {"bf16": 432e12, "fp8": 865e12}  # FP8 at twice BF16 on Gaudi 2
+    assert peaks.peaks_by_math("HL-205") == {} and peaks.peaks_by_math("Gaudi 9") == {}  # unknown: nothing
+    assert all("fp4" not in peaks.peaks_by_math(g.match[0]) for g in peaks.GENERATIONS)  # no FP4 math
+    peak = peaks.peak_for("HL-325L", standard_plan("bf16-mixed", "ieee-fp32"))
+    assert peak is not None and peak.table_version == peaks.TABLE_VERSION
+    # no FP8 precision runs on this plugin: an FP8 plan gets no (bf16) figure
+    assert peaks.peak_for("HL-325L", standard_plan("fp8-tensorwise", "ieee-fp32")) is None

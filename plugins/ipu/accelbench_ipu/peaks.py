@@ -5,7 +5,8 @@ FP16.16 and 62.5 TFLOP/s FP32 (an M2000's 1 PFLOP/s FP16.16 and 250 TFLOP/s FP32
 47.5 TB/s In-Processor-Memory bandwidth. Bow IPU (Bow-2000): the same die with a higher clock, 350 TFLOP/s
 FP16.16 and 87.5 FP32 (a Bow-2000's 1.4 PFLOP/s and 350 TFLOP/s over four IPUs), 65 TB/s.
 Graphcore publishes no separate FP16.32 figure, so FP16.32 runs get no table peak (MFU unknown unless
-``--peak-tflops`` is given): an unknown figure stays unknown.
+``--peak-tflops`` is given): an unknown figure stays unknown. The Mk2 IPUs have no FP8 or FP4 arithmetic
+(Graphcore's FP8 came with the C600 card, not in this table): those maths have no figure, and no figure is sparse.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from accelbench_ipu.precision import amp_mode
 TILES_MK2 = 1472
 BYTES_PER_TILE_MK2 = 624 * 1024
 IN_PROCESSOR_MEMORY_MK2 = TILES_MK2 * BYTES_PER_TILE_MK2  # 940,572,672 bytes ("900 MB")
+# Bumped whenever a figure changes, and recorded with every peak read from the table (PeakFigures.table_version)
+TABLE_VERSION = "2026.11-1"
+# AMP modes by the math names used across plugins (peaks_by_math)
+_MATH_NAMES = {"FP16.16": "fp16", "FP32.32": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,13 @@ def known_devices() -> list[DeviceInfo]:
     ]
 
 
+def peaks_by_math(device: DeviceInfo) -> dict[str, float]:
+    """Every dense peak the table has for this IPU, by math (fp16 for FP16.16, fp32; no fp8 or fp4 on Mk2). Empty
+    for an unknown part."""
+    part = PARTS.get(device.details.get("part", ""))
+    return {} if part is None else {_MATH_NAMES[amp]: flops for amp, flops in part.flops.items()}
+
+
 def peak_figures(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
     """The table's peak for this IPU and AMP mode, or None (unknown part, FP16.32, emulator)."""
     part = PARTS.get(device.details.get("part", ""))
@@ -78,4 +90,5 @@ def peak_figures(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
         flops_per_s=part.flops[amp],
         memory_bandwidth_bytes_per_s=part.bandwidth,
         source=f"{part.source}; {amp}",
+        table_version=TABLE_VERSION,
     )

@@ -277,3 +277,14 @@ def test_the_command_line_runs_a_pipeline_over_four_ipus(tmp_path: Path) -> None
     assert record["config"]["backend_options"]["ipus"] == 4
     refused = cli("run", "--backend", "ipu", "--strategy", "pipelined", "--ipus", "4", "--quiet", env=env)
     assert refused.returncode == 2 and "pass --devices 4" in refused.stderr
+
+
+def test_ipu_peaks_by_math_have_no_fp8_and_are_versioned() -> None:
+    from accelbench_ipu.peaks import TABLE_VERSION, known_devices, peaks_by_math
+
+    gc200, bow = known_devices()
+    assert peaks_by_math(gc200) == {"fp16": 250e12, "fp32": 62.5e12}
+    assert peaks_by_math(bow) == {"fp16": 350e12, "fp32": 87.5e12}
+    assert peaks_by_math(DeviceInfo(index=0, name="Graphcore C600", details={"part": "c600"})) == {}
+    peak = backend.peak_figures(gc200, ipu_precision_plan("fp16-mixed", partials="half"))
+    assert peak is not None and peak.table_version == TABLE_VERSION

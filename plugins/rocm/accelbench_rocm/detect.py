@@ -49,7 +49,7 @@ def _device(
 ) -> DeviceInfo:
     if units is not None:
         details["compute_units"] = str(units)
-    entry = peaks.lookup(name, arch, units)
+    entry = peaks.lookup(name, arch, units, memory)
     details["device_unit"] = entry.unit if entry else "GPU as HIP enumerates it"
     return DeviceInfo(
         index=ordinal, name=name, arch=base_arch(arch) or None, memory_bytes=memory, details=details

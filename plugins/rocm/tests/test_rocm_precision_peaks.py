@@ -81,11 +81,12 @@ def test_the_ambiguous_mi250x_mi250_name_is_told_apart_by_compute_units() -> Non
 
 
 def test_names_must_not_contradict_and_partitions_get_no_whole_gpu_figure() -> None:
-    assert (
-        lookup("AMD Instinct MI325X", "gfx942", 304) is None
-    )  # same arch and CUs as an MI300X, more bandwidth
+    # same arch and CUs as an MI300X, more bandwidth: its own row, never the MI300X's
+    assert lookup("AMD Instinct MI325X", "gfx942", 304).memory_gib == 256
     assert lookup("AMD Instinct MI300X", "gfx942", 38) is None  # one XCD of a CPX-partitioned MI300X
-    assert lookup("", "gfx942", 304).label.startswith("MI300X")
+    assert lookup("", "gfx942", 304, 192 * 2**30).label.startswith("MI300X")  # unnamed: told apart by memory
+    assert lookup("", "gfx942", 304, 256 * 2**30).label.startswith("MI325X")
+    assert lookup("", "gfx942", 304) is None  # unnamed, memory unknown: MI300X or MI325X, so no figure
     assert lookup("AMD Instinct MI300X", "gfx942", None) is None
 
 
@@ -113,4 +114,34 @@ def test_the_hook_reads_the_detected_compute_units(monkeypatch: pytest.MonkeyPat
     detected = backend.detect()[0]
     assert backend.peak_figures(detected, standard_plan("fp32", "ieee-fp32")).flops_per_s == pytest.approx(
         47.9e12
+    )
+
+
+def test_fp8_and_fp4_peaks_are_dense_and_only_where_the_gpu_has_them() -> None:
+    from accelbench_rocm.peaks import TABLE_VERSION, peaks_by_math
+
+    mi300x = peaks_by_math(device("AMD Instinct MI300X", "gfx942", 304))
+    assert mi300x["fp8"] == pytest.approx(2614.9e12) and "fp4" not in mi300x  # 5229.8 is with sparsity
+    mi355x = peaks_by_math(device("AMD Instinct MI355X", "gfx950", 256))
+    assert (mi355x["bf16"], mi355x["fp8"], mi355x["fp4"]) == pytest.approx((2516.6e12, 5033.2e12, 10066.3e12))
+    assert "fp8" not in peaks_by_math(device("AMD Instinct MI250X/MI250", "gfx90a", 110))  # CDNA 2: no FP8
+    peak = peak_for(device("AMD Instinct MI325X", "gfx942", 304), standard_plan("bf16-mixed", "ieee-fp32"))
+    assert peak.table_version == TABLE_VERSION and peak.memory_bandwidth_bytes_per_s == 6.0e12
+
+
+def test_an_unknown_or_sibling_device_never_gets_another_devices_peak() -> None:
+    from accelbench_rocm.peaks import peaks_by_math
+
+    plan = standard_plan("bf16-mixed", "ieee-fp32")
+    for unknown in (
+        device("AMD Instinct MI350X", "gfx950", 256),  # the MI355X's sibling at a lower clock
+        device("", "gfx950", 256),  # unnamed: MI350X or MI355X
+        device("AMD Instinct MI300A", "gfx942", 228),
+        device("AMD Radeon PRO W7900", "gfx1100", 96),
+    ):
+        assert peak_for(unknown, plan) is None and peaks_by_math(unknown) == {}, unknown.name
+    # no FP8 precision runs on this plugin, so no FP8 plan gets a bf16 figure either
+    assert (
+        peak_for(device("AMD Instinct MI300X", "gfx942", 304), standard_plan("fp8-tensorwise", "ieee-fp32"))
+        is None
     )

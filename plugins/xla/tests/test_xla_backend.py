@@ -121,3 +121,14 @@ def test_one_graph_runs_per_step_through_the_step_boundary_and_a_missing_one_sho
         counts[mode] = answer["executions"]
     assert counts["honour"] >= 8, counts
     assert counts["forget"] < 8, counts
+
+
+def test_tpu_peaks_by_math_are_bf16_only_and_versioned() -> None:
+    assert peaks.peaks_by_math("TPU v6e") == {"bf16": 918e12}  # no FP8 or FP4 on v4-v6e
+    assert (
+        peaks.peaks_by_math("TPU v7 (Ironwood)") == {}
+        and peaks.peaks_by_math("XLA CPU (PJRT CPU client)") == {}
+    )
+    peak = peaks.peak_for("TPU v5e", standard_plan("bf16-mixed", "ieee-fp32"))
+    assert peak is not None and peak.table_version == peaks.TABLE_VERSION
+    assert peaks.peak_for("TPU v5e", standard_plan("fp8-rowwise", "ieee-fp32")) is None

@@ -246,3 +246,19 @@ def test_energy_from_the_cards_hwmon_counter_when_the_card_is_known(
     intel_card(tmp_path, "card2", 1)
     plugin.epoch_start(device)
     assert plugin.epoch_end(device).energy is None
+
+
+def test_the_max_series_has_no_fp8_and_unknown_devices_get_no_peaks_by_math() -> None:
+    from accelbench_xpu.peaks import MAX_1550_CARD, TABLE_VERSION, peaks_by_math
+
+    tile = DeviceInfo(
+        index=0, name="Intel(R) Data Center GPU Max 1550", details={"device_unit": "tile (one stack)"}
+    )
+    assert MAX_1550_CARD["fp8"] is None and MAX_1550_CARD["fp4"] is None  # recorded as absent, not guessed
+    assert peaks_by_math(tile) == {"bf16": 419.5e12, "fp16": 419.5e12, "fp32": 26e12}  # half a card's, dense
+    arc = DeviceInfo(index=0, name="Intel(R) Arc(TM) A770 Graphics", details={"device_unit": "card"})
+    assert peaks_by_math(arc) == {}
+    assert peak_for(tile, standard_plan("bf16-mixed", "ieee-fp32")).table_version == TABLE_VERSION
+    assert (
+        peak_for(tile, standard_plan("fp8-tensorwise", "ieee-fp32")) is None
+    )  # no FP8 math: no bf16 stand-in

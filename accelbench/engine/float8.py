@@ -1,0 +1,181 @@
+"""FP8 training (``--precision fp8-tensorwise`` / ``fp8-rowwise``) through torchao's float8 training recipes.
+
+torchao swaps ``nn.Linear`` modules for its ``Float8Linear``, whose three matmuls (forward, input gradient, weight
+gradient) cast their operands to FP8 with dynamic scales; everything else (attention's score and value products,
+norms, embeddings, the loss) runs under the plan's bfloat16 autocast, as torchao's own recipes do. Which linears are
+converted is decided here, before torchao is called, so the record can say exactly which ran in FP8 and why the
+others did not: FP8 matmuls need both dimensions divisible by 16, and the output head stays in BF16 (torchtitan's
+float8 converter leaves its ``output`` layer out by default: the logits are the most precision-sensitive matmul).
+
+torchao is imported only here and only for an FP8 run; it is an optional extra of the CUDA plugin
+(``pip install 'accelbench-cuda[fp8]'``), the one backend that declares FP8 precisions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from accelbench.contract import FP8_PRECISIONS, Float8Layers, PrecisionPlan
+from accelbench.contract.strategies import Strategy
+from accelbench.errors import BackendError, ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.config import RunConfig
+    from accelbench.workloads import ModelUnits, Workload
+
+FP8_DIM_MULTIPLE = 16  # FP8 GEMMs (cuBLAS, CUTLASS) need both dimensions of the weight divisible by 16
+TORCHAO_INSTALL = "pip install 'accelbench-cuda[fp8]'"
+# The strategies that convert the model before wrapping it (torchao composes with DDP and FSDP2); tensor and
+# pipeline parallelism would need torchao's float8 tensor-parallel styles, DeepSpeed and Lightning their own paths.
+FP8_STRATEGIES = (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP)
+HEAD_REASON = "the output head stays in BF16, as torchtitan's float8 converter leaves its output layer"
+FLOP_SHARE_BASIS = (
+    "6 x in_features x out_features FLOPs (forward and backward, 2 a multiply-add) per token for each converted "
+    "linear, times the workload's tokens per sample, over the workload's model FLOPs per sample (at most all of "
+    "them): each token passes each converted linear once, as in a dense decoder (a routed expert sees only its "
+    "tokens, so for a mixture of experts this overstates FP8's share)"
+)
+
+
+def is_fp8(precision: str) -> bool:
+    return precision in FP8_PRECISIONS
+
+
+def require_torchao() -> Any:
+    """torchao's ``torchao.float8`` module, or a ConfigError naming the install command."""
+    try:
+        import torchao.float8 as float8
+    except ImportError as exc:
+        raise ConfigError(
+            f"FP8 training (--precision {'/'.join(FP8_PRECISIONS)}) runs through torchao's float8 training, and "
+            f"torchao.float8 cannot be imported ({exc}); install it with: {TORCHAO_INSTALL}"
+        ) from None
+    return float8
+
+
+def check_fp8_run(config: RunConfig) -> None:
+    """Refuse, before anything starts, an FP8 run whose strategy or engine would not convert the model."""
+    if not is_fp8(config.precision):
+        return
+    if config.engine != "native":
+        raise ConfigError(
+            f"--precision {config.precision} with --engine {config.engine}: FP8 linears are converted by the "
+            "native engine only; use --engine native"
+        )
+    if config.strategy not in FP8_STRATEGIES:
+        raise ConfigError(
+            f"--precision {config.precision} with --strategy {config.strategy}: FP8 training runs with strategies "
+            f"{', '.join(str(s) for s in FP8_STRATEGIES)} (torchao's linears convert before DDP or FSDP2 wraps "
+            "the model); use one of them, or a bf16 precision for this strategy"
+        )
+
+
+def fp8_layer_choice(model: torch.nn.Module, units: ModelUnits) -> tuple[list[str], dict[str, str]]:
+    """The linears to convert (fully qualified names) and those kept in BF16 with the reason, before converting."""
+    import torch
+
+    converted: list[str] = []
+    kept: dict[str, str] = {}
+    for fqn, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        in_features, out_features = module.in_features, module.out_features
+        if type(module) is not torch.nn.Linear:
+            kept[fqn] = (
+                f"a {type(module).__name__}, not a plain nn.Linear: its owner may use the weight without its "
+                "forward (nn.MultiheadAttention's out_proj does), so converting it could change nothing"
+            )
+        elif any(fqn == head or fqn.startswith(f"{head}.") for head in units.head):
+            kept[fqn] = HEAD_REASON
+        elif in_features % FP8_DIM_MULTIPLE or out_features % FP8_DIM_MULTIPLE:
+            kept[fqn] = (
+                f"in_features {in_features} x out_features {out_features}: FP8 matmuls need both divisible by "
+                f"{FP8_DIM_MULTIPLE}"
+            )
+        else:
+            converted.append(fqn)
+    return converted, kept
+
+
+def convert_to_fp8(
+    model: torch.nn.Module,
+    recipe: str,
+    units: ModelUnits,
+    flops_per_sample: float,
+    tokens_per_sample: int,
+) -> Float8Layers:
+    """Swap the chosen linears of ``model`` (placed on its device, not yet wrapped or compiled) for torchao's
+    Float8Linear in place, with torchao's recipe ``recipe``; return what ran in FP8 for the record."""
+    import torch
+
+    float8 = require_torchao()
+    config = float8.Float8LinearConfig.from_recipe_name(recipe)
+    converted, kept = fp8_layer_choice(model, units)
+    if not converted:
+        raise ConfigError(
+            f"--precision fp8-{recipe}: no linear of this model can run in FP8 ({len(kept)} kept: "
+            + "; ".join(f"{fqn}: {why}" for fqn, why in kept.items())
+            + "); choose a model with linears whose dimensions are multiples of 16, or a bf16 precision"
+        )
+    chosen = frozenset(converted)
+
+    def module_filter_fn(module: torch.nn.Module, fqn: str) -> bool:
+        return fqn in chosen
+
+    result = float8.convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
+    if result is not model:
+        raise BackendError("torchao replaced the model itself rather than its linears; nothing was converted")
+    unconverted = [fqn for fqn in converted if type(model.get_submodule(fqn)) is torch.nn.Linear]
+    if unconverted:
+        raise BackendError(
+            f"torchao left {len(unconverted)} chosen linear(s) unconverted: {', '.join(unconverted)}"
+        )
+    return _layers_record(model, recipe, converted, kept, flops_per_sample, tokens_per_sample)
+
+
+def planned_fp8_layers(plan: PrecisionPlan, workload: Workload, config: RunConfig) -> PrecisionPlan:
+    """``plan`` with the linears an FP8 run of ``workload`` would convert, chosen on a meta-device build (shapes,
+    no storage, no torchao): what ``accelbench estimate`` and ``plan`` weigh the FP8 and BF16 peaks with, for a
+    device that is not here. Any other plan is returned as it is."""
+    import torch
+
+    if plan.fp8_recipe is None or plan.fp8_layers is not None:
+        return plan
+    with torch.device("meta"):
+        job = workload.build(config)
+    converted, kept = fp8_layer_choice(job.model, job.units)
+    layers = _layers_record(
+        job.model, plan.fp8_recipe, converted, kept, job.flops_per_sample, job.tokens_per_sample
+    )
+    return plan.model_copy(update={"fp8_layers": layers})
+
+
+def _layers_record(
+    model: torch.nn.Module,
+    recipe: str,
+    converted: list[str],
+    kept: dict[str, str],
+    flops_per_sample: float,
+    tokens_per_sample: int,
+) -> Float8Layers:
+    """The record of an FP8 conversion, with the converted linears' share of the model FLOPs per sample."""
+    import torch
+
+    multiply_adds = 0
+    for fqn in converted:
+        module = model.get_submodule(fqn)
+        assert isinstance(module, torch.nn.Linear)
+        multiply_adds += module.in_features * module.out_features
+    fp8_flops = 6.0 * multiply_adds * tokens_per_sample
+    share = min(1.0, fp8_flops / flops_per_sample) if flops_per_sample > 0 else 0.0
+    return Float8Layers(
+        recipe=recipe,
+        converted=converted,
+        kept=kept,
+        converted_count=len(converted),
+        kept_count=len(kept),
+        fp8_flop_share=share,
+        flop_share_basis=FLOP_SHARE_BASIS,
+    )
