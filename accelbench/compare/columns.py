@@ -335,7 +335,7 @@ REGISTRY: tuple[Column, ...] = (
         lambda c, g: fmt_significant(c.spread("usd_per_run")),
         figure=True,
         optional=True,
-        after="usd_per_mtok",
+        after="mfu",
         drop=3,
     ),
     Column("compile_s", "compile s", lambda c, g: fmt_compile(c), figure=True, drop=2),
