@@ -317,7 +317,8 @@ class RunConfig(BaseModel):
                 f"--mesh {given} on {world} device(s): no axis larger than 1; tensor or pipeline parallelism needs at "
                 "least 2 devices (--devices N)"
             )
-        chosen = "mesh" if len(sizes) > 1 else next(iter(sizes))
+        # an expert axis runs on the mesh executor even alone (its ranks are data-parallel for the rest)
+        chosen = "mesh" if len(sizes) > 1 or "ep" in sizes else next(iter(sizes))
         if self.strategy == Strategy.SINGLE:
             self._normalise(strategy=chosen)
         elif self.strategy != chosen:
@@ -371,6 +372,14 @@ class RunConfig(BaseModel):
                 f"--mesh {self.mesh}: DDP cannot hold tensor-parallel (DTensor) parameters; write the data axis as "
                 "dp= (FSDP2) to compose data with tensor parallelism"
             )
+        if "ep" in sizes:
+            others = [a for a in sizes if a in ("tp", "pp")]
+            if others:
+                raise ValueError(
+                    f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis (dp/fsdp or ddp) only, not "
+                    f"with {', '.join(others)}; e.g. --mesh dp=2,ep={sizes['ep']} (every ep rank also trains its own "
+                    "share of the batch)"
+                )
         if self.sequence_parallel and "tp" not in sizes:
             raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")
         unsupported = [

@@ -323,6 +323,16 @@ def summary_table(record: ResultRecord) -> Table:
         if quality.target is not None:
             style = "" if quality.target.reached else "[bold yellow]"
             table.add_row("target", style + escape(quality.target.message))
+    routing = record.workload.get("routing")
+    if isinstance(routing, dict) and routing.get("tokens_per_expert"):  # a mixture of experts' load
+        imbalance, worst = routing.get("imbalance"), routing.get("worst_layer_imbalance")
+        table.add_row(
+            "routing",
+            f"tokens per expert {', '.join(f'{n:,}' for n in routing['tokens_per_expert'])} (all layers, timed "
+            "steps); imbalance max/mean "
+            + (f"{imbalance:.2f}" if imbalance is not None else "n/a")
+            + (f", worst layer {worst:.2f}" if worst is not None else ""),
+        )
     if m.host is not None:
         table.add_row("host", ("[bold yellow]" if m.host.contended else "") + escape(m.host.note))
     if record.data.get("bottleneck"):  # a workload's data pipeline that kept the training loop waiting

@@ -4,13 +4,15 @@ Every part of accelbench that needs the layout reads it from here: the run confi
 the pipeline's options checked), the tensor/pipeline-parallel executor (ranks, groups, stages, torch's
 ``DeviceMesh``), the analytical model (sizes, schedule, microbatches) and the report (a mesh label's sizes).
 
-The axes have generic names: ``dp`` (data), ``tp`` (tensor), ``pp`` (pipeline). On the command line the data axis is
+The axes have generic names: ``dp`` (data), ``tp`` (tensor), ``pp`` (pipeline), ``ep`` (expert: a mixture of
+experts' routed experts sharded over its ranks, which are data-parallel for everything else). On the command line the data axis is
 written by what runs on it: ``dp`` (FSDP2, the default), ``fsdp`` or ``ddp``. Ranks are laid out row-major over the
 axes in placement order, as ``init_device_mesh`` lays them: the innermost axis takes consecutive ranks, and since
 launchers number the ranks of a node consecutively, it stays inside a node whenever its size divides the devices per
 node. The default order, ``pp, dp, tp``, puts tensor parallelism inside a node and pipeline stages across nodes,
 which seed 001 found fastest (tensor parallelism's all-reduces on every layer need the node's fast links; a pipeline
-sends once per microbatch boundary).
+sends once per microbatch boundary). The expert axis sits inside the data axis (``pp, dp, ep, tp``): its all_to_all
+exchanges, two per MoE layer forward and two backward, want the node's links too.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ if TYPE_CHECKING:
 
 # the data axis's spellings -> what runs on it
 DATA_AXES = {"dp": "fsdp", "fsdp": "fsdp", "ddp": "ddp"}
-MESH_AXES = ("dp", "tp", "pp")  # generic names, as --placement lists them
-DEFAULT_ORDER = ("pp", "dp", "tp")  # outermost first: tensor parallelism innermost (inside a node)
+MESH_AXES = ("dp", "tp", "pp", "ep")  # generic names, as --placement lists them
+DEFAULT_ORDER = ("pp", "dp", "ep", "tp")  # outermost first: tensor parallelism innermost (inside a node)
 # torch.distributed.pipelining's schedules by accelbench's names -> the stages each pipeline rank holds: "one"; "loop"
 # (v >= 1 stages, rank r holding stages r, r+p, ...; default 2); "v" (exactly 2, V-shaped: r and 2p-1-r)
 PP_SCHEDULES = {
@@ -63,17 +65,17 @@ def parse_mesh(text: str) -> dict[str, int]:
             not sep
             or not size.isdigit()
             or int(size) < 1
-            or (axis not in DATA_AXES and axis not in ("tp", "pp"))
+            or (axis not in DATA_AXES and axis not in ("tp", "pp", "ep"))
         ):
             raise ValueError(
-                f"--mesh {text!r}: {part!r} is not AXIS=SIZE; write sizes of the axes dp (FSDP2; or fsdp, ddp), tp "
-                "and pp, e.g. --mesh dp=2,tp=2"
+                f"--mesh {text!r}: {part!r} is not AXIS=SIZE; write sizes of the axes dp (FSDP2; or fsdp, ddp), tp, "
+                "pp and ep (experts), e.g. --mesh dp=2,tp=2"
             )
         name = DATA_AXES.get(axis, axis)
         if any(generic_axis(a) == generic_axis(name) for a in sizes):
             raise ValueError(f"--mesh {text!r}: the {generic_axis(name)} axis is given twice")
         sizes[name] = int(size)
-    order = ("fsdp", "ddp", "tp", "pp")
+    order = ("fsdp", "ddp", "ep", "tp", "pp")
     return {axis: sizes[axis] for axis in order if sizes.get(axis, 1) > 1}
 
 
@@ -83,14 +85,14 @@ def format_mesh(sizes: Mapping[str, int]) -> str:
 
 
 def generic_axis(axis: str) -> str:
-    """``fsdp``/``ddp``/``dp`` -> ``dp``; ``tp``, ``pp`` unchanged."""
+    """``fsdp``/``ddp``/``dp`` -> ``dp``; ``tp``, ``pp``, ``ep`` unchanged."""
     return "dp" if axis in DATA_AXES else axis
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """How a job's ranks divide the work: the sizes of the data, tensor and pipeline axes (1 where absent), what runs
-    on the data axis, the placement order, and the pipeline's schedule, microbatches and stages per rank.
+    """How a job's ranks divide the work: the sizes of the data, tensor, pipeline and expert axes (1 where absent),
+    what runs on the data axis, the placement order, and the pipeline's schedule, microbatches and stages per rank.
 
     Built from a run configuration with :meth:`of` (for any strategy: ddp, fsdp and ZeRO are a dp axis over the
     whole job), or directly for the analytical model."""
@@ -98,6 +100,7 @@ class ParallelDims:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert-parallel ranks: each holds 1/ep of every layer's routed experts
     data_parallel: str | None = (
         None  # what runs on the dp axis: fsdp, ddp or a ZeRO strategy; None without one
     )
@@ -126,6 +129,7 @@ class ParallelDims:
             dp=next((s for a, s in canonical.items() if a in DATA_AXES.values()), 1),
             tp=canonical.get("tp", 1),
             pp=canonical.get("pp", 1),
+            ep=canonical.get("ep", 1),
             data_parallel=next((a for a in canonical if a in DATA_AXES.values()), None),
             placement=config.placement,
             ranks_per_node=config.devices,
@@ -144,6 +148,7 @@ class ParallelDims:
             dp=next((s for a, s in canonical.items() if a in DATA_AXES.values()), 1),
             tp=canonical.get("tp", 1),
             pp=canonical.get("pp", 1),
+            ep=canonical.get("ep", 1),
             data_parallel=next((a for a in canonical if a in DATA_AXES.values()), None),
             **rest,
         )
@@ -151,7 +156,7 @@ class ParallelDims:
     # -- sizes ---------------------------------------------------------------------------------------------------
 
     def size(self, axis: str) -> int:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}[generic_axis(axis)]
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep}[generic_axis(axis)]
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -165,8 +170,13 @@ class ParallelDims:
         return {axis: self.size(axis) for axis in self.order}
 
     @property
+    def _axes(self) -> tuple[str, ...]:
+        """The axes a layout speaks of: dp, tp and pp always (size 1 where absent), ep where experts are sharded."""
+        return MESH_AXES if self.ep > 1 else tuple(a for a in MESH_AXES if a != "ep")
+
+    @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.ep
 
     @property
     def model_parallel(self) -> int:
@@ -191,7 +201,7 @@ class ParallelDims:
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """This rank's index along each axis (0 along absent axes): row-major over the placement order."""
-        out = dict.fromkeys(MESH_AXES, 0)
+        out = dict.fromkeys(self._axes, 0)
         for axis in reversed(self.order):
             size = self.size(axis)
             out[axis], rank = rank % size, rank // size
@@ -243,12 +253,17 @@ class ParallelDims:
     def describe(self) -> dict[str, Any]:
         """The mesh for the record: sizes, order, what runs on the data axis, and where each axis's groups sit."""
         return {
-            "sizes": {axis: self.size(axis) for axis in MESH_AXES},
+            "sizes": {axis: self.size(axis) for axis in self._axes},
             "data_parallel": self.data_parallel,
             "order": list(self.order),
             "placement": (
-                "auto: pp, dp, tp from outermost to innermost (tensor parallelism inside a node, pipeline stages "
-                "across nodes)"
+                (
+                    "auto: pp, dp, ep, tp from outermost to innermost (expert and tensor parallelism inside a node, "
+                    "pipeline stages across nodes)"
+                    if self.ep > 1
+                    else "auto: pp, dp, tp from outermost to innermost (tensor parallelism inside a node, pipeline "
+                    "stages across nodes)"
+                )
                 if self.placement == "auto"
                 else f"given: {', '.join(self.order)} from outermost to innermost"
             ),

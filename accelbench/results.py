@@ -473,6 +473,8 @@ class ResultRecord(_Model):
 
 
 MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; a file far larger is not one, and is not read whole
+# a sweep's own folder in its output folder: each point's RunConfig (JSON, not a record), which compare passes over
+POINTS_FOLDER = ".accelbench-points"
 FALLBACK_ENV = "ACCELBENCH_FALLBACK_DIR"  # where a record goes when its output folder cannot take it
 
 

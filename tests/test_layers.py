@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
-     "accelbench.engine.metrics", "accelbench.engine.tensor_peak", "accelbench.estimate"),
+     "accelbench.engine.metrics", "accelbench.engine.tensor_peak", "accelbench.engine.float8", "accelbench.estimate"),
     ("accelbench.plugins",),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",

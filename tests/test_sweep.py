@@ -213,6 +213,7 @@ def test_builtin_suites_reproduce_the_seed_study_at_both_scales() -> None:
         "seed004-scaling",
         "seed004-epochs",
         "seed004-models",
+        "mlperf-proxy",  # checked in tests/test_mlperf_proxy.py
     }
     seed = {name: load_sweep(path) for name, path in suites.items()}
     tiny = {name: load_sweep(path, scale="tiny") for name, path in suites.items()}

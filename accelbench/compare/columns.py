@@ -306,6 +306,19 @@ REGISTRY: tuple[Column, ...] = (
         "V/12lh) per iteration), as seed 003 reports it.",
     ),
     Column(
+        "routing_imbalance",
+        "routing",
+        lambda c, g: "-" if (r := c.spread("routing_imbalance")) is None else f"{r.median:.2f}×",
+        figure=True,
+        optional=True,
+        after="mfu",
+        drop=4,
+        note="routing = a mixture of experts' balance: tokens routed to the busiest expert over the mean, over the "
+        "timed steps of every rank and all layers (1.00× = even; record.workload.routing has each layer's): under "
+        "expert parallelism the rank holding the busiest expert sets the step's time.",
+        caption="routing: tokens of the busiest expert over the mean (1.00× = even).",
+    ),
+    Column(
         "bubble",
         "bubble",
         lambda c, g: fmt_bubble(c),

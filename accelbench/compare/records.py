@@ -22,7 +22,7 @@ from accelbench.comm.options import implausible
 from accelbench.comm.records import CommRecord, comm_record_in
 from accelbench.compare.summary import Interner, RecordView, RunSummary, summarize
 from accelbench.errors import AccelbenchError, ResultFileError
-from accelbench.results import migrate, read_record, read_record_bytes
+from accelbench.results import POINTS_FOLDER, migrate, read_record, read_record_bytes
 
 
 @dataclass
@@ -41,7 +41,7 @@ def _walk(folder: str) -> Iterator[str]:
     """``*.json`` files under ``folder`` in path order (names compared part by part, as sorting Paths does).
 
     Temporary files of an atomic write in progress (``.tmp-*``) and a profiled run's trace being written
-    (``.trace-*``) are not records yet and are left alone; links to folders are not followed (a loop would never
+    (``.trace-*``) are not records yet and are left alone, as is a sweep's folder of point configurations; links to folders are not followed (a loop would never
     end); a link that cannot be resolved (a loop of links) is listed, so that reading it names the problem; pipes
     and devices are left alone (reading one could block or never end). A folder that cannot be listed is an
     :class:`AccelbenchError` naming it.
@@ -53,7 +53,8 @@ def _walk(folder: str) -> Iterator[str]:
         raise AccelbenchError(f"{folder}: cannot list this folder ({exc.strerror or exc})") from None
     for entry in entries:
         if entry.is_dir(follow_symlinks=False):
-            yield from _walk(entry.path)
+            if entry.name != POINTS_FOLDER:  # a sweep's point configurations: not records
+                yield from _walk(entry.path)
         elif entry.name.endswith(".json") and not entry.name.startswith(_IN_PROGRESS):
             try:
                 regular = entry.is_file()

@@ -301,6 +301,9 @@ class RunFigures:
     mfu_error: bool = False  # MFU above 100%: the record's peak was wrong; never shown as a figure
     contended: bool = False  # the host was busy while it ran: its figures understate the system
     megatron_tflops_per_device: float | None = None  # achieved TFLOP/s per device, Megatron's count
+    routing_imbalance: float | None = (
+        None  # a mixture of experts: tokens of the busiest expert / the mean (1 = even)
+    )
     bubble: float | None = None  # a pipeline's measured idle fraction (executor.pipeline.bubble)
     bubble_analytical: float | None = None  # ... and the schedule's analytical bubble
     step_split: tuple[tuple[str, float], ...] | None = None  # run --profile: seconds per category of a step
@@ -383,6 +386,14 @@ def _fraction(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _routing_imbalance(workload: dict[str, Any]) -> float | None:
+    """A mixture of experts' routing balance (``workload.routing.imbalance``: max / mean tokens over the experts),
+    or None: none recorded, or not a figure a count gives (below 1, not finite)."""
+    routing = workload.get("routing")
+    value = _fraction(routing.get("imbalance")) if isinstance(routing, dict) else None
+    return value if value is not None and value >= 1 else None
+
+
 def _predicted(prediction: _Prediction | None) -> dict[str, Any]:
     if prediction is None:
         return {}
@@ -452,6 +463,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             warmup_s=metrics.warmup.wall_s if metrics.warmup else None,
             contended=bool(metrics.host and metrics.host.contended),
             megatron_tflops_per_device=metrics.steady.megatron_tflops_per_device if metrics.steady else None,
+            routing_imbalance=_routing_imbalance(view.workload),
             **_bubble(view.executor),
             step_split=tuple(view.profile.seconds.items()) if view.profile else None,
             step_s=statistics.median(e.wall_s for e in steady) / metrics.epochs[-1].steps

@@ -85,6 +85,12 @@ def executor_for(request: ExecutorRequest) -> Executor:
         return FSDPExecutor(request)
     if kind is not None and kind.model_parallel:
         from accelbench.engine.parallel.executor import ParallelExecutor
+        from accelbench.parallel_dims import ParallelDims
+
+        if ParallelDims.of(request.config).ep > 1:
+            from accelbench.engine.parallel.ep import ExpertParallelExecutor
+
+            return ExpertParallelExecutor(request)
 
         return ParallelExecutor(request)
     if kind is not None and kind.zero_stage is not None:

@@ -58,6 +58,8 @@ class RankLog:
     executor_facts: dict[str, Any] = field(
         default_factory=dict
     )  # Executor.rank_facts(): e.g. a pipeline's idle time
+    # TrainingJob.step_counts read after each timed epoch, summed over the epochs (the moe's tokens per expert)
+    step_counts: list[list[int]] | None = None
     tensor_peak: dict[str, int] | None = None  # one untimed step's live tensor peak by kind, with its "total"
     # what names the slowest rank (accelbench.engine.stragglers): per epoch
     epoch_data_wait_s: list[float] = field(default_factory=list)  # getting its batches

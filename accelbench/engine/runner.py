@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -494,6 +494,8 @@ def measure(
                 steps_done = 0
                 for tracker in trackers:
                     tracker.start()
+                if job.step_counts is not None:
+                    job.step_counts.reset()
                 backend.synchronize(device)
                 start = time.perf_counter()
                 data_s = 0.0  # this rank's wait for its batches (what names a straggler's cause)
@@ -528,6 +530,8 @@ def measure(
                 for tracker in reversed(trackers):
                     tracker.stop(log)
                 result.memory = readings.memory
+                if job.step_counts is not None:
+                    log.step_counts = add_counts(log.step_counts, job.step_counts.read())
                 log.epoch_wall_s.append(wall)
                 log.epoch_samples.append(samples)
                 log.epoch_steps.append(steps_done)
@@ -854,6 +858,27 @@ def _write_records(
     return record, path, record.outcome.status
 
 
+def add_counts(total: list[list[int]] | None, more: list[list[int]]) -> list[list[int]]:
+    """Step counts added element by element (epochs of a rank, or ranks of a job)."""
+    if total is None:
+        return [list(row) for row in more]
+    return [[a + b for a, b in zip(x, y, strict=True)] for x, y in zip(total, more, strict=True)]
+
+
+def workload_summary(job: TrainingJob, logs: list[RankLog]) -> dict[str, Any]:
+    """The workload's summary for the record, with what its step counts say, summed over every rank that reported
+    them (the moe's routing balance)."""
+    if job.step_counts is None:
+        return job.summary
+    total: list[list[int]] | None = None
+    for log in logs:
+        if log.step_counts is not None:
+            total = add_counts(total, log.step_counts)
+    if total is None:
+        return job.summary
+    return {**job.summary, **job.step_counts.summarise(total)}
+
+
 class _Records:
     """Rank 0's record of a run, built from what was measured, and its drafts: written before each optional step
     after the timed epochs, completed (replaced, atomically) after it."""
@@ -875,7 +900,7 @@ class _Records:
             system=self.system,
             backend=run_.backend_record,
             precision=run_.executor.effective_precision(run_.request.precision),
-            workload=job.summary if job else {},
+            workload=workload_summary(job, logs) if job else {},
             workload_identity=identity_of(run_.workload, config),
             data=job.data.describe() if job else {},
             executor=run_.executor.describe() if job else {},

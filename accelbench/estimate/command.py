@@ -586,6 +586,13 @@ def show(prediction: Prediction, out: Console) -> None:
     out.print(
         f"parameters: {_count(p.parameters)} ({p.parameters:,}{stored})", highlight=False, soft_wrap=True
     )
+    if p.active_parameters is not None:  # a mixture of experts: what a token is computed with, what ep shards
+        out.print(
+            f"active parameters: {_count(p.active_parameters)} ({p.active_parameters:,}) per token; routed experts "
+            f"{_count(p.expert_parameters)} ({p.expert_parameters:,}), all held in memory (sharded by an ep axis)",
+            highlight=False,
+            soft_wrap=True,
+        )
     capacity = p.device_memory_bytes
     memory = Table(title="memory per device (predicted peak)")
     for column in ("kind", "bytes", "share"):

@@ -54,6 +54,12 @@ class WorkloadFacts:
     transformer: TransformerShape | None = None
     dropout: float = 0.0
     source: str = ""
+    # a mixture of experts (its summary's): the routed experts' parameters (what an ep axis shards), the parameters
+    # one token is computed with, and per MoE layer the experts each token visits and the layers
+    expert_parameters: int = 0
+    active_parameters: int | None = None
+    top_k: int = 0
+    moe_layers: int = 0
 
 
 def meta_facts(workload: Workload, config: RunConfig) -> WorkloadFacts:
@@ -91,7 +97,8 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
     summary: dict[str, Any] = job.summary
     shape = _transformer(summary, units, stored - sum(units))
     megatron = job.megatron_flops_per_sample
-    if megatron is None and shape is not None:
+    # Megatron's dense count has no routed experts: a mixture of experts is counted by its own formula only
+    if megatron is None and shape is not None and not summary.get("expert_parameters"):
         megatron = megatron_flops_per_iteration(
             1, shape.sequence, shape.layers, shape.hidden, int(summary.get("vocab_size", shape.vocab))
         )
@@ -115,6 +122,10 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         transformer=shape,
         dropout=float(summary.get("dropout", 0.0) or 0.0),
         source=source,
+        expert_parameters=int(summary.get("expert_parameters", 0) or 0),
+        active_parameters=int(summary["active_parameters"]) if summary.get("active_parameters") else None,
+        top_k=int(summary.get("top_k", 0) or 0),
+        moe_layers=int(summary.get("n_layer", 0) or 0) if summary.get("expert_parameters") else 0,
     )
 
 

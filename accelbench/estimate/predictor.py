@@ -54,7 +54,11 @@ from accelbench.estimate.step_time import (
     optimizer_time,
     time_comm,
 )
-from accelbench.estimate.strategies import data_parallel_breakdown, model_parallel_breakdown
+from accelbench.estimate.strategies import (
+    data_parallel_breakdown,
+    expert_parallel_breakdown,
+    model_parallel_breakdown,
+)
 from accelbench.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
@@ -123,7 +127,11 @@ def predict_step(
     stack = stack or Stack()
     state = state_bytes(layout.precision, layout.strategy)
     keeps_scores = stack.keeps_scores(hardware.device_type, facts.dropout)
-    if layout.strategy in MODEL_PARALLEL:
+    bubble: float | None
+    if layout.dims.ep > 1:  # each rank its own batch, through 1/ep of the experts: FLOPs per device as DDP's
+        memory, comm = expert_parallel_breakdown(facts, layout, state, keeps_scores, hardware, notes, stack)
+        flops, bubble = facts.flops_per_sample * layout.batch_size, 0.0
+    elif layout.strategy in MODEL_PARALLEL:
         memory, comm, flops, bubble = model_parallel_breakdown(
             facts, layout, state, keeps_scores, notes, device_type=hardware.device_type, stack=stack
         )
@@ -183,6 +191,8 @@ def predict_step(
         device_memory_bytes=hardware.memory_bytes,
         parameters=facts.parameters,
         stored_parameters=facts.stored_parameters,
+        active_parameters=facts.active_parameters,
+        expert_parameters=facts.expert_parameters,
         flops_per_step=flops,
         flops_formula=facts.flops_formula,
         megatron_flops_per_step=megatron,

@@ -168,6 +168,14 @@ class Prediction(_Model):
     )
     parameters: int = Field(description="The workload's parameter count.")
     stored_parameters: int = Field(description="Parameter elements allocated (padding included, tied once).")
+    active_parameters: int | None = Field(
+        default=None,
+        description="A mixture of experts: the parameters one token is computed with (top-k routed experts, "
+        "shared expert, attention, router, embedding row and head); None for dense models.",
+    )
+    expert_parameters: int = Field(
+        default=0, description="A mixture of experts: its routed experts' parameters, all layers (0: none)."
+    )
     flops_per_step: float = Field(
         description="FLOPs one device computes per step, by the workload's formula."
     )

@@ -6,6 +6,7 @@ Communication is counted in nccl-tests' bus bytes per device (see :mod:`accelben
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from accelbench.contract.strategies import Strategy
@@ -30,6 +31,7 @@ from accelbench.estimate.schema import CommOp, MemoryBreakdown
 from accelbench.estimate.shape import RunShape
 from accelbench.estimate.stack import Stack
 from accelbench.estimate.state import StateBytes, element_type
+from accelbench.parallel_dims import ParallelDims
 
 # torch DistributedDataParallel's default gradient bucket (bucket_cap_mb=25)
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -501,3 +503,132 @@ def model_parallel_breakdown(
     if mesh.pp > 1 and bubble is None:
         notes.assume(f"pipeline schedule {mesh.schedule}: no closed-form bubble; taken as none (its ideal)")
     return memory, comm, flops, bubble
+
+
+# --- expert parallelism: a mixture of experts' routed experts over the ep axis ----------------------------------
+
+
+def expert_parallel_breakdown(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    keeps_scores: bool,
+    hardware: Hardware,
+    notes: Notes,
+    stack: Stack | None = None,
+) -> tuple[MemoryBreakdown, list[CommOp]]:
+    """Memory and collectives of one device of ``--mesh ep=N`` / ``ddp=D,ep=N`` (accelbench.engine.parallel.ep):
+    DDP's figures for a model holding the replicated parameters whole and 1/ep of the routed experts; the replicated
+    gradients all-reduced over every rank, the experts' over the data axis; and the token exchange, an all_to_all
+    over the ep group of each rank's b*s*k routed rows of h values, twice per MoE layer in forward and twice in
+    backward (nccl-tests' bus bytes, (n-1)/n of each rank's send buffer)."""
+    dims = layout.dims
+    if not facts.expert_parameters:
+        raise ConfigError(
+            f"--mesh ep={dims.ep}: workload {facts.workload!r} has no routed experts to shard; use --workload moe"
+        )
+    ep, world = dims.ep, dims.world
+    held_experts = facts.expert_parameters // ep
+    replicated = facts.stored_parameters - facts.expert_parameters
+    per_device = replicated + held_experts
+    exchange = _token_exchange(facts, layout, state)
+    if dims.data_parallel == Strategy.FSDP:
+        # the experts held (1/ep) sharded over the data axis, the rest over every rank: each device keeps 1/world of
+        # every parameter, FSDP over the whole job of the model's parameters; a unit gathers its 1/ep of the experts
+        per_layer = facts.expert_parameters // max(1, facts.moe_layers)
+        units = tuple(u - per_layer + per_layer // ep for u in facts.unit_parameters)
+        fsdp = RunShape(
+            strategy=Strategy.FSDP.value,
+            precision=layout.precision,
+            batch_size=layout.batch_size,
+            dims=ParallelDims(dp=world, data_parallel=Strategy.FSDP.value),
+            grad_accum=layout.grad_accum,
+        )
+        memory, comm = data_parallel_breakdown(
+            dataclasses.replace(facts, unit_parameters=units),
+            fsdp,
+            state,
+            keeps_scores,
+            hardware,
+            notes,
+            stack,
+        )
+        notes.assume(
+            f"expert parallelism over {ep} ranks with FSDP2: each device keeps 1/{world} of every parameter (the "
+            f"{replicated:,} replicated ones sharded over all ranks, its ep rank's {held_experts:,} experts' over the "
+            f"data axis); a unit gathers its 1/{ep} of the experts; FSDP's collectives counted over every rank (the "
+            "experts' really run over the data axis); activations a dense layer's (Korthikanti et al.)"
+        )
+        return memory, [*comm, exchange]
+    matmul = (
+        facts.matmul_parameters
+    )  # the linear layers: attention, router, head (the experts are not nn.Linear)
+    mine = dataclasses.replace(facts, stored_parameters=per_device, matmul_parameters=matmul)
+    ddp = RunShape(
+        strategy=Strategy.DDP.value,
+        precision=layout.precision,
+        batch_size=layout.batch_size,
+        dims=ParallelDims(dp=world, data_parallel=Strategy.DDP.value),
+        grad_accum=layout.grad_accum,
+    )
+    memory, _ = data_parallel_breakdown(mine, ddp, state, keeps_scores, hardware, notes, stack)
+    notes.assume(
+        f"expert parallelism over {ep} ranks: each holds the {replicated:,} replicated parameters and "
+        f"{held_experts:,} of the {facts.expert_parameters:,} routed experts' ({per_device:,} in all); the "
+        "activations are a dense layer's (Korthikanti et al.), not the routed experts' own"
+    )
+    comm = []
+    grad_dtype = element_type(state.grad, layout.precision)
+    comm.append(
+        CommOp(
+            op="all_reduce",
+            dtype=grad_dtype,
+            axis="dp",
+            ranks=world,
+            what="the replicated parameters' gradients, over every rank (the ep ranks train their own batches)",
+            count=1,
+            message_bytes=replicated * state.grad,
+            bus_bytes=allreduce_bytes(replicated * state.grad, world),
+            overlappable=False,  # after backward, one flat buffer
+        )
+    )
+    if dims.dp > 1:
+        comm.append(
+            CommOp(
+                op="all_reduce",
+                dtype=grad_dtype,
+                axis="dp",
+                ranks=dims.dp,
+                what="the held experts' gradients, over the data axis (ranks holding the same experts)",
+                count=1,
+                message_bytes=held_experts * state.grad,
+                bus_bytes=allreduce_bytes(held_experts * state.grad, dims.dp),
+                overlappable=False,
+            )
+        )
+    comm.append(exchange)
+    return memory, comm
+
+
+def _token_exchange(facts: WorkloadFacts, layout: RunShape, state: StateBytes) -> CommOp:
+    """The all_to_all of expert parallelism: each rank's b*s*k routed rows of h values to their experts' ranks and
+    back, twice per MoE layer in forward and twice in backward, (n-1)/n of each send buffer over the links."""
+    ep = layout.dims.ep
+    shape = facts.transformer
+    hidden = shape.hidden if shape is not None else 0
+    sequence = shape.sequence if shape is not None else facts.tokens_per_sample
+    rows = layout.batch_size * sequence * max(1, facts.top_k)
+    message = rows * hidden * state.activation
+    count = 4 * facts.moe_layers
+    return CommOp(
+        op="all_to_all",
+        dtype=element_type(state.activation, layout.precision),
+        axis="ep",
+        ranks=ep,
+        what="routed tokens to their experts' ranks and back (b*s*k rows of h), twice per MoE layer in forward "
+        "and twice in backward; even routing assumed",
+        count=count,
+        message_bytes=message,
+        bus_bytes=count * message * (ep - 1) / ep,
+        overlappable=False,
+    )

@@ -21,13 +21,13 @@ from pydantic import ValidationError
 from accelbench.config import RunConfig, flag_of
 from accelbench.contract import RunOption
 from accelbench.errors import AccelbenchError
+from accelbench.results import POINTS_FOLDER
 from accelbench.sweep.options import check_options, option_name
 from accelbench.sweep.resources import SlurmResources, check_resources
 
 SUITES_PACKAGE = "accelbench"
 SUITES_FOLDER = "suites"
 BASE_SCALE = "seed"  # the sizes as written in the file; always available
-POINTS_FOLDER = ".accelbench-points"  # each point's RunConfig, which its `accelbench run --config` reads
 
 _TOP_LEVEL = {"description", "repeats", "memory_cap", "run", "grid", "scales", "slurm"}
 # A sweep's size, checked before any point is expanded: every point is at least one process that loads torch and

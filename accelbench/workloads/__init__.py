@@ -62,7 +62,9 @@ class ModelUnits:
     are the shape of what flows between units (what pipeline stages send); ``stem_method``, ``head_method`` and
     ``loss_method`` name the model's methods that run the stem on the inputs, the head on the last unit's output
     and the loss on the head's output and the targets, so a pipeline can run the model in pieces:
-    ``model(inputs, targets) == loss(head(units(stem(inputs))), targets)``.
+    ``model(inputs, targets) == loss(head(units(stem(inputs))), targets)``. ``experts``: a mixture of experts'
+    routed experts per layer, which an expert-parallel axis deals out (its model's MoE layers have
+    ``shard_experts(group, rank, size)`` and ``expert_parameters()``, :mod:`accelbench.engine.parallel.ep`).
     """
 
     stem: tuple[str, ...]
@@ -77,10 +79,31 @@ class ModelUnits:
     stem_method: str | None = None
     head_method: str | None = None
     loss_method: str | None = None
+    # routed experts per mixture-of-experts layer (0: none): what an expert-parallel (ep) axis shards and must divide
+    experts: int = 0
 
     def modules(self, model: torch.nn.Module, paths: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
         """The submodules of ``model`` at ``paths`` (default: the units), in order."""
         return [model.get_submodule(path) for path in (self.units if paths is None else paths)]
+
+
+class StepCounts(Protocol):
+    """Counts a workload's model keeps while it trains, for the record: the mixture-of-experts' tokens per expert.
+    The runner resets them before each timed epoch and reads them right after its last step, so they cover the timed
+    steps only (not the untimed probes between epochs); every rank's are summed, element by element, for the record.
+    """
+
+    def reset(self) -> None:
+        """Forget what was counted."""
+        ...
+
+    def read(self) -> list[list[int]]:
+        """What this rank counted since the last reset (a host copy: called outside the timed region)."""
+        ...
+
+    def summarise(self, counts: list[list[int]]) -> dict[str, Any]:
+        """The entries the record's workload summary gains from ``counts`` (summed over epochs and ranks)."""
+        ...
 
 
 @dataclass
@@ -107,6 +130,8 @@ class TrainingJob:
     # where a workload has an accuracy (the image and BERT workloads): (the output of the last ``units.head``
     # module on a held-out batch, its targets) -> (predictions right, predictions made), as device tensors
     accuracy: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # counts kept during the timed steps and added to the record's summary (the moe workload's routing balance)
+    step_counts: StepCounts | None = None
 
 
 @runtime_checkable
@@ -160,6 +185,7 @@ def register_all(register: Callable[[Workload], None]) -> None:
     from accelbench.workloads.bert import BertWorkload
     from accelbench.workloads.gpt import GPTWorkload
     from accelbench.workloads.llama import LlamaWorkload
+    from accelbench.workloads.moe import MoEWorkload
     from accelbench.workloads.vision import MODELS, VisionWorkload
 
     register(GPTWorkload())
@@ -167,6 +193,7 @@ def register_all(register: Callable[[Workload], None]) -> None:
         register(VisionWorkload(spec))
     register(BertWorkload())
     register(LlamaWorkload())
+    register(MoEWorkload())
 
 
 def optimizer_kernels(implementation: str) -> dict[str, bool]:

@@ -36,6 +36,18 @@ def check_model_split(config: RunConfig, units: ModelUnits, workload: str) -> No
         raise ConfigError(f"strategy {config.strategy!r} needs a mesh (--mesh AXIS=SIZE,...)")
     layout = ParallelDims.of(config)
     tp, stages = layout.tp, layout.stages
+    if layout.ep > 1:
+        if not units.experts:
+            raise ConfigError(
+                f"--mesh {config.mesh}: an expert-parallel (ep) axis shards a mixture of experts' experts, and workload "
+                f"{workload!r} has none; use --workload moe, or a data axis (--strategy ddp/fsdp)"
+            )
+        if units.experts % layout.ep:
+            fits = [n for n in range(2, units.experts + 1) if units.experts % n == 0]
+            raise ConfigError(
+                f"--mesh {config.mesh}: {units.experts} experts per layer do not divide over ep={layout.ep} ranks; "
+                f"an ep size must divide {units.experts}: {', '.join(map(str, fits))}"
+            )
     if tp > 1:
         if not units.tp_plan:
             raise ConfigError(

@@ -1,0 +1,340 @@
+"""The mixture-of-experts workload: a decoder whose feed-forwards are top-k routed SwiGLU experts, on the Llama
+workload's text.
+
+The model (:mod:`accelbench.workloads.moe.model`) is the Llama decoder (RMSNorm, rotary embeddings, grouped-query
+attention) with each block's feed-forward a softmax router choosing ``top_k`` of ``n_experts`` SwiGLU experts (gates
+renormalised over the chosen), an optional shared expert, and Switch's load-balancing loss (per sequence, as
+DeepSeek-V3's) times ``--aux-loss-coef`` (default 0.01, Switch's and GShard's) added to the cross-entropy. The text and
+tokenizer are the Llama workload's (:mod:`accelbench.workloads.llama.data`): the cached byte-level BPE, never a
+download.
+
+Sizes: ``moe-tiny`` and ``moe-mini`` for CPUs and quick runs, and two published shapes:
+
+- ``mixtral-8x7b`` (Mistral's params.json): 32 layers, width 4,096, 32 heads, 8 key/value heads, 8 experts of
+  14,336, top-2, vocabulary 32,000, RoPE base 10^6: 46.7B parameters, 12.9B active, as published;
+- ``gpt-oss-20b`` (OpenAI's config.json): 24 layers, width 2,880, 64 heads of 64 (q width 4,096), 8 key/value heads,
+  32 experts of 2,880, top-4, vocabulary 201,088, RoPE base 150,000: 20.9B parameters (published 20.9B), 4.2B active
+  with both embedding matrices (OpenAI's 3.6B counts the unembedding only); its attention sinks, alternate
+  sliding-window layers and biases are not modelled.
+
+FLOPs per token count the **active** parameters (what one token is multiplied by), training = 3 x forward::
+
+    6*N_active + 12*L*q*s
+
+N_active = the attention weights, the router, ``top_k`` routed experts, the shared expert, the norms, the final norm
+and the untied head (not the token embedding, a lookup); q = heads x head width, L layers, s the sequence length: the
+attention term unhalved for the causal mask, as the Llama workload's (torchtitan's convention). The summary records
+the total and active parameter counts (``parameters``, ``active_parameters``) and the routing balance measured.
+
+Routing balance: the tokens each expert was sent, summed over the timed steps of every rank (each rank counts what
+its router chose), per layer and over all layers, and the imbalance max/mean (1 = perfectly even; with expert
+parallelism the busiest expert's rank sets the step's time).
+
+Expert parallelism: ``--mesh ep=N`` (with a data axis: ``--mesh ddp=D,ep=N``) shards the experts over N ranks
+(:mod:`accelbench.engine.parallel.ep`). Units: tokens (``tokens_per_sample`` = ``seq_len``).
+
+This module is what the plugin host and the command line see and imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from accelbench.config import RunConfig
+from accelbench.contract import RunOption, Scalar
+from accelbench.errors import ConfigError
+from accelbench.workloads import ModelUnits
+from accelbench.workloads.llama import MIN_VOCAB, SMALL_VOCAB
+
+if TYPE_CHECKING:
+    from accelbench.workloads import TrainingJob
+
+__all__ = ["FLOPS_FORMULA", "MODEL_SIZES", "MoEShape", "MoEWorkload", "routing_balance"]
+
+MAX_VOCAB = 2**20
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """One named size: the Llama's shape (``ffn_dim`` is each expert's hidden width) plus the experts'."""
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    n_experts: int
+    top_k: int
+    shared_experts: int
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float
+    head_dim: int = 0  # 0: dim // n_heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+    def _layer(self, experts: int) -> int:
+        """A block's parameters with ``experts`` routed experts counted."""
+        q = self.n_heads * self.attention_head_dim
+        kv = self.n_kv_heads * self.attention_head_dim
+        attention = 2 * self.dim * q + 2 * self.dim * kv
+        expert = 3 * self.dim * self.ffn_dim
+        return attention + self.dim * self.n_experts + (experts + self.shared_experts) * expert + 2 * self.dim
+
+    def parameters(self, vocab_size: int) -> int:
+        """Every parameter, all experts included (what memory holds)."""
+        return self.n_layers * self._layer(self.n_experts) + self.dim + 2 * vocab_size * self.dim
+
+    def expert_parameters(self) -> int:
+        """The routed experts' parameters, all layers (what expert parallelism shards)."""
+        return self.n_layers * self.n_experts * 3 * self.dim * self.ffn_dim
+
+    def active_parameters(self, vocab_size: int) -> int:
+        """The parameters one token is computed with: top-k experts of each layer, the embedding row included."""
+        return self.n_layers * self._layer(self.top_k) + self.dim + 2 * vocab_size * self.dim
+
+    def active_non_embedding_parameters(self, vocab_size: int) -> int:
+        """N_active of the FLOPs formula: the active parameters without the token embedding (a lookup)."""
+        return self.active_parameters(vocab_size) - vocab_size * self.dim
+
+    def flops_per_token(self, vocab_size: int, seq_len: int) -> float:
+        """6*N_active + 12*L*q*s: training FLOPs per token, causal attention counted whole."""
+        q = self.n_heads * self.attention_head_dim
+        return 6.0 * self.active_non_embedding_parameters(vocab_size) + 12.0 * self.n_layers * q * seq_len
+
+
+MODEL_SIZES: dict[str, MoEShape] = {
+    "moe-tiny": MoEShape(2, 64, 4, 2, 128, 4, 2, 1, SMALL_VOCAB, 2_048, 500_000.0),
+    "moe-mini": MoEShape(4, 256, 8, 4, 512, 8, 2, 1, SMALL_VOCAB, 2_048, 500_000.0),
+    # Mistral AI's Mixtral 8x7B (params.json)
+    "mixtral-8x7b": MoEShape(32, 4_096, 32, 8, 14_336, 8, 2, 0, 32_000, 32_768, 1_000_000.0),
+    # OpenAI's gpt-oss-20b (config.json): 64 heads of 64 on a width of 2,880
+    "gpt-oss-20b": MoEShape(24, 2_880, 64, 8, 2_880, 32, 4, 0, 201_088, 4_096, 150_000.0, head_dim=64),
+}
+
+FLOPS_FORMULA = (
+    "6*N_active + 12*L*q*s per token (N_active = parameters one token is computed with, without the token "
+    "embedding: attention, router, top-k routed experts, shared expert, norms, untied head; q = heads x head "
+    "width; attention over the whole s x s scores, not halved for the causal mask, as the llama workload's)"
+)
+
+OPTIONS = (
+    RunOption(name="seq_len", type="int", default=256, gt=1, le=32_768,
+              help="tokens per sequence (at most the size's context: 2,048 for moe-tiny/-mini, 4,096 for "
+              "gpt-oss-20b, 32,768 for mixtral-8x7b)", workload="moe"),
+    RunOption(name="vocab_size", type="int", ge=MIN_VOCAB, le=MAX_VOCAB,
+              help="the model's vocabulary, and the tokens the byte-level BPE is trained for (default: the size's)",
+              workload="moe"),
+    RunOption(name="aux_loss_coef", type="float", default=0.01, ge=0.0, le=1.0,
+              help="weight of the load-balancing loss (Switch's E * sum f_i P_i per sequence) added to the "
+              "cross-entropy; 0 turns it off (default 0.01, Switch's and GShard's)", workload="moe"),
+)  # fmt: skip
+
+
+def shape_of(config: RunConfig) -> MoEShape:
+    if config.model not in MODEL_SIZES:
+        raise ConfigError(f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}")
+    return MODEL_SIZES[config.model]
+
+
+def resolved(config: RunConfig) -> tuple[MoEShape, int, int, float]:
+    """(shape, seq_len, vocab_size, aux_loss_coef) of ``config``: the options given, else the size's own."""
+    shape, options = shape_of(config), config.workload_options
+    vocab = options.get("vocab_size")
+    coef = options.get("aux_loss_coef")
+    return (
+        shape,
+        int(options.get("seq_len") or 256),
+        int(vocab) if vocab is not None else shape.vocab_size,
+        float(coef) if coef is not None else 0.01,
+    )
+
+
+def routing_balance(tokens_per_expert: list[list[int]], top_k: int) -> dict[str, Any]:
+    """The record's routing balance from tokens per expert per layer (summed over steps and ranks): per layer and
+    over all layers, with imbalance = max / mean (1 = even; the busiest expert is what the step waits for)."""
+
+    def imbalance(counts: list[int]) -> float | None:
+        mean = sum(counts) / len(counts) if counts else 0.0
+        return max(counts) / mean if mean else None
+
+    summed = [sum(column) for column in zip(*tokens_per_expert, strict=True)] if tokens_per_expert else []
+    return {
+        "tokens_per_expert": summed,
+        "tokens_per_expert_by_layer": tokens_per_expert,
+        "imbalance": imbalance(summed),
+        "imbalance_by_layer": [imbalance(layer) for layer in tokens_per_expert],
+        "worst_layer_imbalance": max(
+            (i for i in (imbalance(layer) for layer in tokens_per_expert) if i is not None), default=None
+        ),
+        "top_k": top_k,
+        "how": "tokens routed to each expert (each token counted once per expert of its top-k), summed over the "
+        "timed steps of every rank; imbalance = max / mean over experts (1 = even)",
+    }
+
+
+class RoutingCounts:
+    """The job's step counts (:class:`accelbench.workloads.StepCounts`): tokens per expert per layer, read off the
+    model's MoE layers."""
+
+    def __init__(self, model: Any, top_k: int) -> None:
+        self.model, self.top_k = model, top_k
+
+    def reset(self) -> None:
+        for layer in self.model.moe_layers():
+            layer.routed = None
+
+    def read(self) -> list[list[int]]:
+        out = []
+        for layer in self.model.moe_layers():
+            routed = layer.routed
+            out.append([int(c) for c in routed.tolist()] if routed is not None else [0] * layer.n_experts)
+        return out
+
+    def summarise(self, counts: list[list[int]]) -> dict[str, Any]:
+        return {"routing": routing_balance(counts, self.top_k)}
+
+
+class MoEWorkload:
+    """Registered by the core as workload ``moe``."""
+
+    name = "moe"
+    description = (
+        "mixture-of-experts decoder (Llama attention, top-k routed SwiGLU experts, shared expert, balance loss); "
+        "expert parallelism with --mesh ep=N"
+    )
+
+    def options(self) -> list[RunOption]:
+        return list(OPTIONS)
+
+    def model_names(self) -> list[str]:
+        return list(MODEL_SIZES)
+
+    def prepare(self, config: RunConfig) -> None:
+        """Tokenize the run's text into the cache once, before the workers start (as the Llama workload does)."""
+        from accelbench.workloads.llama.data import load_corpus
+
+        load_corpus(config.data, resolved(config)[2])
+
+    def parameters(self, config: RunConfig) -> int:
+        shape, _, vocab, _ = resolved(config)
+        return shape.parameters(vocab)
+
+    def check(self, config: RunConfig) -> None:
+        from accelbench.workloads.llama.tokenizer import require_tokenizers
+
+        shape, seq_len, _, _ = resolved(config)
+        if seq_len > shape.max_seq_len:
+            raise ConfigError(
+                f"--seq-len {seq_len} is above {config.model}'s context of {shape.max_seq_len:,} tokens"
+            )
+        require_tokenizers()
+
+    def identity(self, config: RunConfig) -> dict[str, Scalar]:
+        shape, seq_len, vocab, coef = resolved(config)
+        return {"model": config.model, "seq_len": seq_len, "vocab_size": vocab, "aux_loss_coef": coef}
+
+    def units(self, config: RunConfig) -> ModelUnits:
+        shape, seq_len, _, _ = resolved(config)
+        return moe_units(shape, seq_len)
+
+    def build(self, config: RunConfig) -> TrainingJob:
+        import torch
+
+        from accelbench.workloads import TrainingJob
+        from accelbench.workloads.heldout import HeldOutWindows, held_out_start
+        from accelbench.workloads.llama.data import TokenWindows, load_corpus
+        from accelbench.workloads.moe.model import MoE, MoEConfig, configure_adamw
+
+        shape, seq_len, vocab, coef = resolved(config)
+        corpus = load_corpus(config.data, vocab)
+        held_out = held_out_start(len(corpus.tokens), seq_len + 1)
+        data = TokenWindows(
+            corpus, seq_len, config.batch_size, config.seed, config.steps_per_epoch, end=held_out
+        )
+        tokens = corpus.tokens
+        validation = (
+            HeldOutWindows(lambda idx: tokens[idx], held_out, len(tokens), seq_len + 1, config.batch_size)
+            if held_out is not None
+            else None
+        )
+        torch.manual_seed(config.seed)
+        cfg = MoEConfig(
+            n_layers=shape.n_layers,
+            dim=shape.dim,
+            n_heads=shape.n_heads,
+            n_kv_heads=shape.n_kv_heads,
+            ffn_dim=shape.ffn_dim,
+            vocab_size=vocab,
+            seq_len=seq_len,
+            rope_theta=shape.rope_theta,
+            n_experts=shape.n_experts,
+            top_k=shape.top_k,
+            shared_experts=shape.shared_experts,
+            aux_loss_coef=coef,
+            attention_head_dim=shape.head_dim,
+        )
+        model = MoE(cfg)
+        lr = config.learning_rate
+        per_token = shape.flops_per_token(vocab, seq_len)
+        summary: dict[str, Any] = {
+            "name": config.model,
+            # the keys the analytical model reads a transformer's shape from (accelbench.estimate.facts)
+            "n_layer": shape.n_layers,
+            "n_head": shape.n_heads,
+            "n_embd": shape.dim,
+            "seq_len": seq_len,
+            "vocab_size": vocab,
+            "n_kv_heads": shape.n_kv_heads,
+            "ffn_dim": shape.ffn_dim,
+            "head_dim": shape.attention_head_dim,
+            "rope_theta": shape.rope_theta,
+            "n_experts": shape.n_experts,
+            "top_k": shape.top_k,
+            "shared_experts": shape.shared_experts,
+            "aux_loss_coef": coef,
+            "aux_loss": "Switch's E * sum_i f_i * P_i per sequence, averaged over the batch (DeepSeek-V3's "
+            "sequence-wise form), added to the cross-entropy times aux_loss_coef",
+            "tokenizer_vocab": corpus.vocab_size,
+            "dropout": 0.0,
+            "parameters": model.num_parameters(),
+            "non_embedding_parameters": model.num_parameters(non_embedding=True),
+            "active_parameters": shape.active_parameters(vocab),
+            "active_non_embedding_parameters": shape.active_non_embedding_parameters(vocab),
+            "expert_parameters": shape.expert_parameters(),
+            "flops_per_token": per_token,
+            "flops_count": "active parameters (top-k routed experts + shared expert + attention + router + head)",
+            "attention": "torch scaled_dot_product_attention (causal, grouped-query)",
+            "tied_embedding_head": False,
+        }
+        return TrainingJob(
+            model=model,
+            data=data,
+            validation=validation,
+            make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
+            flops_per_sample=per_token * seq_len,
+            flops_formula=FLOPS_FORMULA,
+            tokens_per_sample=seq_len,
+            units=moe_units(shape, seq_len),
+            grad_clip_norm=1.0,
+            summary=summary,
+            step_counts=RoutingCounts(model, shape.top_k),
+        )
+
+
+def moe_units(shape: MoEShape, seq_len: int | None = None) -> ModelUnits:
+    """The model's parts: the token embedding, ``n_layers`` blocks (FSDP's units), the final norm and the head. No
+    tensor-parallel plan and no pipeline methods (the balance loss is summed over every layer in one forward): the
+    tp and pp axes are refused; experts are split by the ep axis instead."""
+    return ModelUnits(
+        stem=("tok_embeddings",),
+        units=tuple(f"layers.{i}" for i in range(shape.n_layers)),
+        head=("norm", "output"),
+        split_points=tuple(f"layers.{i}.ffn_norm" for i in range(shape.n_layers)),
+        sequence_length=seq_len,
+        hidden_size=shape.dim,
+        experts=shape.n_experts,
+    )

@@ -1,0 +1,252 @@
+"""The mixture-of-experts model: the Llama decoder with each block's feed-forward a top-k routed set of SwiGLU
+experts (imported when a run builds the model).
+
+Built from the Llama workload's pieces (:mod:`accelbench.workloads.llama.model`): its grouped-query attention with
+rotary embeddings, its SwiGLU feed-forward (as the shared expert), ``torch.nn.RMSNorm``, its initialisation and
+AdamW. What is new is the feed-forward, :class:`MoEFeedForward`, in the style of Mixtral, GPT-OSS and DeepSeek-V3:
+
+- a linear router scores each token against every expert; softmax, the top-k experts are kept and their gates
+  renormalised to sum to 1 (the same as GPT-OSS's and Mixtral's softmax over the top-k logits);
+- the routed experts are SwiGLU feed-forwards stored stacked (one ``(experts, ...)`` tensor per weight, as
+  torchtitan's and GPT-OSS's), so expert parallelism can hand each rank a slice of them;
+- an optional shared expert (DeepSeek's), a SwiGLU every token goes through, added to the routed output;
+- a load-balancing auxiliary loss, Switch Transformer's ``E * sum_i f_i * P_i`` (f_i the share of the top-k choices
+  that went to expert i, P_i its mean router probability; 1 when perfectly balanced) computed per sequence and
+  averaged over the batch, as DeepSeek-V3's sequence-wise balance loss: per-sequence, so a batch split over ranks has
+  the same loss as on one device. It is added to the cross-entropy, times ``aux_loss_coef``.
+
+Each layer counts the tokens routed to each of its experts in training steps (:attr:`MoEFeedForward.routed`), for
+the record's routing balance.
+
+Expert parallelism (:meth:`MoEFeedForward.shard_experts`): each of ``ep`` ranks keeps ``experts / ep`` of the
+experts; every rank routes its own tokens, sends each to the rank holding its expert and gets the output back with
+``all_to_all_single_autograd`` (torch.distributed._functional_collectives, what torch 2.13 names in place of
+the deprecated ``torch.distributed.nn.functional.all_to_all_single``, and torchtitan uses; differentiable: its
+backward is the reverse exchange).
+
+Not modelled: GPT-OSS's attention sinks, sliding-window layers and biases; DeepSeek-V3's multi-head latent attention,
+its bias-based (aux-loss-free) balancing and its dense first layers; token dropping by capacity (every token is
+computed: nothing is dropped, so the load is exactly the routing's).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accelbench.workloads.llama.model import Attention, FeedForward, LlamaConfig, configure_adamw
+
+__all__ = ["MoE", "MoEConfig", "MoEFeedForward", "configure_adamw"]
+
+
+@dataclass(frozen=True)
+class MoEConfig(LlamaConfig):
+    """The Llama's configuration (``ffn_dim`` is each expert's hidden width) plus the experts'."""
+
+    n_experts: int = 8
+    top_k: int = 2
+    shared_experts: int = 0  # 0 or 1: a shared expert of width ffn_dim * shared_experts
+    aux_loss_coef: float = 0.01
+    attention_head_dim: int = 0  # 0: dim // n_heads (GPT-OSS's heads are 64 wide on a 2,880 width)
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention_head_dim or self.dim // self.n_heads
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """One expert's SwiGLU on rows ``x``: ``(silu(x w1) * (x w3)) w2``, weights stored (in, out)."""
+    return (F.silu(x @ w1) * (x @ w3)) @ w2
+
+
+class GroupedExperts(nn.Module):
+    """The routed experts' SwiGLU weights, stacked (``w1``, ``w3``: (experts, dim, hidden); ``w2``: (experts,
+    hidden, dim)): a module of their own, so a strategy can shard them apart from the rest (FSDP over the data
+    axis when expert parallelism holds a slice of them)."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+
+    def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts on ``rows``, grouped by expert in order, ``counts[e]`` rows each."""
+        parts = rows.split(counts.tolist())
+        # unbind, not w[e]: its backward stacks the experts' gradients once, where indexing would fill a zero
+        # gradient of the whole stack for every expert
+        w1, w3, w2 = self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)
+        outs = [swiglu(part, w1[e], w3[e], w2[e]) for e, part in enumerate(parts)]
+        return torch.cat(outs) if outs else rows
+
+
+class MoEFeedForward(nn.Module):
+    """Top-k routed SwiGLU experts (:class:`GroupedExperts`), an optional shared expert, the balance loss (:attr:`aux_loss`, set by each forward) and the
+    tokens each expert got (:attr:`routed`)."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
+        self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.ffn_dim)
+        self.shared_expert = (
+            FeedForward(LlamaConfig(**{**_llama_fields(cfg), "ffn_dim": cfg.ffn_dim * cfg.shared_experts}))
+            if cfg.shared_experts
+            else None
+        )
+        # expert parallelism: the group exchanging tokens, and the first expert this rank holds
+        self.ep_group: Any = None
+        self.ep_size, self.first_expert = 1, 0
+        self.aux_loss: torch.Tensor | None = None
+        # tokens routed to each expert by training forwards since the last reset: a plain attribute, not a
+        # buffer, so that DDP's buffer broadcast leaves each rank's own count
+        self.routed: torch.Tensor | None = None
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts.w1.shape[0]
+
+    def expert_parameters(self) -> list[nn.Parameter]:
+        """The routed experts' weights: sharded over the ep axis, the rest of the model is replicated."""
+        return list(self.experts.parameters())
+
+    def shard_experts(self, group: Any, rank: int, size: int) -> None:
+        """Keep experts ``rank * E/size`` to ``(rank + 1) * E/size - 1`` (slices of the weights initialised for
+        all of them, so the model is the one-device model's) and exchange tokens over ``group``."""
+        if self.n_experts % size:
+            raise ValueError(f"{self.n_experts} experts do not divide over {size} expert-parallel ranks")
+        per = self.n_experts // size
+        self.first_expert, self.ep_size, self.ep_group = rank * per, size, group
+        for name in ("w1", "w3", "w2"):
+            whole = getattr(self.experts, name)
+            setattr(self.experts, name, nn.Parameter(whole.detach()[rank * per : (rank + 1) * per].clone()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        tokens = x.reshape(-1, d)
+        probs = self.router(tokens).float().softmax(dim=-1)  # (tokens, experts)
+        gates, chosen = probs.topk(self.top_k, dim=-1)  # (tokens, k)
+        gates = (gates / gates.sum(dim=-1, keepdim=True)).type_as(x)
+        # the top-k choices sorted by expert: rows of the same expert are contiguous
+        choices = chosen.flatten()
+        order = choices.argsort(stable=True)
+        counts = torch.bincount(choices, minlength=self.n_experts)
+        source = order // self.top_k  # the token of each sorted choice
+        rows = tokens[source]
+        if self.ep_group is None:
+            out = self.experts(rows, counts)
+        else:
+            out = self._exchange_and_compute(rows, counts)
+        y = torch.zeros_like(tokens).index_add_(0, source, out * gates.flatten()[order, None])
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(tokens)
+        self.aux_loss = self._balance_loss(
+            probs.view(b, t, -1), counts_per_sequence(chosen.view(b, -1), self.n_experts)
+        )
+        if self.training and torch.is_grad_enabled():
+            done = counts.detach()
+            self.routed = done if self.routed is None else self.routed + done
+        return y.view(b, t, d)
+
+    def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Send each row to the rank holding its expert, compute, and bring the outputs back (same order)."""
+        import torch.distributed as dist
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        p, local = self.ep_size, self.local_experts
+        # how many rows of each of my local experts every rank sends me: (source rank, local expert)
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.ep_group)
+        received = received.view(p, local)
+        send_splits = counts.view(p, local).sum(dim=1).tolist()
+        recv_splits = received.sum(dim=1).tolist()
+        arrived = all_to_all_single_autograd(rows, recv_splits, send_splits, self.ep_group)
+        # arrived rows are grouped by source rank, then by expert: regroup them by expert
+        expert_of = torch.arange(local, device=rows.device).repeat(p).repeat_interleave(received.flatten())
+        regroup = expert_of.argsort(stable=True)
+        computed = self.experts(arrived[regroup], received.sum(dim=0))
+        back = torch.empty_like(computed).index_copy(0, regroup, computed)  # the arrival order again
+        return all_to_all_single_autograd(back, send_splits, recv_splits, self.ep_group)
+
+    def _balance_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Switch's balance loss per sequence, averaged: ``E * sum_i f_i P_i`` with ``f_i`` = the sequence's
+        choices of expert i / (k * tokens) and ``P_i`` its mean probability of i; 1 when perfectly balanced."""
+        t = probs.shape[1]
+        share = counts.float() / (self.top_k * t)  # (batch, experts)
+        return (self.n_experts * (share * probs.mean(dim=1)).sum(dim=-1)).mean()
+
+
+def counts_per_sequence(chosen: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """(batch, experts) counts of each expert among each row's choices (``chosen``: (batch, choices))."""
+    counts = torch.zeros(chosen.shape[0], n_experts, device=chosen.device, dtype=torch.long)
+    return counts.scatter_add_(1, chosen, torch.ones_like(chosen))
+
+
+def _llama_fields(cfg: MoEConfig) -> dict[str, Any]:
+    return {f: getattr(cfg, f) for f in LlamaConfig.__dataclass_fields__}
+
+
+class MoEBlock(nn.Module):
+    """The Llama's pre-norm block, Meta's names, with the routed feed-forward."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.feed_forward = MoEFeedForward(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class MoE(nn.Module):
+    """forward(tokens, targets) -> cross-entropy + ``aux_loss_coef`` x the layers' summed balance losses.
+    Submodules as the Llama's: ``tok_embeddings``, ``layers``, ``norm``, ``output`` (untied)."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        if cfg.top_k > cfg.n_experts:
+            raise ValueError(
+                f"top-{cfg.top_k} routing needs at least {cfg.top_k} experts, not {cfg.n_experts}"
+            )
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(MoEBlock(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        # the Llama's (GPT-2's) scaled init of the residual projections
+        residual = 0.02 / math.sqrt(2 * cfg.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith(("wo.weight", "w2.weight", ".w2")):
+                nn.init.normal_(p, mean=0.0, std=residual)
+            elif name.endswith((".w1", ".w3")):
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def moe_layers(self) -> list[MoEFeedForward]:
+        return [m for m in self.modules() if isinstance(m, MoEFeedForward)]
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.output(self.norm(x))
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        aux = [m.aux_loss for m in self.moe_layers() if m.aux_loss is not None]
+        if self.cfg.aux_loss_coef and aux:
+            loss = loss + self.cfg.aux_loss_coef * torch.stack(aux).sum()
+        return loss
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Parameters held by this process (all experts' on one device, its share under expert parallelism)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_embeddings.weight.numel() if non_embedding else n

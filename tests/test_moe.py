@@ -1,0 +1,401 @@
+"""The mixture-of-experts workload: the routed feed-forward computes what its definition says (top-k, renormalised
+gates, shared expert, Switch's balance loss), the published shapes have their published parameter counts, the FLOPs
+count the active parameters (torch's counter agrees), and real CPU runs through `accelbench run`: single process with
+the routing balance in the record, DDP and FSDP on two gloo processes, and expert parallelism (ep=2 on two processes,
+ddp=2,ep=2 and FSDP's dp=2,ep=2 on four) training exactly the one-process model on the same global batch. Bad meshes are refused."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from core_support import accelbench
+
+from accelbench.config import RunConfig
+from accelbench.engine.parallel.mesh import check_model_split
+from accelbench.errors import ConfigError
+from accelbench.parallel_dims import ParallelDims, parse_mesh
+from accelbench.plugins import get_host
+from accelbench.results import ResultRecord, read_record
+from accelbench.workloads.gpt.data import generate_corpus
+from accelbench.workloads.moe import FLOPS_FORMULA, MODEL_SIZES, MoEShape, routing_balance
+
+pytest.importorskip("tokenizers")
+
+from accelbench.workloads.moe.model import MoE, MoEConfig, MoEFeedForward, swiglu  # noqa: E402
+
+VOCAB = 512
+TEXT_BYTES = 200_000
+TINY = ["--workload", "moe", "--model", "moe-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
+        "--epochs", "2", "--steps-per-epoch", "2", "-q"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("moe")
+    (root / "text.txt").write_bytes(generate_corpus()[:TEXT_BYTES].tobytes())
+    (root / "cache").mkdir()
+    return root
+
+
+def env_of(corpus_dir: Path) -> dict[str, str]:
+    return {**os.environ, "ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
+
+
+def run(corpus_dir: Path, out: Path, *args: str) -> ResultRecord:
+    data = ["--data", str(corpus_dir / "text.txt")]
+    proc = accelbench(
+        "run", *TINY, *data, *args, "--output-dir", str(out), env=env_of(corpus_dir), timeout=500
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(out.glob("*.json"))
+    assert len(files) == 1, files
+    record = read_record(files[0])
+    assert record.outcome.status == "ok", record.outcome.message
+    return record
+
+
+def losses(record: ResultRecord) -> list[float]:
+    assert record.metrics is not None
+    return [e.loss for e in record.metrics.epochs if e.loss is not None]
+
+
+def tiny_config(**kw: object) -> MoEConfig:
+    values: dict[str, object] = {"n_layers": 2, "dim": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 48,
+                                 "vocab_size": 97, "seq_len": 16, "n_experts": 4, "top_k": 2, "shared_experts": 1}  # fmt: skip
+    return MoEConfig(**{**values, **kw})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_routed_feed_forward_is_top_k_experts_with_renormalised_gates_plus_the_shared_expert() -> None:
+    """Token by token, by the definition: softmax over the router's scores, the top k kept and their gates scaled to
+    sum to 1, each chosen expert's SwiGLU weighted by its gate, plus the shared expert."""
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    layer = MoEFeedForward(cfg)
+    for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3):
+        torch.nn.init.normal_(w, std=0.1)
+    x = torch.randn(3, 5, cfg.dim)
+    y = layer(x)
+    assert layer.shared_expert is not None
+    for token, out in zip(x.reshape(-1, cfg.dim), y.reshape(-1, cfg.dim), strict=True):
+        probs = layer.router(token).softmax(-1)
+        top = probs.topk(cfg.top_k)
+        gates = top.values / top.values.sum()
+        expected = layer.shared_expert(token)
+        for gate, e in zip(gates, top.indices.tolist(), strict=True):
+            expected = (
+                expected
+                + gate * swiglu(token[None], layer.experts.w1[e], layer.experts.w3[e], layer.experts.w2[e])[0]
+            )
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert (
+        layer.routed is not None and layer.routed.sum().item() == 15 * cfg.top_k
+    )  # counted: a training forward
+
+
+def test_the_balance_loss_is_switchs_per_sequence_and_one_when_even() -> None:
+    """E * sum_i f_i P_i per sequence, averaged over the batch; f the share of the top-k choices, P the mean
+    probability. A router that scores every expert alike gives P = 1/E, so the loss is sum f_i = 1."""
+    torch.manual_seed(1)
+    cfg = tiny_config(shared_experts=0)
+    layer = MoEFeedForward(cfg)
+    torch.nn.init.normal_(layer.experts.w1)
+    x = torch.randn(2, 6, cfg.dim)
+    layer(x)
+    probs = layer.router(x).softmax(-1)  # (batch, time, experts)
+    chosen = probs.topk(cfg.top_k, dim=-1).indices
+    expected = []
+    for b in range(2):
+        share = torch.stack([(chosen[b] == i).sum() for i in range(cfg.n_experts)]).float() / (cfg.top_k * 6)
+        expected.append(cfg.n_experts * (share * probs[b].mean(0)).sum())
+    assert layer.aux_loss is not None
+    torch.testing.assert_close(layer.aux_loss, torch.stack(expected).mean())
+    torch.nn.init.zeros_(layer.router.weight)
+    layer(x)
+    assert layer.aux_loss.item() == pytest.approx(1.0)
+
+
+def test_the_model_adds_the_weighted_balance_loss_and_counts_only_training_steps() -> None:
+    torch.manual_seed(2)
+    with_aux, without = MoE(tiny_config(aux_loss_coef=0.5)), MoE(tiny_config(aux_loss_coef=0.0))
+    without.load_state_dict(with_aux.state_dict())
+    tokens = torch.randint(0, 97, (2, 16))
+    gap = with_aux(tokens, tokens) - without(tokens, tokens)
+    aux = sum(m.aux_loss.detach() for m in with_aux.moe_layers() if m.aux_loss is not None)
+    assert gap.item() == pytest.approx(0.5 * float(aux), rel=1e-5)
+    for m in with_aux.moe_layers():
+        m.routed = None
+    with torch.no_grad():
+        with_aux(tokens, tokens)
+    assert all(m.routed is None for m in with_aux.moe_layers())  # an evaluation is not a training step
+
+
+@pytest.mark.parametrize(
+    "name, total, active",
+    [("mixtral-8x7b", 46.70, 12.88), ("gpt-oss-20b", 20.91, 4.19)],
+)
+def test_the_published_shapes_have_their_published_parameter_counts(
+    name: str, total: float, active: float
+) -> None:
+    """Mixtral 8x7B: 46.7B parameters, 12.9B active (Mistral AI); gpt-oss-20b: 20.9B (OpenAI; its 3.6B active
+    leaves out the embedding matrix we count with the active ones)."""
+    shape = MODEL_SIZES[name]
+    assert shape.parameters(shape.vocab_size) / 1e9 == pytest.approx(total, abs=0.01)
+    assert shape.active_parameters(shape.vocab_size) / 1e9 == pytest.approx(active, abs=0.01)
+    assert shape.parameters(shape.vocab_size) - shape.active_parameters(shape.vocab_size) == (
+        shape.n_layers * (shape.n_experts - shape.top_k) * 3 * shape.dim * shape.ffn_dim
+    )  # the experts a token does not visit
+
+
+def test_the_model_has_the_shapes_parameters_and_flops_count_active_parameters_as_torch_does() -> None:
+    """6*N_active + 12*L*q*s per token: torch's counter (every matmul that ran, the routed experts on the rows
+    routed to them) times 3, within the norms' weights (in N, not matmuls)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = MoEShape(2, 64, 4, 2, 96, 4, 2, 1, 500, 128, 10_000.0)
+    seq_len, batch = 128, 2
+    model = MoE(tiny_config(dim=64, ffn_dim=96, vocab_size=500, seq_len=seq_len))
+    assert model.num_parameters() == shape.parameters(500)
+    tokens = torch.randint(0, 500, (batch, seq_len))
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        model(tokens, tokens)
+    per_token = 3 * counter.get_total_flops() / (batch * seq_len)
+    assert shape.flops_per_token(500, seq_len) == pytest.approx(per_token, rel=0.002)
+
+
+def test_routing_balance_sums_layers_and_takes_max_over_mean() -> None:
+    balance = routing_balance([[6, 2, 2, 2], [3, 3, 3, 3]], top_k=2)
+    assert balance["tokens_per_expert"] == [9, 5, 5, 5]
+    assert balance["imbalance_by_layer"] == [2.0, 1.0] and balance["worst_layer_imbalance"] == 2.0
+    assert balance["imbalance"] == pytest.approx(9 / 6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the mesh
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_expert_axis_in_the_mesh() -> None:
+    assert parse_mesh("ep=2") == {"ep": 2} and parse_mesh("ep=2,ddp=2") == {"ddp": 2, "ep": 2}
+    layout = ParallelDims.from_mesh("ddp=2,ep=2")
+    assert (layout.world, layout.order) == (4, ("dp", "ep"))
+    assert layout.groups("ep") == [[0, 1], [2, 3]] and layout.groups("dp") == [[0, 2], [1, 3]]
+    assert layout.describe()["sizes"] == {"dp": 2, "tp": 1, "pp": 1, "ep": 2}
+    assert "ep" not in ParallelDims.from_mesh("dp=2,tp=2").describe()["sizes"]
+    config = RunConfig(workload="moe", model="moe-tiny", mesh="ep=2", devices=2)
+    assert (config.strategy, config.mesh) == (
+        "mesh",
+        "ep=2",
+    )  # an expert axis alone runs on the mesh executor
+
+
+@pytest.mark.parametrize(
+    "mesh, devices, workload, message",
+    [
+        ("ep=2", 2, "llama", "workload 'llama' has none; use --workload moe"),
+        (
+            "ep=3",
+            3,
+            "moe",
+            "4 experts per layer do not divide over ep=3 ranks; an ep size must divide 4: 2, 4",
+        ),
+        ("tp=2,ep=2", 4, "moe", "composes with a data axis (dp/fsdp or ddp) only, not with tp"),
+        ("pp=2,ep=2", 4, "moe", "not with pp; e.g. --mesh dp=2,ep=2"),
+    ],
+)
+def test_bad_expert_meshes_are_refused(mesh: str, devices: int, workload: str, message: str) -> None:
+    host = get_host()
+    with pytest.raises((ConfigError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        config = host.resolve(RunConfig(workload=workload, mesh=mesh, devices=devices))
+        check_model_split(config, host.workload(workload).units(config), workload)
+
+
+def test_bad_command_lines_exit_2(corpus_dir: Path, tmp_path: Path) -> None:
+    for args, message in (
+        (["--mesh", "ep=3", "--devices", "3"], "do not divide over ep=3"),
+        (["--seq-len", "4096"], "above moe-tiny's context"),
+        (["--aux-loss-coef", "2"], "--aux-loss-coef"),
+    ):
+        proc = accelbench("run", *TINY, "--data", str(corpus_dir / "text.txt"), *args,
+                          "--output-dir", str(tmp_path), env=env_of(corpus_dir))  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert message in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.glob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# real runs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_a_published_shape_is_counted_from_its_shape_and_refused_where_it_cannot_fit(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    """mixtral-8x7b (46.4 B parameters at a 512-token vocabulary, 173 GiB of fp32 weights): counted from its shape
+    by the preflight, every expert included, and refused (exit 2) on a host without the memory, before anything is
+    built."""
+    proc = accelbench("run", "--workload", "moe", "--model", "mixtral-8x7b", "--seq-len", "64", "--batch-size", "1",
+                      "--vocab-size", str(VOCAB), "--data", str(corpus_dir / "text.txt"), "--output-dir",
+                      str(tmp_path), "-q", env=env_of(corpus_dir))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    counted = MODEL_SIZES["mixtral-8x7b"].parameters(VOCAB)  # its experts, with --vocab-size 512
+    assert f"moe mixtral-8x7b: {counted:,} parameters" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_moe_trains_single_process_and_records_routing(corpus_dir: Path, tmp_path: Path) -> None:
+    record = run(corpus_dir, tmp_path, "--batch-size", "8")
+    m = record.metrics
+    assert m is not None and [e.steps for e in m.epochs] == [2, 2]
+    assert m.flops_formula == FLOPS_FORMULA and "N_active" in m.flops_formula
+    shape = MODEL_SIZES["moe-tiny"]
+    assert m.flops_per_sample == shape.flops_per_token(VOCAB, 32) * 32
+    assert losses(record)[0] == pytest.approx(math.log(VOCAB), rel=0.05)
+    w = record.workload
+    assert w["parameters"] == shape.parameters(VOCAB) and w["active_parameters"] == shape.active_parameters(
+        VOCAB
+    )
+    assert w["parameters"] > w["active_parameters"]
+    routing = w["routing"]
+    per_layer = 4 * 8 * 32 * shape.top_k  # 4 timed steps of 8 sequences of 32 tokens, each to top-k experts
+    assert [sum(layer) for layer in routing["tokens_per_expert_by_layer"]] == [per_layer] * shape.n_layers
+    assert sum(routing["tokens_per_expert"]) == per_layer * shape.n_layers
+    assert routing["imbalance"] == max(routing["tokens_per_expert"]) / (per_layer * shape.n_layers / 4)
+    import io
+
+    from rich.console import Console
+
+    from accelbench.display import summary_table
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(summary_table(record))
+    counts = ", ".join(f"{n:,}" for n in routing["tokens_per_expert"])
+    assert f"tokens per expert {counts}" in console.export_text()  # the run summary's routing row
+    assert record.workload_identity == {"model": "moe-tiny", "seq_len": 32, "vocab_size": VOCAB,
+                                        "aux_loss_coef": 0.01}  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.slow
+def test_moe_trains_data_parallel_on_two_processes(corpus_dir: Path, tmp_path: Path, strategy: str) -> None:
+    record = run(corpus_dir, tmp_path, "--strategy", strategy, "--devices", "2", "--batch-size", "8")
+    assert record.world_size == 2 and record.executor["strategy"] == strategy
+    routing = record.workload["routing"]  # both ranks' tokens
+    assert sum(routing["tokens_per_expert_by_layer"][0]) == 2 * 4 * 8 * 32 * 2
+
+
+def one_process_losses(record: ResultRecord) -> list[float]:
+    """The epoch losses of one process training the same model (same seed) on the global batch: every rank's
+    share of each step concatenated, the step a single device takes (clip to 1.0, the workload's AdamW)."""
+    host = get_host()
+    config = record.config
+    job = host.workload("moe").build(config)
+    model = job.model.train()
+    optimizer = job.make_optimizer(model, torch.device("cpu"), "foreach")
+    out = []
+    for epoch in range(len(record.metrics.epochs) if record.metrics else 0):
+        steps = []
+        for parts in zip(
+            *(job.data.batches(epoch, r, record.world_size) for r in range(record.world_size)), strict=True
+        ):
+            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps.append(loss.item())
+        out.append(sum(steps) / len(steps))
+    return out
+
+
+@pytest.mark.parametrize(
+    "mesh, devices",
+    [("ep=2", 2), ("ddp=2,ep=2", 4), ("dp=2,ep=2", 4)],
+    ids=["ep=2", "ddp=2,ep=2", "fsdp=2,ep=2"],
+)
+@pytest.mark.slow
+def test_expert_parallel_training_is_one_process_training_on_the_global_batch(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mesh: str, devices: int
+) -> None:
+    """Each rank keeps half of every layer's experts and exchanges tokens by all_to_all: the losses are those of one
+    process training the same model on the ranks' batches together (fp32, the same seed)."""
+    record = run(corpus_dir, tmp_path, "--mesh", mesh, "--devices", str(devices), "--batch-size", "4")
+    ep = record.executor["expert_parallel"]
+    assert ep["size"] == 2 and ep["experts_per_rank"] == 2
+    assert record.executor["mesh"]["sizes"]["ep"] == 2
+    assert sum(record.workload["routing"]["tokens_per_expert_by_layer"][0]) == devices * 4 * 4 * 32 * 2
+    assert record.quality is not None and all(
+        e.val_loss is not None and e.grad_norm is not None and math.isfinite(e.grad_norm)
+        for e in record.quality.epochs
+    )  # the held-out loss and the gradient probe exchange tokens too
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))  # the tokenizer the run trained
+    assert losses(record) == pytest.approx(one_process_losses(record), abs=1e-5, rel=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# accelbench estimate
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_estimate_counts_all_experts_in_memory_active_ones_in_flops_and_the_all_to_all_under_ep(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moe-tiny (2 layers of 4 experts of width 64 x 128, top-2), batch 4 of 32 tokens, fp32 on --mesh ddp=2,ep=2:
+    each device holds the replicated parameters and 2 of each layer's 4 experts; its exchange moves b*s*k rows of h
+    fp32 values, 4 times per layer (2 forward, 2 backward), (n-1)/n of them over the link."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    options = {"seq_len": 32, "vocab_size": VOCAB}
+    base = {"workload": "moe", "model": "moe-tiny", "batch_size": 4, "data": corpus_dir / "text.txt"}
+    single = host.resolve(RunConfig(**base, workload_options=options))  # type: ignore[arg-type]
+    facts = meta_facts(host.workload("moe"), single)
+    shape = MODEL_SIZES["moe-tiny"]
+    experts = shape.expert_parameters()
+    assert experts == 2 * 4 * 3 * 64 * 128 and facts.expert_parameters == experts
+    assert (
+        facts.active_parameters == shape.active_parameters(VOCAB) and facts.megatron_flops_per_sample is None
+    )
+    one = predict(single, facts, device_type="cpu")
+    assert one.active_parameters == shape.active_parameters(VOCAB) and one.expert_parameters == experts
+    assert one.memory.weights_bytes == 4 * shape.parameters(VOCAB)  # every expert held
+    assert one.flops_per_step == shape.flops_per_token(VOCAB, 32) * 32 * 4  # active ones counted
+
+    mesh = host.resolve(RunConfig(**base, workload_options=options, mesh="ddp=2,ep=2", devices=4))  # type: ignore[arg-type]
+    p = predict(mesh, meta_facts(host.workload("moe"), mesh), device_type="cpu")
+    replicated = shape.parameters(VOCAB) - experts
+    assert p.memory.weights_bytes == 4 * (replicated + experts // 2)
+    assert p.flops_per_step == one.flops_per_step  # each rank its own batch
+    ops = {(op.op, op.axis, op.ranks): op for op in p.comm}
+    exchange = ops[("all_to_all", "ep", 2)]
+    assert exchange.count == 4 * 2 and exchange.message_bytes == 4 * 32 * 2 * 64 * 4
+    assert exchange.bus_bytes == exchange.count * exchange.message_bytes / 2
+    assert ops[("all_reduce", "dp", 4)].message_bytes == 4 * replicated
+    assert ops[("all_reduce", "dp", 2)].message_bytes == 4 * experts // 2
+
+    sharded = host.resolve(RunConfig(**base, workload_options=options, mesh="dp=2,ep=2", devices=4))  # type: ignore[arg-type]
+    f = predict(sharded, meta_facts(host.workload("moe"), sharded), device_type="cpu")
+    assert f.memory.weights_bytes == 4 * shape.parameters(VOCAB) / 4  # 1/world of every parameter
+    assert {(op.op, op.axis) for op in f.comm} == {
+        ("all_gather", "dp"),
+        ("reduce_scatter", "dp"),
+        ("all_to_all", "ep"),
+    }
+
+
+def test_comm_measures_all_to_all_with_nccl_tests_bus_factor() -> None:
+    from accelbench.comm.collectives import COLLECTIVES
+
+    all_to_all = COLLECTIVES["all_to_all"]
+    assert all_to_all.formula == "(n-1)/n" and all_to_all.bus_factor(4) == 0.75
