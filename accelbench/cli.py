@@ -115,7 +115,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, listed: Mapping[str, s
     """One flag per core run option, generated from RunConfig's fields (defaults are RunConfig's: a flag the
     user does not give is absent from the namespace, so ``--config`` values are not overridden by defaults).
     ``listed``: the values to show for open-ended fields (``precision``, ``strategy``, ``model``) as installed."""
-    listed = {"precision": ", ".join(PRECISIONS), **(listed or {})}
+    from accelbench.references import describe_targets
+
+    listed = {"precision": ", ".join(PRECISIONS), "target": describe_targets(), **(listed or {})}
     for name in cli_fields():
         info = RunConfig.model_fields[name]
         flag = "--" + flag_of(name)

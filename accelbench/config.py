@@ -212,6 +212,12 @@ class RunConfig(BaseModel):
         description="stop at the end of the first epoch whose validation loss is at or below this, and record the "
         "time, steps, samples and energy to it (or that it was not reached)",
     )
+    target: str | None = Field(
+        default=None,
+        description="a named target instead of --target-loss: the model's reference held-out loss, ref-epochN "
+        "being the loss a run training as the shipped fp32 reference does reaches by epoch N (docs/quality.md)",
+        json_schema_extra=_flag(metavar="NAME"),
+    )
     grad_norm_limit: float = Field(
         default=DEFAULT_GRAD_NORM_LIMIT,
         ge=0.0,
@@ -282,9 +288,10 @@ class RunConfig(BaseModel):
                 f"--node-rank {self.node_rank} with --nnodes {self.nnodes}: node ranks count from 0, so the last "
                 f"node is {self.nnodes - 1}"
             )
-        if self.target_loss is not None and self.eval_batches == 0:
+        if (self.target is not None or self.target_loss is not None) and self.eval_batches == 0:
             raise ValueError(
-                f"--target-loss {self.target_loss:g} is judged on the validation loss, which --eval-batches 0 turns "
+                f"{f'--target {self.target}' if self.target else f'--target-loss {self.target_loss:g}'} is judged "
+                "on the validation loss, which --eval-batches 0 turns "
                 "off; give --eval-batches 1 or more (or leave it out: 4)"
             )
         return self

@@ -10,6 +10,7 @@ its methods.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -307,8 +308,8 @@ class PluginHost:
     def resolve(self, config: RunConfig) -> RunConfig:
         """``config`` with its workload's options checked and completed with their defaults (what the record
         keeps), its size defaulted to the workload's first size name when ``--model`` was not given, the batch
-        checked against ``--grad-accum``, and the workload's own checks passed. Raises ConfigError naming the
-        option."""
+        checked against ``--grad-accum``, the workload's own checks passed, and ``--target NAME`` resolved to the
+        validation loss it names (``target_loss``). Raises ConfigError naming the option."""
         workload = self.workload(config.workload)
         if "model" not in config.model_fields_set and config.model not in workload.model_names():
             # no --model given: the workload's own default size (the first it names), not the GPT's gpt-nano
@@ -328,6 +329,10 @@ class PluginHost:
         options = resolve_options(config.workload_options, workload.options(), workload.name, "workload")
         resolved = config.model_copy(update={"workload_options": options})
         workload.check(resolved)
+        if (
+            resolved.target is not None
+        ):  # --target NAME: the loss it names for this model, now that it is known
+            resolved = resolved.model_copy(update={"target_loss": named_target(resolved)})
         return resolved
 
     def check_backend_options(self, config: RunConfig, backend: Backend) -> RunConfig:
@@ -438,3 +443,21 @@ def get_host() -> PluginHost:
     if _HOST is None:
         _HOST = PluginHost()
     return _HOST
+
+
+def named_target(config: RunConfig) -> float:
+    """The validation loss ``--target NAME`` names for the run's model (:func:`accelbench.references.resolve_target`);
+    a record repeated with ``--config`` carries the loss too, which must agree with it."""
+    from accelbench.references import resolve_target
+
+    assert config.target is not None
+    try:
+        loss = resolve_target(config.model, config.target)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.target_loss is not None and not math.isclose(config.target_loss, loss, rel_tol=1e-9):
+        raise ConfigError(
+            f"--target {config.target} is a validation loss of {loss:.4f} for {config.model}, but --target-loss "
+            f"{config.target_loss:g} was given too; give one of them"
+        )
+    return loss

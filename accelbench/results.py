@@ -30,6 +30,19 @@ SCHEMA_VERSION = 2  # 2: workload options and identity, energy, host load, epoch
 # diverged: a loss that is not finite, a gradient norm exploding or a loss not decreasing (accelbench.engine.quality)
 Status = Literal["ok", "oom", "error", "interrupted", "diverged"]
 
+# a diverged run's sentence (accelbench.engine.quality) is DIVERGED + what was found + STOPPED + why its speed does not
+# count: diverged_cause reads what was found back
+DIVERGED = "training diverged: "
+STOPPED = "; the run stopped at the end of that epoch"
+
+
+def diverged_cause(message: str) -> str:
+    """What a numerics check found, from the sentence it recorded (``quality.problem``, ``outcome.message``): the
+    NaN/inf loss and its step, the gradient norm and the limit, or the stalled loss and its epochs, without the
+    part every diverged run shares. A sentence of another form is returned whole."""
+    cause = message.removeprefix(DIVERGED)
+    return cause.split(STOPPED, 1)[0] if STOPPED in cause else cause
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -398,9 +411,12 @@ class EpochQuality(_Model):
 
 
 class TargetResult(_Model):
-    """--target-loss: when the validation loss first reached the target, or that it did not."""
+    """--target-loss or --target: when the validation loss first reached the target, or that it did not."""
 
     loss: float = Field(description="The target: a validation loss at or below it counts as reached.")
+    name: str | None = Field(
+        default=None, description="--target NAME, where the target was named (e.g. ref-epoch4); else null."
+    )
     reached: bool
     epoch: int | None = Field(default=None, description="The epoch it was reached in (counted from 1).")
     time_to_target_s: float | None = Field(

@@ -287,3 +287,75 @@ def test_one_colour_per_thing_small_multiples_and_a_figure_for_every_table(resul
     assert len(panels) == len(comparison.groups)  # every table has its panel
     titles = [f.title for f in report.figures]
     assert len(titles) == len(set(titles)), titles  # titles say what differs between figures
+
+
+def test_the_report_sets_the_time_to_target_beside_the_speed(tmp_path: Path, capsys) -> None:
+    """Real tiny runs: one reaches --target-loss 3.5 (its time, epoch, steps and samples to it, beside its samples
+    per second), one never reaches 0.01 (it says 'not reached' with its best loss), and a copy of the first that
+    diverged has no valid figure. Energy: the CPU has no counter ('not measured'); a copy with a reading shows it."""
+    quick = [
+        *TINY,
+        "--threads",
+        "1",
+        "--steps-per-epoch",
+        "4",
+        "--lr",
+        "1e-2",
+        "--output-dir",
+        str(tmp_path),
+        "-q",
+    ]
+    assert main(["run", *quick, "--epochs", "12", "--target-loss", "3.5"]) == 0
+    assert main(["run", *quick, "--epochs", "2", "--target-loss", "0.01", "--batch-size", "4"]) == 0
+    (reached,) = [
+        json.loads(p.read_text())
+        for p in tmp_path.glob("*.json")
+        if json.loads(p.read_text())["quality"]["target"]["reached"]
+    ]
+    target = reached["quality"]["target"]
+    metered = dict(target, energy_j=12.5)
+    (tmp_path / "metered.json").write_text(
+        json.dumps(derived(reached, system__host="metered", quality__target=metered))
+    )
+    diverged = {"status": "diverged", "message": "training diverged: the loss was nan", "traceback": None}
+    (tmp_path / "diverged.json").write_text(
+        json.dumps(derived(reached, system__host="broken", outcome=diverged))
+    )
+    capsys.readouterr()
+    page = build_report(compare(load_records([tmp_path]), label_by=("host",))).html
+    assert (
+        '<a href="#target">Time to a target</a>' in page and '<h2 id="target">Time to a target</h2>' in page
+    )
+    table = page.split('<h2 id="target">')[1].split("</table>")[0]
+    header = re.findall(r"<th>([^<]*)</th>", table)
+    assert header[5:13] == [
+        "samples/s", "target", "time to target", "epoch", "steps", "samples", "energy to target", "final val loss"
+    ]  # fmt: skip
+    rows = {
+        cells[-1].rsplit("/", 1)[-1]: cells
+        for cells in (re.findall(r"<td>([^<]*)</td>", row) for row in table.split("<tr>")[2:])
+    }
+    assert len(rows) == 4
+    (got,) = [
+        cells
+        for name, cells in rows.items()
+        if name not in ("metered.json", "diverged.json") and cells[6] == "3.5"
+    ]
+    steps = target["steps"]
+    assert got[7] == f"{target['time_to_target_s']:.3g} s" and got[8] == str(target["epoch"])
+    assert got[9] == f"{steps:,}" and got[10] == f"{target['samples']:,}" and got[11] == "not measured"
+    assert float(got[5].replace(",", "")) > 0  # its throughput beside it
+    assert rows["metered.json"][11] == "12.5 J"
+    assert (
+        rows["diverged.json"][7] == "no valid result: diverged" and rows["diverged.json"][8:12] == ["-"] * 4
+    )
+    (missed,) = [cells for cells in rows.values() if cells[6] == "0.01"]
+    assert missed[7].startswith(
+        "not reached: --target-loss 0.01 not reached in 2 epoch(s); the best validation"
+    )
+    assert missed[8:12] == ["-"] * 4
+
+
+def test_a_report_without_targets_has_no_target_section(results: Path) -> None:
+    page = build_report(compare(load_records([results / "real"]), label_by=("host",))).html
+    assert 'id="target"' not in page and "Time to a target" not in page

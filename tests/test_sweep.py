@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from core_support import accelbench
 
 from accelbench.cli import main
@@ -390,3 +391,48 @@ def test_same_point_ignores_where_records_go() -> None:
     a = RunConfig(model="gpt-nano", output_dir=Path("a"))
     assert same_point(a, a.model_copy(update={"output_dir": Path("b")}))
     assert not same_point(a, a.model_copy(update={"precision": "bf16-mixed"}))
+
+
+def test_diverged_cause_is_what_the_check_found() -> None:
+    """The sweep's line for a diverged point is the finding of the record's sentence, without what every diverged
+    run shares; a sentence of another form (an older record's) is kept whole."""
+    from accelbench.engine.quality import nonfinite_loss
+    from accelbench.results import diverged_cause
+
+    losses = torch.tensor([4.0, 3.9, float("nan"), float("nan")])
+    assert (
+        diverged_cause(nonfinite_loss(losses, 1, 4))
+        == "the loss was nan at step 3 of epoch 2 (step 7 of the run)"
+    )
+    assert diverged_cause("a loss not finite") == "a loss not finite"
+
+
+@pytest.mark.slow
+def test_a_diverged_point_says_what_the_quality_checks_found(tmp_path: Path) -> None:
+    """Three real points that diverge for three reasons: each line of the sweep, and its log, names the cause the
+    record holds (the NaN loss and its step, the gradient norm over the limit, the loss stalled), not one text for
+    all."""
+    grid = (
+        "\n[[grid]]\nlearning_rate = 1e30\n"
+        "[[grid]]\ngrad_norm_limit = 1e-9\n"
+        "[[grid]]\nlearning_rate = 1e-12\nstall_epochs = 1\n"
+    )
+    path = sweep_file(tmp_path, TINY_RUN + grid)
+    out = tmp_path / "results"
+    proc = accelbench("sweep", str(path), "--output-dir", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr  # diverged points are done: their records say why
+    err = " ".join(proc.stderr.split())
+    assert "learning_rate=1e+30: diverged: the loss was " in err and " of the run) (" in err
+    assert "grad_norm_limit=1e-09: diverged: the gradient norm exploded: " in err
+    assert "above --grad-norm-limit 1e-09 (" in err
+    assert (
+        "stall_epochs=1: diverged: the loss is not decreasing: the validation loss of epoch 2 (step 6)" in err
+    )
+    assert "a loss not finite" not in err
+    log = read_log(out)
+    assert [e["status"] for e in log] == ["diverged"] * 3
+    for entry in log:
+        record = read_record(Path(entry["record"]))
+        assert record.quality is not None and record.quality.problem is not None
+        assert entry["message"] and entry["message"] in record.quality.problem
+        assert not entry["message"].startswith("training diverged")

@@ -192,8 +192,14 @@ class _EpochQuality(_View):
 
 class _Target(_View):
     loss: float = Field(gt=0)
+    name: str | None = None
     reached: bool
+    epoch: int | None = Field(default=None, gt=0)
     time_to_target_s: float | None = Field(default=None, ge=0, le=MAX_MEASURED_S)
+    steps: int | None = Field(default=None, ge=0)
+    samples: int | None = Field(default=None, ge=0)
+    energy_j: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    message: str = ""
 
 
 class _Quality(_View):
@@ -208,24 +214,44 @@ def _quality(view: RecordView) -> dict[str, Any]:
         return {}
     measured = [q.val_loss for q in quality.epochs if q.val_loss is not None]
     target = quality.target
+    reached = target if target and target.reached else None
     figures: dict[str, float | None] = {
         "val_loss": measured[-1] if measured else None,
         "target_loss": target.loss if target else None,
-        "time_to_target_s": target.time_to_target_s if target and target.reached else None,
+        "time_to_target_s": reached.time_to_target_s if reached else None,
+        "target_epoch": reached.epoch if reached else None,
+        "target_steps": reached.steps if reached else None,
+        "target_samples": reached.samples if reached else None,
+        "target_energy_j": reached.energy_j if reached else None,
     }
     reference = reference_for(
         view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
     )
-    loss = reference.verdict([q.val_loss for q in quality.epochs]) if reference else None
-    if reference is not None and loss is not None:
+    losses = [q.val_loss for q in quality.epochs]
+    loss = reference.verdict(losses) if reference else None
+    outside = reference.outside_epochs(losses) if reference else None
+    if reference is not None and loss is not None and outside is not None:
         low, high = reference.band()
         figures.update(
             reference_val_loss=loss,
             reference_low=low,
             reference_high=high,
-            outside_reference=0.0 if low <= loss <= high else 1.0,
+            outside_reference=1.0 if outside else 0.0,  # the trajectory test: any epoch outside its band
+            reference_first_outside=float(outside[0]) if outside else None,
         )
     return figures
+
+
+def _reference_model(view: RecordView) -> str | None:
+    """The model whose shipped reference the run is tested against, where it is (its trajectory measured)."""
+    if view.quality is None:
+        return None
+    reference = reference_for(
+        view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
+    )
+    if reference is None or reference.outside_epochs([q.val_loss for q in view.quality.epochs]) is None:
+        return None
+    return reference.model
 
 
 @functools.cache
@@ -318,11 +344,21 @@ class RunFigures:
     val_loss: float | None = None  # the held-out loss after the last epoch (quality.epochs)
     target_loss: float | None = None  # --target-loss, where one was asked
     time_to_target_s: float | None = None  # ... the training time until it was reached (None: not reached)
+    target_name: str | None = None  # ... its name (--target NAME)
+    target_message: str | None = None  # ... the record's sentence: when it was reached, or that it was not
+    target_epoch: float | None = (
+        None  # ... where reached: the epoch, optimizer steps, samples (all ranks) and
+    )
+    target_steps: float | None = None  # device energy (where the counter read every epoch) it took
+    target_samples: float | None = None
+    target_energy_j: float | None = None
     # parity with the shipped reference trajectory of the same recipe (accelbench.references), where there is one:
     reference_val_loss: float | None = None  # the run's held-out loss after the reference's last epoch
     reference_low: float | None = None  # ... and the reference's band for it
     reference_high: float | None = None
-    outside_reference: float | None = None  # 1.0 outside the band, 0.0 within
+    outside_reference: float | None = None  # 1.0 when some epoch's loss is outside its band, 0.0 when none is
+    reference_first_outside: float | None = None  # ... the first epoch outside
+    reference_model: str | None = None  # ... the reference tested against (for the test over several seeds)
     # the rank that held the others up and why (metrics.slowest_rank), in words
     slowest_rank: str | None = None
     usd_per_mtok: tuple[float | None, ...] = ()  # --prices: $ per million tokens, per steady epoch
@@ -473,6 +509,9 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             slowest_rank=_slowest(metrics.slowest_rank),
             **_predicted(view.prediction),
             **_quality(view),
+            reference_model=_reference_model(view),
+            target_name=view.quality.target.name if view.quality and view.quality.target else None,
+            target_message=view.quality.target.message if view.quality and view.quality.target else None,
         )
     system = SystemFacts(
         host=s.host,

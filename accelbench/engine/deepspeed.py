@@ -89,6 +89,17 @@ class DeepSpeedExecutor(Executor):
         assert total is not None
         return total
 
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The held-out loss through the engine (its ZeRO stage gathers the sharded parameters as in training) in
+        eval mode under ``torch.no_grad``, in DeepSpeed's precision; train mode restored after. No gradient probe:
+        the engine's gradients live in ZeRO's partitioned buffers, which only its own step reads and clears."""
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                return self.engine(inputs, targets).detach().float()
+        finally:
+            self.engine.train()
+
     def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
         if requested.name == "fp32":
             return requested

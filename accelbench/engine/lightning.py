@@ -115,6 +115,16 @@ class LightningExecutor(Executor):
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The held-out loss through Fabric's wrapped model (its precision plugin applies the run's precision to
+        the forward, its strategy the sharding) in eval mode under ``torch.no_grad``; train mode restored after."""
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self.model(inputs, targets).detach().float()
+        finally:
+            self.model.train()
+
     def describe(self) -> dict[str, Any]:
         import lightning
 

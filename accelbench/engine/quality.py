@@ -17,7 +17,7 @@ comparison. After every timed epoch (its timer stopped, its trackers stopped), o
 4. **Loss not decreasing** (``--stall-epochs K``, off by default: synthetic data with random labels has nothing to
    learn): from epoch K + 1 on, a loss (validation where measured, else training, averaged over ranks) not below the
    first epoch's.
-5. **Target** (``--target-loss X``): the run stops at the end of the first epoch whose validation loss is <= X and
+5. **Target** (``--target-loss X``, or ``--target NAME``: a reference loss, :mod:`accelbench.references`): the run stops at the end of the first epoch whose validation loss is <= X and
    records the time, steps, samples and energy to it; a run that never reaches it says so.
 
 A finding of 1, 3 or 4 ends the run with status ``diverged`` (its speed is no valid result: ``compare`` and
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from accelbench.config import RunConfig
 from accelbench.contract import Backend, DataShard, Executor
 from accelbench.engine.metrics import RankLog
-from accelbench.results import EpochQuality, QualityRecord, TargetResult
+from accelbench.results import DIVERGED, STOPPED, EpochQuality, QualityRecord, TargetResult
 from accelbench.workloads import BatchSource, TrainingJob
 
 
@@ -51,11 +51,18 @@ def nonfinite_loss(step_losses: torch.Tensor, epoch: int, steps_per_epoch: int) 
     """The sentence for an epoch whose training loss was NaN or infinite, naming the first step that had it."""
     bad = int((~torch.isfinite(step_losses)).nonzero()[0, 0])
     return (
-        f"training diverged: the loss was {float(step_losses[bad])} at step {bad + 1} of epoch {epoch + 1} (step "
-        f"{epoch * steps_per_epoch + bad + 1} of the run); the run stopped at the end of that epoch, whose time "
+        f"{DIVERGED}the loss was {float(step_losses[bad])} at step {bad + 1} of epoch {epoch + 1} (step "
+        f"{epoch * steps_per_epoch + bad + 1} of the run){STOPPED}, whose time "
         "is kept with the others, and its speed is no valid result (a learning rate too high, a precision that "
         "overflows, or a broken backend: compare its loss with an fp32 run's)"
     )
+
+
+def target_label(config: RunConfig) -> str:
+    """How messages name the run's target: ``--target-loss 3.5``, or ``--target ref-epoch4 (3.2243)``."""
+    if config.target is not None and config.target_loss is not None:
+        return f"--target {config.target} ({config.target_loss:.4f})"
+    return f"--target-loss {config.target_loss:g}"
 
 
 @dataclass
@@ -95,8 +102,8 @@ class QualityChecks:
             self.problem = (
                 nonfinite_loss(step_losses, epoch, steps_per_epoch)
                 if local_nan
-                else f"training diverged: another rank's loss was not finite in epoch {epoch + 1}; the run stopped "
-                "at the end of that epoch and its speed is no valid result"
+                else f"{DIVERGED}another rank's loss was not finite in epoch {epoch + 1}{STOPPED} and its speed "
+                "is no valid result"
             )
             self.epochs.append(EpochQuality(epoch=epoch + 1))
             raise TrainingDiverged(self.problem)
@@ -151,6 +158,7 @@ class QualityChecks:
             energies = log.epoch_energy_j
             self.target = TargetResult(
                 loss=target,
+                name=self.config.target,
                 reached=True,
                 epoch=epoch + 1,
                 time_to_target_s=sum(log.epoch_wall_s),
@@ -159,7 +167,7 @@ class QualityChecks:
                 energy_j=sum(e for e in energies if e is not None)
                 if energies and all(e is not None for e in energies)
                 else None,
-                message=f"validation loss {val_loss:.4f} <= --target-loss {target:g} after epoch {epoch + 1}: "
+                message=f"validation loss {val_loss:.4f} <= {target_label(self.config)} after epoch {epoch + 1}: "
                 f"{sum(log.epoch_wall_s):.3f} s of training (evaluation excluded), {sum(log.epoch_steps)} steps",
             )
             return True
@@ -179,8 +187,9 @@ class QualityChecks:
             )
             target = TargetResult(
                 loss=self.config.target_loss,
+                name=self.config.target,
                 reached=False,
-                message=f"--target-loss {self.config.target_loss:g} not reached in {epochs_run} epoch(s){why}",
+                message=f"{target_label(self.config)} not reached in {epochs_run} epoch(s){why}",
             )
         return QualityRecord(
             eval_batches=self.config.eval_batches,
@@ -241,6 +250,8 @@ class QualityChecks:
                     for parameter in model.parameters() if model is not None else ():
                         parameter.grad = None  # nothing of a failed probe may reach the next training step
                     probed = None
+                if probed is None and self.probe_note is None:
+                    self.probe_note = f"no gradient norm: this executor ({type(self.executor).__name__}) cannot probe its gradients"
                 norm = float(probed.item()) if probed is not None else None
                 if norm is not None and not math.isfinite(norm):
                     norm = math.inf  # NaN is not ordered: an all-reduced maximum must see it
@@ -272,8 +283,7 @@ class QualityChecks:
 
     def _diverged(self, what: str) -> None:
         self.problem = (
-            f"training diverged: {what}; the run stopped at the end of that epoch, whose time is kept with the "
-            "others, and its speed is no valid result"
+            f"{DIVERGED}{what}{STOPPED}, whose time is kept with the others, and its speed is no valid result"
         )
         raise TrainingDiverged(self.problem)
 

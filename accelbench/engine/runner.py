@@ -53,7 +53,7 @@ from accelbench.engine.profile import (
     profile_steps,
     profile_steps_that_fit,
 )
-from accelbench.engine.quality import QualityChecks, TrainingDiverged
+from accelbench.engine.quality import QualityChecks, TrainingDiverged, target_label
 from accelbench.engine.ranks import (
     destroy_process_group,
     exchange,
@@ -927,8 +927,7 @@ class _Records:
                     m.walls, ended_early=outcome.status != "ok" and not m.epochs_complete
                 )
                 if not (m.quality and m.quality.target and m.quality.target.reached)
-                else f"--target-loss {m.quality.target.loss:g}: stopped when it was reached, after "
-                f"{len(m.walls)} epoch(s)",
+                else f"{target_label(config)}: stopped when it was reached, after {len(m.walls)} epoch(s)",
             )
             if job
             else None,

@@ -1,22 +1,28 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
-For gpt-nano and gpt-micro at a fixed recipe (:data:`RECIPE`: fp32, one device, the generated corpus, batch 16, 4
-epochs of 20 steps, 4 held-out batches) and :data:`SEEDS`, the held-out loss after every epoch, shipped as
-``gpt.json`` with how it was made (accelbench and torch versions, host, date, the command). ``compare`` tests a
-run of the same recipe, whatever its precision, strategy or backend, against it (:meth:`Reference.verdict`): its
-held-out loss after the reference's last epoch must lie in the seeds' 99% prediction interval,
+For each workload of :data:`WORKLOADS` (gpt-nano and gpt-micro, llama-tiny, bert-tiny, mobilenet-v3-small at 32
+pixels) at one fixed recipe (:data:`RECIPE`: fp32, one device, generated data, batch 16, 4 epochs of 20 steps, 4
+held-out batches, plus the workload's options in :data:`WORKLOADS`) and :data:`SEEDS`, the held-out loss after
+every epoch, shipped as ``<workload>.json`` with how it was made (accelbench and torch versions, host, date, the
+command). ``compare`` tests a run of the same recipe, whatever its precision, strategy or backend, against it
+(:meth:`Reference.outside_epochs`): its held-out loss after every epoch must lie in that epoch's 99% prediction
+interval over the seeds,
 
     mean ± max(t(0.995, n - 1) · s · sqrt(1 + 1/n), 1% of the mean)
 
 (n seeds, s their standard deviation; Student's t, as a normal sample predicts one more draw; the 1% floor
-covers the spread of the last digits between thread counts and CPUs, which three seeds may not show). A run
-outside it trains differently from single-device fp32 and is marked so beside its speed.
+covers the spread of the last digits between thread counts and CPUs, which three seeds may not show); two or more
+seeds of a run are tested together by Welch's t-test (:meth:`Reference.seeds_test`). A run outside trains
+differently from single-device fp32 and is marked so beside its speed. The same intervals give the named targets
+(``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (minutes on a CPU).
+Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those): about 13
+minutes on a shared 2-core VM, each run on one thread.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -24,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REFERENCE_FILE = Path(__file__).with_name("gpt.json")
-MODELS = ("gpt-nano", "gpt-micro")
+REFERENCE_DIR = Path(__file__).parent
+REFERENCE_FILE = REFERENCE_DIR / "gpt.json"
 SEEDS = (0, 1, 2)
-# the reference recipe: run fields that must match for a run to be tested against it (batch: the global batch)
+# the recipe every reference is made at: run fields a run must share to be tested against it (batch: the global
+# batch, per-device batch x processes); the workload's own options are in WORKLOADS
 RECIPE: dict[str, Any] = {
     "workload": "gpt",
     "batch_size": 16,
@@ -38,8 +45,45 @@ RECIPE: dict[str, Any] = {
     "precision": "fp32",
     "strategy": "single",
 }
+# workload -> (models, workload options of the recipe). The options are part of the workload's identity, which a run
+# must share. llama and bert at 128 tokens keep a run under a minute on one core. The image model: 32 pixels and 8
+# classes, a number that divides the 64 synthetic JPEGs, so that each image always carries the same label and there
+# is something to learn (at 1000 classes the synthetic labels are noise); no data workers, as the reference runs in
+# one thread (augmentation is seeded per sample, so workers never change the numbers: data_workers is not matched).
+WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "gpt": (("gpt-nano", "gpt-micro"), {}),
+    "llama": (("llama-tiny",), {"seq_len": 128}),
+    "bert": (("bert-tiny",), {"seq_len": 128}),
+    "mobilenet-v3-small": (("mobilenet-v3-small",), {"image_size": 32, "num_classes": 8, "data_workers": 0}),
+}
+MODELS = tuple(model for models, _ in WORKLOADS.values() for model in models)
+UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
 # Student's t quantile 0.995 by degrees of freedom (n seeds - 1): a two-sided 99% interval
-T_995 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250}
+T_995 = {
+    1: 63.657,
+    2: 9.925,
+    3: 5.841,
+    4: 4.604,
+    5: 4.032,
+    6: 3.707,
+    7: 3.499,
+    8: 3.355,
+    9: 3.250,
+    10: 3.169,
+    12: 3.055,
+    15: 2.947,
+    20: 2.845,
+    30: 2.750,
+    60: 2.660,
+}
+
+
+def t_995(df: float) -> float:
+    """Student's t quantile 0.995 at ``df`` degrees of freedom, read at the table's largest df not above it (so never
+    smaller than the exact one: an interval no narrower than it should be); df of 1 or less read as 1."""
+    return T_995[max((k for k in T_995 if k <= max(df, 1.0)), default=1)]
+
+
 FLOOR = 0.01
 
 
@@ -50,19 +94,74 @@ class Reference:
     model: str
     identity: dict[str, Any]
     trajectories: dict[int, list[float]]  # seed -> held-out loss after each epoch
+    workload: str = "gpt"
 
     @property
     def epochs(self) -> int:
         return min(len(t) for t in self.trajectories.values())
 
-    def band(self) -> tuple[float, float]:
-        """The 99% prediction interval of the held-out loss after the last epoch (module docstring)."""
-        finals = [t[self.epochs - 1] for t in self.trajectories.values()]
+    def band(self, epoch: int | None = None) -> tuple[float, float]:
+        """The 99% prediction interval of the held-out loss after ``epoch`` (counted from 1; default: the last)
+        (module docstring)."""
+        finals = [t[(epoch or self.epochs) - 1] for t in self.trajectories.values()]
         mean = statistics.fmean(finals)
         n = len(finals)
-        spread = T_995[n - 1] * statistics.stdev(finals) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+        spread = t_995(n - 1) * statistics.stdev(finals) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
         half = max(spread, FLOOR * abs(mean))
         return mean - half, mean + half
+
+    def means(self) -> list[float]:
+        """The seeds' mean held-out loss after each epoch."""
+        return [statistics.fmean(t[e] for t in self.trajectories.values()) for e in range(self.epochs)]
+
+    @property
+    def falls(self) -> bool:
+        """Whether the mean held-out loss falls every epoch: a target only means something on a curve that falls."""
+        means = self.means()
+        return all(later < earlier for earlier, later in itertools.pairwise(means))
+
+    def targets(self) -> dict[str, float]:
+        """The named targets (``--target NAME``): ``ref-epochN`` is the upper end of the band after epoch N, the
+        held-out loss a run that trains as the reference does reaches by its epoch N 99 times in 100. None where
+        the reference's loss does not fall (the image reference: see :data:`WORKLOADS`)."""
+        if not self.falls:
+            return {}
+        return {f"ref-epoch{epoch}": self.band(epoch)[1] for epoch in range(1, self.epochs + 1)}
+
+    def outside_epochs(self, val_losses: list[float | None]) -> list[int] | None:
+        """The trajectory test: the epochs (from 1) after which the run's held-out loss lies outside that epoch's
+        99% prediction interval (:meth:`band`); [] when every one lies within; None when the run did not measure
+        every epoch of the reference. A run that trains as the reference does fails it at most 1% of the time per
+        epoch, so at most 4% over 4 epochs, and less in practice: one run's losses after successive epochs move
+        together."""
+        if len(val_losses) < self.epochs or any(v is None for v in val_losses[: self.epochs]):
+            return None
+        outside = []
+        for epoch in range(1, self.epochs + 1):
+            low, high = self.band(epoch)
+            loss = val_losses[epoch - 1]
+            assert loss is not None
+            if not low <= loss <= high:
+                outside.append(epoch)
+        return outside
+
+    def seeds_test(self, finals: list[float]) -> tuple[float, float]:
+        """The test over several seeds of the run under test (two or more): Welch's two-sample t-test of their
+        held-out losses after the last epoch against the reference seeds', at 99% (two-sided), with the same 1%
+        floor as the band. Returns (difference of the means, half-width): the runs differ from the reference when
+        the difference's magnitude is above the half-width."""
+        reference = [t[self.epochs - 1] for t in self.trajectories.values()]
+        n, k = len(reference), len(finals)
+        if k < 2:
+            raise ValueError("the seeds' test needs two or more runs")
+        difference = statistics.fmean(finals) - statistics.fmean(reference)
+        var_r = statistics.variance(reference) / n if n > 1 else 0.0
+        var_x = statistics.variance(finals) / k
+        se = math.sqrt(var_r + var_x)
+        if se == 0:
+            return difference, FLOOR * abs(statistics.fmean(reference))
+        welch = se**4 / ((var_r**2 / (n - 1) if n > 1 else 0.0) + var_x**2 / (k - 1))
+        return difference, max(t_995(welch) * se, FLOOR * abs(statistics.fmean(reference)))
 
     def verdict(self, val_losses: list[float | None]) -> float | None:
         """The run's held-out loss after the reference's last epoch, if it trained that long and measured it."""
@@ -71,44 +170,109 @@ class Reference:
         return val_losses[self.epochs - 1]
 
 
-def load(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
-    """The shipped references by model name (none where the file is missing)."""
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
+def load(folder: Path = REFERENCE_DIR) -> dict[str, Reference]:
+    """The shipped references by model name (every ``<workload>.json`` in ``folder``; none where there is none)."""
+    references: dict[str, Reference] = {}
+    for path in sorted(folder.glob("*.json")):
+        raw = json.loads(path.read_text())
+        workload = str(raw["made"]["recipe"]["workload"])
+        for model, entry in raw["models"].items():
+            trajectories = {
+                int(seed): [float(v) for v in losses] for seed, losses in entry["trajectories"].items()
+            }
+            references[model] = Reference(model, entry["identity"], trajectories, workload)
+    return references
+
+
+def named_targets(references: dict[str, Reference] | None = None) -> dict[str, dict[str, float]]:
+    """Every model's named targets (:meth:`Reference.targets`), by model name."""
     return {
-        model: Reference(
-            model,
-            entry["identity"],
-            {int(seed): [float(v) for v in losses] for seed, losses in entry["trajectories"].items()},
-        )
-        for model, entry in raw["models"].items()
+        model: reference.targets()
+        for model, reference in (load() if references is None else references).items()
     }
+
+
+def describe_targets(references: dict[str, Reference] | None = None) -> str:
+    """The named targets as ``run --help`` lists them: ``gpt-nano: ref-epoch1 (3.80), ...; gpt-micro: ...``."""
+    return "; ".join(
+        f"{model}: " + ", ".join(f"{name} ({value:.3f})" for name, value in targets.items())
+        for model, targets in named_targets(references).items()
+        if targets
+    )
+
+
+def resolve_target(model: str, name: str, references: dict[str, Reference] | None = None) -> float:
+    """The validation loss ``--target NAME`` stands for with ``--model model``; ValueError (naming what works)
+    where the model has no reference or no target of that name."""
+    references = load() if references is None else references
+    targets = {m: t for m, t in named_targets(references).items() if t}
+    if model in references and model not in targets:
+        flat = ", ".join(f"{m:.3f}" for m in references[model].means())
+        raise ValueError(
+            f"--target {name}: the reference of {model} does not fall (its held-out loss after each epoch: {flat}), "
+            "so it names no targets; give a validation loss with --target-loss X instead"
+        )
+    if model not in targets:
+        have = ", ".join(targets) or "none"
+        raise ValueError(
+            f"--target {name}: the model {model} has no reference trajectory, so no named targets (models with "
+            f"one: {have}); give a validation loss with --target-loss X instead"
+        )
+    if name not in targets[model]:
+        raise ValueError(
+            f"--target {name}: no such target for {model}; its targets: "
+            + ", ".join(f"{n} ({v:.3f})" for n, v in targets[model].items())
+        )
+    return targets[model][name]
 
 
 def reference_for(
     config: dict[str, Any], identity: dict[str, Any], world_size: int, references: dict[str, Reference]
 ) -> Reference | None:
     """The reference a run of ``config`` (its record's, as a dict) is tested against: the same workload, model,
-    identity, global batch, steps, learning rate and held-out batches on the generated corpus; precision, strategy
-    and backend may differ (that is what the test is for)."""
+    identity (its data workers aside), global batch, steps, learning rate and held-out batches on generated data;
+    precision, strategy and backend may differ (that is what the test is for)."""
     reference = references.get(str(config.get("model")))
-    if reference is None or config.get("workload") != RECIPE["workload"] or config.get("data") is not None:
+    if reference is None or config.get("workload") != reference.workload or config.get("data") is not None:
         return None
+
+    def matched(fields: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in fields.items() if k not in UNMATCHED}
+
     same = (
-        int(config.get("batch_size", 0)) * world_size == RECIPE["batch_size"]
+        int(config.get("batch_size", 0)) * data_parallel(config, world_size) == RECIPE["batch_size"]
         and config.get("steps_per_epoch") == RECIPE["steps_per_epoch"]
         and math.isclose(float(config.get("learning_rate", 0.0)), RECIPE["learning_rate"])
         and config.get("eval_batches") == RECIPE["eval_batches"]
-        and identity == reference.identity
+        and matched(identity) == matched(reference.identity)
     )
     return reference if same else None
 
 
-def regenerate(path: Path = REFERENCE_FILE, output_dir: Path | None = None) -> dict[str, Any]:
-    """Train every model of :data:`MODELS` at the recipe for every seed of :data:`SEEDS` and write the references
-    with how they were made. Returns what was written."""
+def data_parallel(config: dict[str, Any], world_size: int) -> int:
+    """The replicas that each train on their own batch: every rank, less those a tensor or pipeline axis of the
+    run's mesh gives the same batch (the global batch is the per-device batch times this)."""
+    from accelbench.parallel_dims import generic_axis, parse_mesh
+
+    mesh = config.get("mesh")
+    if not mesh:
+        return world_size
+    split = 1
+    for axis, size in parse_mesh(str(mesh)).items():
+        if generic_axis(axis) != "dp":
+            split *= size
+    return max(1, world_size // split)
+
+
+def regenerate(
+    workloads: tuple[str, ...] = tuple(WORKLOADS),
+    folder: Path = REFERENCE_DIR,
+    output_dir: Path | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Train every model of each workload in ``workloads`` at the recipe for every seed of :data:`SEEDS` and write
+    ``<workload>.json`` with how it was made. Returns what was written, by workload."""
     import tempfile
+    import time
     from datetime import datetime, timezone
 
     import torch
@@ -119,34 +283,55 @@ def regenerate(path: Path = REFERENCE_FILE, output_dir: Path | None = None) -> d
     from accelbench.hostinfo import usable_cores
     from accelbench.plugins import get_host
 
-    models: dict[str, Any] = {}
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(
+            f"no reference recipe for {', '.join(unknown)}; the workloads with one: {', '.join(WORKLOADS)}"
+        )
     out = output_dir or Path(tempfile.mkdtemp(prefix="accelbench-references-"))
-    for model in MODELS:
-        trajectories: dict[str, list[float]] = {}
-        identity: dict[str, Any] = {}
-        for seed in SEEDS:
-            # one thread: deterministic, and never stalled by OpenMP barriers on a shared host
-            config = RunConfig(
-                **{**RECIPE, "model": model, "seed": seed, "backend": "cpu", "threads": 1, "output_dir": out}
-            )
-            record, _, status = run(config, get_host())
-            if record is None or status != "ok" or record.quality is None:
-                raise RuntimeError(f"reference run {model} seed {seed} ended {status}")
-            trajectories[str(seed)] = [q.val_loss for q in record.quality.epochs if q.val_loss is not None]
-            identity = dict(record.workload_identity)
-        models[model] = {"identity": identity, "trajectories": trajectories}
-    made = {
-        "how": "python -m accelbench.references: accelbench run at the recipe below for each model and seed, on "
-        "the CPU backend (one thread), fp32, one device, the generated corpus; trajectories are quality.epochs[].val_loss",
-        "recipe": RECIPE,
-        "seeds": list(SEEDS),
-        "accelbench": __version__,
-        "torch": torch.__version__,
-        "threads": 1,
-        "cores": usable_cores(),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
-    }
-    written = {"made": made, "models": models}
-    path.write_text(json.dumps(written, indent=1) + "\n")
+    written: dict[str, dict[str, Any]] = {}
+    for workload in workloads:
+        names, options = WORKLOADS[workload]
+        recipe = {**RECIPE, "workload": workload}
+        models: dict[str, Any] = {}
+        start = time.perf_counter()
+        for model in names:
+            trajectories: dict[str, list[float]] = {}
+            identity: dict[str, Any] = {}
+            for seed in SEEDS:
+                # one thread: deterministic, and never stalled by OpenMP barriers on a shared host
+                config = RunConfig(
+                    **recipe,
+                    model=model,
+                    seed=seed,
+                    backend="cpu",
+                    threads=1,
+                    output_dir=out,
+                    workload_options=dict(options),
+                )
+                record, _, status = run(config, get_host())
+                if record is None or status != "ok" or record.quality is None:
+                    raise RuntimeError(f"reference run {model} seed {seed} ended {status}")
+                trajectories[str(seed)] = [
+                    q.val_loss for q in record.quality.epochs if q.val_loss is not None
+                ]
+                identity = dict(record.workload_identity)
+            models[model] = {"identity": identity, "trajectories": trajectories}
+        made = {
+            "how": "python -m accelbench.references: accelbench run at the recipe below for each model and seed, on "
+            "the CPU backend (one thread), fp32, one device, generated data; trajectories are "
+            "quality.epochs[].val_loss",
+            "recipe": recipe,
+            "workload_options": options,
+            "seeds": list(SEEDS),
+            "accelbench": __version__,
+            "torch": torch.__version__,
+            "threads": 1,
+            "cores": usable_cores(),
+            "seconds": round(time.perf_counter() - start, 1),
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
+        }
+        written[workload] = {"made": made, "models": models}
+        (folder / f"{workload}.json").write_text(json.dumps(written[workload], indent=1) + "\n")
     return written

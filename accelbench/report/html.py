@@ -43,6 +43,7 @@ from accelbench.report.figures import (
 from accelbench.report.overview import overview_figures
 from accelbench.report.palette import Palette, using
 from accelbench.report.predicted import has_predictions, predicted_figures
+from accelbench.report.target import TARGET_CAPTION, TARGET_HEADER, has_targets, target_rows
 from accelbench.results import check_writable, write_output
 
 _MIME = {"svg": "image/svg+xml", "png": "image/png"}
@@ -286,6 +287,7 @@ def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[
     links = [
         ("systems", "Systems"),
         ("comparison", "Comparison"),
+        *((("target", "Time to a target"),) if has_targets(comparison) else ()),
         ("environment", "What differs between the environments"),
         *((v.anchor, v.nav) for v in views),
         ("records", "Records"),
@@ -326,6 +328,10 @@ def _page(comparison: Comparison, title: str, views: Sequence[View], body: list[
                 f"<li>{esc(c.system)} x{c.devices}: {esc('; '.join(ranks))}</li>" for c, ranks in slowest
             )
             parts.append(f'<p class="caption">Slowest rank (held the others up):</p><ul>{items}</ul>')
+    if has_targets(comparison):  # beside the speed: what reaching the target cost, or that it was not reached
+        parts.append('<h2 id="target">Time to a target</h2>')
+        parts.append(f'<p class="caption">{esc(TARGET_CAPTION)}</p>')
+        parts.append(html_table(TARGET_HEADER, target_rows(comparison), "target"))
     parts.append('<h2 id="environment">What differs between the environments</h2>')
     if comparison.environment:
         rows = [

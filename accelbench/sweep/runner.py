@@ -78,12 +78,12 @@ def run_sweep(
                 summary.done += 1
                 if attempt.status == "oom":
                     fit.did_not_fit(point)
-                text = {"oom": "out of memory", "diverged": "diverged (a loss not finite)"}.get(
-                    attempt.status, "ok"
-                )
+                # diverged: what the quality checks found (a NaN/inf loss, a gradient norm, a stalled loss)
+                text = {"oom": "out of memory", "diverged": "diverged"}.get(attempt.status, "ok")
+                why = f": {attempt.message}" if attempt.status == "diverged" and attempt.message else ""
                 display.finish(
                     point,
-                    f"{text} ({attempt.seconds:.1f} s)",
+                    f"{text}{why} ({attempt.seconds:.1f} s)",
                     "green" if text == "ok" else "yellow",
                     attempt.seconds,
                 )

@@ -116,7 +116,9 @@ def _attempt(
 ) -> Attempt:
     """How a finished child ended: its record's outcome if it wrote one, else what its exit says."""
     if found is not None and not (timed_out and found[1] == "interrupted"):
-        return Attempt(found[1], code, seconds, found[0])  # it ended by itself (perhaps just as time ran out)
+        # it ended by itself (perhaps just as time ran out); a diverged run says what its numerics checks found
+        why = _diverged_cause(found[0]) if found[1] == "diverged" else ""
+        return Attempt(found[1], code, seconds, found[0], why)
     if timed_out:
         kept = (
             "its completed epochs are in an interrupted record"
@@ -136,6 +138,20 @@ def _attempt(
         hint = " (on Linux, SIGKILL is often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
         return Attempt("crashed", code, seconds, message=f"killed by {name}{hint}; no record")
     return Attempt("failed", code, seconds, message=f"exit code {code} and no record: {_last_lines(stderr)}")
+
+
+def _diverged_cause(path: Path) -> str:
+    """What the quality checks found in the diverged run recorded at ``path`` (a NaN/inf loss and its step, the
+    gradient norm over the limit, a loss stalled for K epochs), as its record says it."""
+    from accelbench.errors import ResultFileError
+    from accelbench.results import diverged_cause, read_record
+
+    try:
+        record = read_record(path)
+    except ResultFileError:
+        return ""
+    said = (record.quality.problem if record.quality else None) or record.outcome.message or ""
+    return diverged_cause(said)
 
 
 def _finish(proc: subprocess.Popen[str]) -> str:

@@ -42,7 +42,7 @@ from accelbench.engine.parallel.pp import (
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import TransformerShape, estimate_parallel, pipeline_bubble
-from accelbench.parallel_dims import ParallelDims, fewest_microbatches
+from accelbench.parallel_dims import PP_SCHEDULES, ParallelDims, fewest_microbatches
 from accelbench.workloads import ModelUnits, TrainingJob
 
 if TYPE_CHECKING:
@@ -285,10 +285,68 @@ class ParallelExecutor(Executor):
         )
         return self._schedules[batch]
 
-    def _clip_gradients(self, max_norm: float) -> None:
-        """Clip to ``max_norm`` by the global gradient norm, as ``clip_grad_norm_`` does on one device: DTensor
-        gradients reduced over their mesh (tensor- and data-parallel shards), the pipeline's ranks summed, an
-        untied copy of a tied parameter counted once (its owner's gradient already holds the sum)."""
+    # ---------------------------------------------------------------------------------------------------------
+    # quality checks (after an epoch, untimed)
+    # ---------------------------------------------------------------------------------------------------------
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The held-out loss: every part in eval mode under ``torch.no_grad`` and the run's autocast. Tensor
+        parallelism runs the sharded model forward as training does; a pipeline runs its schedule forward only
+        (``schedule.eval``, the same microbatches as training), and the last stage's mean loss is broadcast to the
+        pipeline's ranks, as a training step's is. Train mode is restored after. None under the V-shaped schedules
+        (zbv, dualpipev): torch 2.13 runs no forward-only step of them (their action lists assume a backward)."""
+        if PP_SCHEDULES.get(self.layout.schedule) == "v" and self.pipelined:
+            return None
+        for module in self.modules:
+            module.eval()
+        try:
+            with torch.no_grad():
+                if self.pipelined:
+                    return self._pipeline_loss(inputs, targets)
+                with self._autocast:
+                    return _local(self.modules[0](inputs, targets).detach()).float()
+        finally:
+            for module in self.modules:
+                module.train()
+
+    def _pipeline_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        schedule, _ = self._schedule_for(inputs.shape[0])
+        losses: list[torch.Tensor] = []
+        holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
+        with self._autocast:
+            schedule.eval(
+                *((inputs,) if holds_first else ()),
+                **({"target": targets, "losses": losses} if holds_last else {}),
+            )
+        loss = (
+            torch.stack([_local(x.detach()).float() for x in losses]).mean()
+            if losses
+            else torch.zeros((), device=self.device)
+        )
+        dist.broadcast(loss, src=self._loss_source, group=self._pp_group)
+        return loss
+
+    def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Tensor parallelism (no pipeline): one forward and backward as a training step makes them, the total L2
+        norm of the gradients over every shard (:meth:`_total_norm`, what clipping reads), and the gradients
+        cleared; the optimizer never sees them. A pipeline's probe would be a whole schedule step: None (the
+        record then has no gradient norm)."""
+        if self.pipelined:
+            return None
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast:
+            loss = self.modules[0](inputs, targets)
+        loss.backward()
+        self.backend.after_backward(self.device)
+        norm = self._total_norm()[0]
+        self.optimizer.zero_grad(set_to_none=True)
+        self.backend.end_of_step(self.device)
+        return norm
+
+    def _total_norm(self) -> tuple[torch.Tensor, list[nn.Parameter]]:
+        """The global L2 norm of the gradients, as ``clip_grad_norm_`` computes it on one device: DTensor gradients
+        reduced over their mesh (tensor- and data-parallel shards), the pipeline's ranks summed, an untied copy of
+        a tied parameter counted once (its owner's gradient already holds the sum); and the parameters with one."""
         copies = {id(c.parameter) for c in self._copies}
         params = list({id(p): p for m in self.modules for p in m.parameters() if p.grad is not None}.values())
         by_mesh: dict[Any, list[torch.Tensor]] = {}
@@ -311,7 +369,12 @@ class ParallelExecutor(Executor):
             squares += torch.nn.utils.get_total_norm(plain, foreach=self._foreach).float() ** 2
         if self.pipelined:
             dist.all_reduce(squares, group=self._pp_group)
-        coefficient = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+        return squares.sqrt(), params
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Clip to ``max_norm`` by the global gradient norm (:meth:`_total_norm`), as ``clip_grad_norm_`` does."""
+        norm, params = self._total_norm()
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for p in params:
             assert p.grad is not None
             grad = _local(p.grad)
