@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench", "accelbench.errors", "accelbench.exitcodes"),
     ("accelbench.contract",),
     ("accelbench.devices", "accelbench.parallel_dims", "accelbench.config", "accelbench.hostinfo"),
-    ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records"),
+    ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records",
+     "accelbench.references"),
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
      "accelbench.engine.metrics", "accelbench.engine.stragglers", "accelbench.engine.tensor_peak",
@@ -33,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
      "accelbench.launcher",
      "accelbench.engine", "accelbench.comm"),
     ("accelbench.display", "accelbench.compare", "accelbench.report", "accelbench.sweep",
-     "accelbench.estimate.command", "accelbench.references"),
+     "accelbench.estimate.command", "accelbench.references.__main__"),
     ("accelbench.cli", "accelbench.commands", "accelbench.testing", "accelbench.__main__", "accelbench.plan"),
 ]  # fmt: skip
 
