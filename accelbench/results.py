@@ -267,6 +267,37 @@ class RankMetrics(_Model):
     epoch_wall_s: list[float]
     epoch_samples: list[int]
     peak_memory_bytes: int | None
+    epoch_steps: list[int] = Field(default_factory=list, description="Steps per epoch on this rank.")
+    data_wait_s: list[float] = Field(
+        default_factory=list,
+        description="Per epoch: seconds this rank spent getting its batches (the loader and the copy to the device).",
+    )
+    first_collective_s: list[float | None] = Field(
+        default_factory=list,
+        description="Per epoch: the median step's seconds from its start to this rank's first gradient all-reduce "
+        "(DDP; None: no collective was timed).",
+    )
+    collective_wait_s: list[float | None] = Field(
+        default_factory=list,
+        description="Per epoch: seconds this rank sat in gradient all-reduces after its own backward was done, "
+        "mostly waiting for slower ranks (DDP; None: not timed for this strategy).",
+    )
+    energy_j: list[float | None] = Field(
+        default_factory=list,
+        description="Per epoch: this rank's share of the energy. A counter of its own device is its own; a node's "
+        "counter (RAPL), read once per node, is shared over the node's ranks by their CPU seconds (equally where "
+        "those are unknown). None: no readable counter.",
+    )
+
+
+class SlowestRank(_Model):
+    """The rank that held the others up, from each rank's data wait and collective wait per step."""
+
+    rank: int
+    host: str
+    cause: Literal["data loading", "compute"]
+    excess_s_per_step: float = Field(description="Its own work per step above the other ranks' median.")
+    note: str = Field(description="What each part took on it and on the others, in words.")
 
 
 class SteadyState(_Model):
@@ -315,6 +346,11 @@ class Metrics(_Model):
         "(None: not measured, e.g. --no-tensor-peak, or a record from before it existed).",
     )
     stragglers: list[int] = Field(default_factory=list, description="Ranks >10% slower than the median rank.")
+    slowest_rank: SlowestRank | None = Field(
+        default=None,
+        description="The rank whose own work (step time less collective wait) exceeded the others' by more than 10% "
+        "of a step, and what made it slow; None when no rank stands out or with one rank.",
+    )
     flops_per_sample: float
     flops_formula: str
     flop_convention: str | None = Field(
@@ -329,6 +365,11 @@ class Metrics(_Model):
     )
     peak: PeakFigures | None
     energy_source: str | None = Field(default=None, description="The energy counter, or None when unknown.")
+    energy_problems: list[str] = Field(
+        default_factory=list,
+        description="Energy counters that misbehaved: one that did not advance over an epoch of 0.5 s or more, or "
+        "one that jumped (more than 5 kW implied); those epochs' energy is unknown (null).",
+    )
     epochs_decision: str | None = Field(
         default=None,
         description="How the number of epochs was decided: fixed by --epochs, or (--epochs auto) when the steady "

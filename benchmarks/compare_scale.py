@@ -1,6 +1,7 @@
 """`accelbench compare` at scale: wall time and peak memory over 10,000 and 100,000 result records.
 
     python benchmarks/compare_scale.py [--record RECORD.json] [--counts 10000 100000] [--dir DIR] [--format table]
+                                       [--fleet]
 
 An HPC centre gathers many records in one place; compare must stay quick and small there. This makes N copies of
 one real record (made with a tiny CPU run when ``--record`` is not given), spread over 20 hosts, 5 models and
@@ -8,7 +9,8 @@ one real record (made with a tiny CPU run when ``--record`` is not given), sprea
 (the spread between the two is the machine's noise). Wall time is the child's; peak RSS is
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` taken in a separate measuring process per run, so one
 measurement's peak never hides in another's. The files were just written, so they are in the page cache: this
-measures compare, not the disk.
+measures compare, not the disk. ``--fleet`` times ``compare --fleet`` instead (the 20 hosts are each benchmark's
+nodes; every 20th copy of a benchmark is made 30% slower, so the fleet has outliers to flag).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def write_copies(record: dict, count: int, folder: Path) -> None:
         batch = BATCH_SIZES[(i // (HOSTS * len(MODELS))) % len(BATCH_SIZES)]
         run_id = uuid.UUID(int=i + 1).hex
         copy = dict(record, run_id=run_id)
+        if i % HOSTS == 7:  # one slow node per benchmark: compare --fleet has an outlier to flag
+            metrics = dict(record["metrics"])
+            metrics["epochs"] = [dict(e, wall_s=e["wall_s"] * 1.3) for e in metrics["epochs"]]
+            copy["metrics"] = metrics
         copy["system"] = dict(record["system"], host=host)
         copy["config"] = dict(record["config"], model=model.split()[0], batch_size=batch)
         copy["workload_identity"] = dict(record["workload_identity"], model=model)
@@ -67,7 +73,7 @@ def write_copies(record: dict, count: int, folder: Path) -> None:
         (host_dir / f"{run_id}.json").write_text(json.dumps(copy, indent=2), encoding="utf-8")
 
 
-def measure(folder: Path, fmt: str) -> dict[str, float]:
+def measure(folder: Path, fmt: str, extra: tuple[str, ...] = ()) -> dict[str, float]:
     """Run compare over ``folder`` in a fresh measuring process; its child's wall time and peak RSS."""
     probe = (
         "import resource, subprocess, sys, time\n"
@@ -77,7 +83,7 @@ def measure(folder: Path, fmt: str) -> dict[str, float]:
         "assert proc.returncode == 0, proc.stderr\n"
         "print(wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )
-    compare = [sys.executable, "-m", "accelbench.cli", "compare", str(folder), "--format", fmt]
+    compare = [sys.executable, "-m", "accelbench.cli", "compare", str(folder), "--format", fmt, *extra]
     out = subprocess.run([sys.executable, "-c", probe, *compare], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"compare failed:\n{out.stderr}")
@@ -93,6 +99,7 @@ def main() -> int:
     parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--dir", type=Path, help="where the copies go (default: a temporary folder, removed)")
     parser.add_argument("--format", default="table", choices=("table", "markdown", "csv", "json"))
+    parser.add_argument("--fleet", action="store_true", help="time compare --fleet")
     args = parser.parse_args()
 
     work = args.dir or Path(tempfile.mkdtemp(prefix="accelbench-compare-scale-"))
@@ -107,9 +114,10 @@ def main() -> int:
                 write_copies(record, count, folder)
                 print(f"{count:>7} records written in {time.perf_counter() - start:.1f} s")
             for run in (1, 2):
-                m = measure(folder, args.format)
+                m = measure(folder, args.format, ("--fleet",) if args.fleet else ())
+                fleet = " --fleet" if args.fleet else ""
                 print(
-                    f"{count:>7} records, compare --format {args.format} (run {run}): {m['wall_s']:.2f} s, "
+                    f"{count:>7} records, compare{fleet} --format {args.format} (run {run}): {m['wall_s']:.2f} s, "
                     f"peak RSS {m['peak_rss_mib']:.0f} MiB",
                     flush=True,
                 )

@@ -4,16 +4,19 @@ Tests that need a vendor plugin installed carry ``@pytest.mark.needs_plugin(DIST
 skipped, saying so, where it is not (:func:`pytest_runtest_setup`).
 
 The real records several test modules read are made here, once a session (:func:`real_runs`, :func:`tiny_run`):
-read them, and copy a record before changing it.
+read them, and copy a record before changing it. So is the one-node Slurm the launcher and ``sweep --submit slurm``
+tests share (:func:`slurm`): one cluster a session, never two on one host.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cluster_support import ClusterUnavailable, SlurmCluster, start_slurm
 from core_support import RealRuns, Site
 
 if TYPE_CHECKING:
@@ -63,3 +66,17 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ResultRecord, Pa
     out = tmp_path_factory.mktemp("tiny-run")
     record, path, _ = run(tiny_config(epochs=2, steps_per_epoch=2, output_dir=out), get_host())
     return record, path
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A one-node Slurm for the session (munge, slurmctld, slurmd), stopped by process id at the end; skipped,
+    saying why, where it cannot start (tests/cluster_support.py)."""
+    try:
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no real Slurm here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -27,7 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
      "accelbench.plan.schema"),  # a plan file's schema: data, as a record's, which the report reads
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
-     "accelbench.engine.metrics", "accelbench.engine.tensor_peak", "accelbench.engine.float8", "accelbench.estimate"),
+     "accelbench.engine.metrics", "accelbench.engine.stragglers", "accelbench.engine.tensor_peak",
+     "accelbench.engine.float8", "accelbench.estimate"),
     ("accelbench.plugins",),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",

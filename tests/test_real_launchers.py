@@ -13,7 +13,6 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -129,19 +128,6 @@ def test_a_missing_slurm_binary_is_a_reason_to_skip(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ClusterUnavailable, match=r"slurmd missing\): apt-get install slurm-wlm munge"):
         start_slurm(tmp_path)
     assert not (tmp_path / "slurm.conf").exists()
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A one-node Slurm for the session (munge, slurmctld, slurmd), stopped by process id at the end."""
-    try:
-        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
-    except ClusterUnavailable as exc:
-        pytest.skip(f"no real Slurm here: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")

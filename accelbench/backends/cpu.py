@@ -40,6 +40,9 @@ accelbench_contract = "3.0"
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 POWERCAP = Path("/sys/class/powercap")
+# Where the RAPL zones are read instead (a folder laid out as /sys/class/powercap): a node's counters faked at the
+# file level, to test energy without root or RAPL; or a node exposing them elsewhere.
+POWERCAP_ENV = "ACCELBENCH_POWERCAP_DIR"
 
 
 def rapl_packages(root: Path = POWERCAP) -> list[CounterFile]:
@@ -75,9 +78,10 @@ class CpuBackend(Backend):
         description="Built-in: trains on the host CPU with torch's intra-op threads.",
     )
 
-    def __init__(self, powercap: Path = POWERCAP) -> None:
+    def __init__(self, powercap: Path | None = None) -> None:
         super().__init__()
-        self.powercap = powercap
+        self.powercap = powercap or Path(os.environ.get(POWERCAP_ENV) or POWERCAP)
+        self._reads_node = True  # local rank 0 reads the node's counters; its peers on the node do not
         self._peak_resettable = False
         self._rapl_start: dict[str, int] = {}
         self._packages: list[CounterFile] | None = None
@@ -144,6 +148,7 @@ class CpuBackend(Backend):
     def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
         import torch
 
+        self._reads_node = world.local_rank == 0
         return torch.device("cpu")
 
     def synchronize(self, device: torch.device) -> None:
@@ -155,7 +160,8 @@ class CpuBackend(Backend):
             self._peak_resettable = True
         except OSError:  # not Linux, or /proc is read-only: the reading is then the lifetime peak
             self._peak_resettable = False
-        self._rapl_start = {p.name: uj for p in self.packages() if (uj := p.read()) is not None}
+        packages = self.packages() if self._reads_node else []
+        self._rapl_start = {p.name: uj for p in packages if (uj := p.read()) is not None}
 
     def epoch_end(self, device: torch.device) -> EpochReadings:
         return EpochReadings(memory=self._memory(), energy=self._energy())
@@ -166,7 +172,21 @@ class CpuBackend(Backend):
         return self._packages
 
     def _energy(self) -> EnergyReading | None:
-        """Joules over the epoch from every package's counter (a counter that wrapped once is unwrapped)."""
+        """Joules over the epoch from every package's counter (a counter that wrapped once is unwrapped). The
+        packages are the node's, shared by all its ranks: local rank 0 reads them once for the node, and the other
+        ranks report the same counter (domain) with no joules of their own, so the node counts once and
+        :func:`~accelbench.engine.metrics.apportion_energy` shares it out over the ranks."""
+        if not self._reads_node:
+            packages = self.packages()
+            if not packages:
+                return None
+            names = "+".join(p.name for p in packages)
+            return EnergyReading(
+                joules=0.0,
+                domain=f"rapl:{platform.node()}:{names}",
+                source=f"Linux RAPL package energy counters ({names}, {self.powercap}): read once per node, by "
+                "its local rank 0",
+            )
         packages = [p for p in self.packages() if p.name in self._rapl_start]
         if not packages:
             return None
@@ -180,8 +200,8 @@ class CpuBackend(Backend):
         return EnergyReading(
             joules=total_uj / 1e6,
             domain=f"rapl:{platform.node()}:{names}",
-            source=f"Linux RAPL package energy counters ({names}, /sys/class/powercap): the whole CPU package, "
-            "shared by every process on it",
+            source=f"Linux RAPL package energy counters ({names}, {self.powercap}): the whole CPU package, "
+            "shared by every process on it, read once per node (local rank 0)",
         )
 
     def _memory(self) -> MemoryStats:

@@ -234,6 +234,15 @@ def measure_here(
         err.print(f"[yellow]note:[/] {_escape(outcome.message)}", highlight=False, soft_wrap=True)
     if not args.quiet:
         err.print(f"comm record: {path}", highlight=False, soft_wrap=True)
+        from rich.text import Text
+
+        from accelbench.comm.grade import grade_record
+
+        for grade in grade_record(
+            record
+        ):  # is this bandwidth good? against the ceiling of the link it crossed
+            style = "yellow" if grade.verdict == "far below" else ""
+            err.print(Text("bandwidth: " + grade.describe(), style=style), soft_wrap=True)
     return ExitCode.of_status(outcome.status)
 
 

@@ -206,8 +206,22 @@ def caption(comparison: CommComparison) -> str:
     )
 
 
+def grade_lines(comparison: CommComparison) -> list[str]:
+    """Each system's best bus bandwidth per collective x type, graded against the ceiling of the link it crossed
+    (:mod:`accelbench.comm.grade`)."""
+    from accelbench.comm.grade import Grade, grade_record
+
+    best: dict[tuple[str, str, str], Grade] = {}
+    for system, _, record in comparison.records:
+        for grade in grade_record(record):
+            key = (system, grade.op, grade.dtype)
+            if key not in best or grade.busbw_gbps > best[key].busbw_gbps:
+                best[key] = grade
+    return [f"{system}: {grade.describe()}" for (system, _, _), grade in best.items()]
+
+
 def render_comm_table(comparison: CommComparison, console: Console) -> None:
-    """Terminal tables (rich), one per collective x type x variant."""
+    """Terminal tables (rich), one per collective x type x variant, then the grades against the links."""
     console.print(Text(f"Collective bandwidth. {caption(comparison)}", style="bold"), soft_wrap=True)
     for table in comparison.tables:
         header, rows = table_rows(table, comparison.baseline)
@@ -217,6 +231,8 @@ def render_comm_table(comparison: CommComparison, console: Console) -> None:
         for i, row in enumerate(rows):
             shown.add_row(*(Text(v, style="bold" if i == len(rows) - 1 else "") for v in row))
         console.print(shown)
+    for line in grade_lines(comparison):
+        console.print(Text(line, style="yellow" if ": far below its ceiling" in line else ""), soft_wrap=True)
 
 
 def _md(text: str) -> str:
@@ -232,6 +248,9 @@ def comm_markdown(comparison: CommComparison) -> str:
         lines.append("|" + "|".join("---" for _ in header) + "|")
         lines += ["| " + " | ".join(_md(v) for v in row) + " |" for row in rows]
         lines.append("")
+    grades = grade_lines(comparison)
+    if grades:
+        lines += ["## Against the link's ceiling", "", *(f"- {_md(line)}" for line in grades), ""]
     return "\n".join(lines)
 
 

@@ -206,6 +206,13 @@ class Cell:
         """Successful runs whose host was busy while they ran (their figures understate the system)."""
         return sum(1 for r in self.ok_runs if r.figures is not None and r.figures.contended)
 
+    @property
+    def slowest_ranks(self) -> list[str]:
+        """Each successful run's slowest rank and why, where its record names one."""
+        return [
+            r.figures.slowest_rank for r in self.ok_runs if r.figures is not None and r.figures.slowest_rank
+        ]
+
     def outcome_text(self) -> str:
         """``2 ok``, ``1 ok, 1 oom``, ``2 ok (1 contended)``..."""
         text = ", ".join(f"{n} {status}" for status, n in self.status_counts().items())

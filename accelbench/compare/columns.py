@@ -346,6 +346,27 @@ REGISTRY: tuple[Column, ...] = (
         "with the schedule's analytical (p-1)/(v m + p-1) beside it.",
     ),
     Column("bubble_analytical", figure=True),
+    Column(
+        "usd_per_mtok",
+        "$/M tokens",
+        lambda c, g: fmt_significant(c.spread("usd_per_mtok")),
+        figure=True,
+        optional=True,
+        after="mfu",
+        drop=4,
+        note="$/M tokens, $/run = --prices: the run's devices x $ per device-hour, plus with kwh its energy x $ per "
+        "kWh (its devices' counters; a node's counters apportioned over its ranks); per million tokens over the "
+        "steady epochs, per run over its timed epochs. Unknown (-) where kwh is priced and the run's energy is not.",
+    ),
+    Column(
+        "usd_per_run",
+        "$/run",
+        lambda c, g: fmt_significant(c.spread("usd_per_run")),
+        figure=True,
+        optional=True,
+        after="mfu",
+        drop=3,
+    ),
     Column("compile_s", "compile s", lambda c, g: fmt_compile(c), figure=True, drop=2),
     Column("warmup_s", figure=True),
     Column("speed", "speed ×", fmt_vs_baseline),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from accelbench.compare.keys import DEFAULT_LABEL_BY, SYSTEM_FIELDS, parse_label
 from accelbench.compare.records import load_records
 from accelbench.compare.render import FORMATS, render_table
 from accelbench.compare.stats import DEFAULT_ALPHA
-from accelbench.errors import AccelbenchError
+from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.results import check_writable, write_output
 
 
@@ -64,6 +65,13 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail on a malformed, foreign or newer-schema file (default: skip it)",
     )
+    parser.add_argument(
+        "--prices",
+        type=Path,
+        metavar="FILE",
+        help="a TOML/JSON file of $ per device-hour ([device_hour], by device name) and $ per kWh (kwh): adds $ per "
+        "million tokens and $ per run",
+    )
 
 
 def comparisons_from_args(
@@ -94,6 +102,10 @@ def comparisons_from_args(
         comm.skipped, comm.duplicates = record_set.skipped, record_set.duplicates
         if not record_set.records:
             return None, comm
+    if args.prices is not None:
+        from accelbench.compare.prices import priced, read_prices
+
+        record_set.records = priced(record_set.records, read_prices(args.prices))
     filters = Filters(tuple(args.model), tuple(args.precision), tuple(args.strategy), tuple(args.system))
     comparison = compare(
         record_set,
@@ -121,11 +133,45 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--output", "-o", type=Path, help="write to this file instead of standard output")
     parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="rank the nodes (hosts) that ran the same benchmark by median and MAD, flag the outliers (> 3 MADs "
+        "and > 2%% from the median) and list what in their environment differs",
+    )
+    parser.add_argument(
         "--wide",
         action="store_true",
         help="every column, however wide (by default a table fits the terminal, leaving out the least asked-for "
         "columns and saying which)",
     )
+
+
+def fleet_text(args: argparse.Namespace, err: Console) -> str:
+    """``--fleet``: the nodes of each benchmark ranked, outliers flagged (:mod:`accelbench.compare.fleet`)."""
+    from accelbench.compare.fleet import fleet, render_fleet
+
+    for flag in ("vs", "vs_baseline", "baseline"):
+        if getattr(args, flag):
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(
+                f"{name} {getattr(args, flag)}: --fleet ranks the nodes of each benchmark against their median, "
+                f"not against a baseline; drop {name} (or --fleet)"
+            )
+    if args.format not in ("table", "markdown", "json"):
+        raise ConfigError(f"--format {args.format}: --fleet writes table, markdown or json")
+    record_set = load_records(args.paths, strict=args.strict)
+    for path, reason in record_set.skipped:
+        err.print(Text(f"skipped {path}: {reason}", style="yellow"), soft_wrap=True)
+    filters = Filters(tuple(args.model), tuple(args.precision), tuple(args.strategy), tuple(args.system))
+    groups, notes = fleet(r for r in record_set.records if filters.keep(r, r.system.host))
+    if not groups and not notes:
+        raise AccelbenchError("no successful training records found: nothing to rank (--fleet)")
+    if args.format == "json":
+        return json.dumps({"benchmarks": [g.as_dict() for g in groups], "notes": notes}, indent=2) + "\n"
+    lines = render_fleet(groups, notes)
+    if args.format == "markdown":
+        return "```\n" + "\n".join(lines) + "\n```\n"
+    return "\n".join(lines) + "\n"
 
 
 def compare_command(args: argparse.Namespace, err: Console) -> int:
@@ -134,6 +180,19 @@ def compare_command(args: argparse.Namespace, err: Console) -> int:
         raise AccelbenchError(f"--output {args.output}: is a folder; give a file name")
     if args.output is not None and not (args.output.exists() and not args.output.is_file()):
         check_writable(args.output.parent, "--output's folder")  # (a device or pipe is written into as it is)
+    if args.fleet:
+        text = fleet_text(args, err)
+        if args.output:
+            try:
+                write_output(text.encode("utf-8"), args.output)
+            except OSError as exc:
+                raise AccelbenchError(
+                    f"--output {args.output}: cannot write it ({exc.strerror or exc})"
+                ) from None
+            err.print(Text(f"fleet written to {args.output}"), soft_wrap=True)
+        else:
+            sys.stdout.write(text)
+        return 0
     comparison, comm = comparisons_from_args(args, err)
     if args.output:
         text = render_with_runs(comparison, comm, args.format, wide=args.wide)

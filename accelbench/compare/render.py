@@ -175,6 +175,15 @@ def notes(comparison: Comparison) -> list[str]:
         "--repeats).",
     ]
     out += column_notes(comparison)
+    for group in comparison.groups:
+        for cell in group.cells:
+            if cell.slowest_ranks:
+                out.append(
+                    f"slowest rank, {group.describe()} on {cell.system} x{cell.devices}: "
+                    + "; ".join(cell.slowest_ranks)
+                    + " (it held the others up: its own work per step above theirs; the record's "
+                    "metrics.slowest_rank.note gives the parts)"
+                )
     if any(c.contended_runs for c in comparison.cells):
         out.append(
             "⚠ / contended = the host was busy while a run measured (its threads waited for a core 10% or more "
@@ -433,6 +442,7 @@ def cell_json(cell: Cell) -> dict[str, Any]:
         "value": cell.value,
         "outcomes": cell.status_counts(),
         "contended_runs": cell.contended_runs,
+        "slowest_ranks": cell.slowest_ranks,
         "step_split_s": cell.step_split,
         "step_s": _spread(cell.step_s),
         "tensor_peak_bytes": _spread(cell.tensor_peak_bytes),

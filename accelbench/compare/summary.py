@@ -91,6 +91,7 @@ class _System(_View):
     scheduler: str | None
     job_id: str | None
     environment: dict[str, str]
+    numa_nodes: dict[str, str] = Field(default_factory=dict)
 
 
 class _BackendInfo(_View):
@@ -100,6 +101,7 @@ class _BackendInfo(_View):
 
 class _Device(_View):
     name: str
+    details: dict[str, str] = Field(default_factory=dict)  # vendor extras: driver, clocks, power limit, ...
 
 
 class _Backend(_View):
@@ -140,10 +142,23 @@ class _Source(_View):
 
 class _Host(_View):
     contended: bool
+    waiting: float | None = None
+
+
+class _Peak(_View):
+    source: str
+    conditions: dict[str, str] = Field(default_factory=dict)  # e.g. the enforced power limit and max SM clock
 
 
 class _TensorPeak(_View):
     peak_bytes: int = Field(ge=0, le=MAX_BYTES)
+
+
+class _Slowest(_View):
+    rank: int
+    host: str
+    cause: str
+    excess_s_per_step: float = Field(ge=0, le=MAX_MEASURED_S)
 
 
 class _Metrics(_View):
@@ -153,9 +168,10 @@ class _Metrics(_View):
     steady: _Steady | None
     memory: _Source | None
     peak_memory_max_bytes: int | None = Field(ge=0, le=MAX_BYTES)
-    peak: _Source | None
+    peak: _Peak | None
     host: _Host | None = None
     tensor_peak: _TensorPeak | None = None  # absent in records from before it was measured
+    slowest_rank: _Slowest | None = None  # absent in records from before stragglers were named
 
 
 class _Profile(_View):
@@ -191,7 +207,7 @@ class _Quality(_View):
     target: _Target | None = None
 
 
-def _quality(view: RecordView) -> dict[str, float | None]:
+def _quality(view: RecordView) -> dict[str, Any]:
     """The held-out loss, the target and, where a shipped reference has the run's recipe, its parity with it."""
     quality = view.quality
     if quality is None:
@@ -343,6 +359,10 @@ class RunFigures:
     outside_reference: float | None = None  # 1.0 when some epoch's loss is outside its band, 0.0 when none is
     reference_first_outside: float | None = None  # ... the first epoch outside
     reference_model: str | None = None  # ... the reference tested against (for the test over several seeds)
+    # the rank that held the others up and why (metrics.slowest_rank), in words
+    slowest_rank: str | None = None
+    usd_per_mtok: tuple[float | None, ...] = ()  # --prices: $ per million tokens, per steady epoch
+    usd_per_run: float | None = None  # --prices: $ for the run's timed epochs
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +381,7 @@ class RunSummary:
     environment: Environment
     parameters: float | None
     figures: RunFigures | None  # None when the run measured nothing (e.g. out of memory while building)
+    node_facts: Environment = ()  # what else sets a node apart (compare --fleet): driver, clocks, contention
 
     @property
     def path(self) -> Path:
@@ -382,7 +403,7 @@ class Interner:
         return self._pool.setdefault(value, value)
 
 
-def _bubble(executor: dict[str, Any]) -> dict[str, float | None]:
+def _bubble(executor: dict[str, Any]) -> dict[str, Any]:
     """A pipeline's measured and analytical bubble from the record's executor facts (none for other runs)."""
     pipeline = executor.get("pipeline")
     bubble = pipeline.get("bubble") if isinstance(pipeline, dict) else None
@@ -409,7 +430,7 @@ def _routing_imbalance(workload: dict[str, Any]) -> float | None:
     return value if value is not None and value >= 1 else None
 
 
-def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
+def _predicted(prediction: _Prediction | None) -> dict[str, Any]:
     if prediction is None:
         return {}
     peak = prediction.peak_memory_bytes
@@ -421,6 +442,40 @@ def _predicted(prediction: _Prediction | None) -> dict[str, float | None]:
         if peak is not None
         else None,
     }
+
+
+def _slowest(slowest: _Slowest | None) -> str | None:
+    """``rank 1 (node7): data loading, +201.7 ms a step``."""
+    if slowest is None:
+        return None
+    return f"rank {slowest.rank} ({slowest.host}): {slowest.cause}, +{slowest.excess_s_per_step * 1e3:.1f} ms a step"
+
+
+# device details that name one device, not how it is set up: they differ on every node by design
+_IDENTITY_DETAILS = ("uuid", "serial", "pci", "bus", "index", "minor")
+
+
+def node_facts(view: RecordView) -> Environment:
+    """What a node's record says beyond :func:`environment_of` that can make one node slower than its peers: the
+    device's driver, clocks and power limit (its vendor details and the peak's conditions), the NUMA layout and
+    how busy the host was (its contention)."""
+    facts: dict[str, str] = {}
+    devices = view.backend.devices
+    if devices:
+        for name, value in devices[0].details.items():
+            if not any(part in name.lower() for part in _IDENTITY_DETAILS):
+                facts[f"device {name}"] = value
+    metrics = view.metrics
+    if metrics is not None and metrics.peak is not None:
+        for name, value in metrics.peak.conditions.items():
+            facts[f"device {name}"] = value
+    if view.system.numa_nodes:
+        facts["NUMA nodes"] = str(len(view.system.numa_nodes))
+    if metrics is not None and metrics.host is not None:
+        waiting = metrics.host.waiting  # a quiet host's few percent vary by node: only contention is a fact
+        share = f" (threads waited for a core {waiting:.0%} of the time)" if waiting is not None else ""
+        facts["host contention"] = "contended" + share if metrics.host.contended else "quiet"
+    return tuple(sorted(facts.items()))
 
 
 def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
@@ -451,6 +506,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
             if steady and metrics.epochs[-1].steps
             else None,
             tensor_peak_bytes=metrics.tensor_peak.peak_bytes if metrics.tensor_peak else None,
+            slowest_rank=_slowest(metrics.slowest_rank),
             **_predicted(view.prediction),
             **_quality(view),
             reference_model=_reference_model(view),
@@ -486,4 +542,5 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
         environment=intern(environment_of(view)),
         parameters=float(parameters) if isinstance(parameters, (int, float)) and parameters else None,
         figures=figures,
+        node_facts=intern(node_facts(view)),
     )

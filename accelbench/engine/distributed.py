@@ -14,6 +14,7 @@ import torch
 from accelbench.contract import Executor, ExecutorRequest
 from accelbench.contract.strategies import Strategy, strategy_of
 from accelbench.engine.executor import TorchExecutor
+from accelbench.engine.stragglers import CollectiveClock, timed_allreduce_hook
 from accelbench.errors import BackendError
 from accelbench.workloads import ModelUnits
 
@@ -25,7 +26,11 @@ class DDPExecutor(TorchExecutor):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        # DDP's own all-reduce, timed: what tells the rank that waits from the rank it waits for
+        self.collective_clock = CollectiveClock()
+        ddp.register_comm_hook(None, timed_allreduce_hook(self.collective_clock))
+        return ddp
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
         """DDP all-reduces during backward: every micro-batch but the last accumulates locally (``no_sync``)."""

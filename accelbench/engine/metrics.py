@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.config import AUTO_MAX_EPOCHS, AUTO_TOLERANCE, MIN_STEADY_EPOCHS
 from accelbench.contract import MemoryStats, PeakFigures
+from accelbench.engine.stragglers import name_slowest_rank
 from accelbench.errors import AccelbenchError
 from accelbench.results import EpochMetrics, HostContention, Metrics, RankMetrics, SteadyState
 
@@ -60,6 +61,14 @@ class RankLog:
     # TrainingJob.step_counts read after each timed epoch, summed over the epochs (the moe's tokens per expert)
     step_counts: list[list[int]] | None = None
     tensor_peak: dict[str, int] | None = None  # one untimed step's live tensor peak by kind, with its "total"
+    # what names the slowest rank (accelbench.engine.stragglers): per epoch
+    epoch_data_wait_s: list[float] = field(default_factory=list)  # getting its batches
+    epoch_first_collective_s: list[float | None] = field(
+        default_factory=list
+    )  # median step: to its first all-reduce
+    epoch_collective_wait_s: list[float | None] = field(
+        default_factory=list
+    )  # in all-reduces after its backward
 
 
 MIN_STEADY = MIN_STEADY_EPOCHS
@@ -161,6 +170,60 @@ def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> Ep
     )
 
 
+MAX_COUNTER_WATTS = 5000.0  # no package or accelerator draws 5 kW: a counter implying more jumped
+STILL_COUNTER_S = (
+    0.5  # a live package or device spends energy every moment: a counter still this long is stuck
+)
+
+
+def check_energy_counters(logs: list[RankLog], epochs: int) -> tuple[list[str], set[int]]:
+    """Counters that misbehaved, in words, and the epochs whose energy they make unknown: a counter (domain) that
+    did not advance over an epoch of :data:`STILL_COUNTER_S` or more, or that advanced faster than
+    :data:`MAX_COUNTER_WATTS` (a wrap miscounted, a reset, a counter of another unit)."""
+    problems: list[str] = []
+    bad: set[int] = set()
+    for epoch in range(epochs):
+        by_domain: dict[
+            str, tuple[float, float]
+        ] = {}  # joules (the reading rank's), that rank's epoch seconds
+        for log in logs:
+            joules = log.epoch_energy_j[epoch] if epoch < len(log.epoch_energy_j) else None
+            if joules is None or log.energy_domain is None or epoch >= len(log.epoch_wall_s):
+                continue
+            seen = by_domain.get(log.energy_domain, (0.0, log.epoch_wall_s[epoch]))
+            by_domain[log.energy_domain] = (max(seen[0], joules), max(seen[1], log.epoch_wall_s[epoch]))
+        for domain, (joules, seconds) in by_domain.items():
+            if joules == 0 and seconds >= STILL_COUNTER_S:
+                problems.append(f"epoch {epoch + 1}: counter {domain} did not advance in {seconds:.2f} s")
+                bad.add(epoch)
+            elif seconds > 0 and joules / seconds > MAX_COUNTER_WATTS:
+                problems.append(
+                    f"epoch {epoch + 1}: counter {domain} jumped by {joules:.4g} J in {seconds:.2f} s "
+                    f"({joules / seconds:.4g} W, above {MAX_COUNTER_WATTS:g} W)"
+                )
+                bad.add(epoch)
+    return problems, bad
+
+
+def apportion_energy(epoch: int, logs: list[RankLog]) -> list[float | None]:
+    """Each rank's share of one epoch's energy, in ``logs`` order. Ranks reporting the same counter (a node's
+    RAPL packages, read once per node by its local rank 0) share its joules by their CPU seconds in the epoch
+    (equally where a rank's are unknown or all are zero); a counter of a rank's own is all its own."""
+    shares: list[float | None] = [None] * len(logs)
+    by_domain: dict[str, list[int]] = {}
+    for i, log in enumerate(logs):
+        joules = log.epoch_energy_j[epoch] if epoch < len(log.epoch_energy_j) else None
+        if joules is not None and log.energy_domain is not None:
+            by_domain.setdefault(log.energy_domain, []).append(i)
+    for members in by_domain.values():
+        total = max(logs[i].epoch_energy_j[epoch] or 0.0 for i in members)
+        cpu = [logs[i].epoch_cpu_s[epoch] if epoch < len(logs[i].epoch_cpu_s) else 0.0 for i in members]
+        weights = cpu if all(c > 0 for c in cpu) else [1.0] * len(members)
+        for i, weight in zip(members, weights, strict=True):
+            shares[i] = total * weight / sum(weights)
+    return shares
+
+
 def epoch_energy(epoch: int, logs: list[RankLog]) -> float | None:
     """Joules of one epoch: each distinct counter once; unknown if any rank's counter is unreadable."""
     by_domain: dict[str, float] = {}
@@ -223,7 +286,12 @@ def build_metrics(
 ) -> Metrics:
     """Aggregate per-rank logs into the record's metrics (``cores``: what rank 0's process may use)."""
     n_epochs = min(len(log.epoch_wall_s) for log in logs)
+    energy_problems, bad_energy = check_energy_counters(logs, n_epochs)
     epochs = [epoch_metrics(e, logs, work.tokens_per_sample) for e in range(n_epochs)]
+    for e in bad_energy:  # a stuck or jumping counter's figure is no measurement
+        epochs[e] = epochs[e].model_copy(
+            update={"energy_j": None, "joules_per_sample": None, "samples_per_joule": None}
+        )
     steady = None
     if n_epochs >= 2:
         later = epochs[1:]
@@ -252,32 +320,43 @@ def build_metrics(
     steady_range = slice(1, n_epochs) if n_epochs >= 2 else slice(0, n_epochs)
     rank_peaks = [max_known(log.epoch_peak_bytes[steady_range]) for log in logs]
     known = [p for p in rank_peaks if p is not None]
+    shares = [
+        apportion_energy(e, logs) if e not in bad_energy else [None] * len(logs) for e in range(n_epochs)
+    ]
+    ranks = [
+        RankMetrics(
+            rank=log.rank,
+            host=log.host,
+            epoch_wall_s=log.epoch_wall_s,
+            epoch_samples=log.epoch_samples,
+            peak_memory_bytes=peak_bytes,
+            epoch_steps=log.epoch_steps,
+            data_wait_s=log.epoch_data_wait_s,
+            first_collective_s=log.epoch_first_collective_s,
+            collective_wait_s=log.epoch_collective_wait_s,
+            energy_j=[shares[e][i] for e in range(n_epochs)],
+        )
+        for i, (log, peak_bytes) in enumerate(zip(logs, rank_peaks, strict=True))
+    ]
     return Metrics(
         compile_s=compile_s,
         setup_s=setup_s,
         epochs=epochs,
         warmup=epochs[0] if epochs else None,
         steady=steady,
-        ranks=[
-            RankMetrics(
-                rank=log.rank,
-                host=log.host,
-                epoch_wall_s=log.epoch_wall_s,
-                epoch_samples=log.epoch_samples,
-                peak_memory_bytes=peak_bytes,
-            )
-            for log, peak_bytes in zip(logs, rank_peaks, strict=True)
-        ],
+        ranks=ranks,
         memory=memory,
         peak_memory_max_bytes=max(known) if known else None,
         peak_memory_mean_bytes=statistics.fmean(known) if known else None,
         stragglers=find_stragglers(logs),
+        slowest_rank=name_slowest_rank(ranks, [log.epoch_steps for log in logs]),
         flops_per_sample=work.flops_per_sample,
         flops_formula=work.flops_formula,
         flop_convention=FLOP_CONVENTION,
         megatron_flops_per_sample=work.megatron_flops_per_sample,
         peak=peak,
         energy_source=next((log.energy_source for log in logs if log.energy_source), None),
+        energy_problems=energy_problems,
         epochs_decision=epochs_decision,
         host=host_contention(epochs, cores),
     )

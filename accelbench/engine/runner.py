@@ -63,6 +63,7 @@ from accelbench.engine.ranks import (
     release_peers,
 )
 from accelbench.engine.signals import TERMINATION, RunInterrupted
+from accelbench.engine.stragglers import CollectiveClock, slow_data_delay
 from accelbench.engine.trackers import epoch_trackers
 from accelbench.errors import BackendError, ConfigError
 from accelbench.estimate.facts import WorkloadFacts
@@ -456,6 +457,8 @@ def measure(
     )
     log = result.log
     epoch, steps_done = 0, 0
+    slow_data = slow_data_delay(world.rank)  # 0 unless a test slows this rank's data on purpose
+    clock: CollectiveClock | None = None  # DDP's all-reduce timings, where it has them (once it has wrapped)
     following: str | None = None  # the optional step after the timed epochs under way, if any
     try:
         with TERMINATION.measuring():
@@ -466,6 +469,8 @@ def measure(
             result.facts = facts_or_none(job, config)  # before an executor wraps or shards the model
             facts_s = time.perf_counter() - facts_start
             executor.setup(job)
+            found = getattr(executor, "collective_clock", None)
+            clock = found if isinstance(found, CollectiveClock) else None
             if run.request.precision.fp8_recipe is not None and not config.peak_tflops:
                 run.peak = fp8_peak(run)
             job.data = place_data(job.data, device, config.data_placement)
@@ -493,18 +498,35 @@ def measure(
                     job.step_counts.reset()
                 backend.synchronize(device)
                 start = time.perf_counter()
-                for inputs, targets in job.data.batches(epoch, shard.index, shard.count):
-                    losses.append(
-                        executor.train_step(
-                            inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                        )
+                data_s = 0.0  # this rank's wait for its batches (what names a straggler's cause)
+                batches = iter(job.data.batches(epoch, shard.index, shard.count))
+                while True:
+                    if clock is not None:
+                        clock.start_step()
+                    fetch = time.perf_counter()
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    if slow_data:
+                        time.sleep(slow_data)  # ACCELBENCH_SLOW_DATA: this rank made slow on purpose
+                    inputs, targets = (
+                        batch[0].to(device, non_blocking=True),
+                        batch[1].to(device, non_blocking=True),
                     )
+                    data_s += time.perf_counter() - fetch
+                    losses.append(executor.train_step(inputs, targets))
                     backend.end_of_step(device)
+                    if clock is not None:
+                        clock.end_step()
                     samples += inputs.shape[0] if shard.counts_samples else 0
                     steps_done += 1
                     progress.step()
                 backend.synchronize(device)
                 wall = time.perf_counter() - start
+                first_collective, collective_wait = clock.end_epoch() if clock is not None else (None, None)
+                log.epoch_data_wait_s.append(data_s)
+                log.epoch_first_collective_s.append(first_collective)
+                log.epoch_collective_wait_s.append(collective_wait)
                 for tracker in reversed(trackers):
                     tracker.stop(log)
                 result.memory = readings.memory

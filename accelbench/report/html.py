@@ -381,6 +381,12 @@ def _page(
         if group.baseline_note:
             parts.append(f'<p class="caption">{esc(group.baseline_note)}.</p>')
         parts.append(html_table(header, (cell_row(c, comparison, group) for c in group.cells), "comparison"))
+        slowest = [(c, c.slowest_ranks) for c in group.cells if c.slowest_ranks]
+        if slowest:  # the rank that held the others up in a multi-rank run, and why (compare's note too)
+            items = "".join(
+                f"<li>{esc(c.system)} x{c.devices}: {esc('; '.join(ranks))}</li>" for c, ranks in slowest
+            )
+            parts.append(f'<p class="caption">Slowest rank (held the others up):</p><ul>{items}</ul>')
     if has_targets(comparison):  # beside the speed: what reaching the target cost, or that it was not reached
         parts.append('<h2 id="target">Time to a target</h2>')
         parts.append(f'<p class="caption">{esc(TARGET_CAPTION)}</p>')

@@ -38,6 +38,9 @@ Where things are, one module per job:
 - :mod:`~accelbench.sweep.log`: the JSON-lines attempt log.
 - :mod:`~accelbench.sweep.display`: progress and the summary on a terminal.
 - :mod:`~accelbench.sweep.command`: the ``accelbench sweep`` command line.
+- :mod:`~accelbench.sweep.slurm` and :mod:`~accelbench.sweep.resources`: ``--submit slurm``, every point a Slurm
+  job (one ``sbatch`` each) with the resources it needs, followed through ``squeue`` until it ends; a point with
+  its records is never submitted again, and one whose job is queued is followed, not submitted twice.
 
 Nothing here imports torch at import time: ``accelbench sweep --list`` and ``--dry-run`` train nothing.
 """

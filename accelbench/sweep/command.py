@@ -9,13 +9,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from accelbench.errors import AccelbenchError
+from accelbench.errors import AccelbenchError, ConfigError
 from accelbench.exitcodes import ExitCode
 from accelbench.results import check_writable
 from accelbench.sweep import spec
 from accelbench.sweep.display import print_start, print_summary, verdict_note
+from accelbench.sweep.resources import check_resources
 from accelbench.sweep.runner import dry_run, run_sweep
 
+SUBMITTERS = ("local", "slurm")
+SLURM_FLAGS = ("nodes", "ntasks_per_node", "gpus_per_node", "time", "partition", "account")
 MAX_POINT_TIMEOUT_S = (
     365 * 86400.0
 )  # a year: beyond it, leave the timeout out (the timer's arithmetic stays finite)
@@ -51,6 +54,43 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="no progress display; only the final summary"
+    )
+    slurm = parser.add_argument_group(
+        "Slurm (--submit slurm)",
+        "every point a job (one sbatch each); flags override the sweep file's [slurm] table; what neither sets "
+        "comes from the point (nodes: its nnodes; tasks per node: its devices; GPUs per node: its devices on a "
+        "GPU backend)",
+    )
+    slurm.add_argument(
+        "--submit",
+        choices=SUBMITTERS,
+        default="local",
+        help="local: run the points here, one after another (default); slurm: submit each as a Slurm job",
+    )
+    slurm.add_argument("--nodes", type=int, help="nodes per job (sbatch --nodes)")
+    slurm.add_argument("--ntasks-per-node", type=int, help="ranks per node (sbatch --ntasks-per-node)")
+    slurm.add_argument("--gpus-per-node", type=int, help="GPUs per node (sbatch --gpus-per-node)")
+    slurm.add_argument("--time", help="time limit per job, e.g. 30, 01:30:00, 1-00:00:00 (sbatch --time)")
+    slurm.add_argument("--partition", help="the partition to submit to (sbatch --partition)")
+    slurm.add_argument("--account", help="the account to charge (sbatch --account)")
+    slurm.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="one more sbatch option for every job, e.g. --sbatch-arg=--exclusive (repeatable)",
+    )
+    slurm.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="submit and return; run the same command again to follow the jobs (nothing is submitted twice)",
+    )
+    slurm.add_argument(
+        "--poll-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often the queue is read while following the jobs (default: 10)",
     )
 
 
@@ -88,6 +128,7 @@ def sweep_command(args: argparse.Namespace, err: Console) -> int:
             f"{MAX_POINT_TIMEOUT_S:.0f} (a year), or leave it out for no limit"
         )
 
+    check_submit_flags(args, sweep)
     if args.dry_run:
         if args.output_dir.exists() and not args.output_dir.is_dir():
             raise AccelbenchError(f"--output-dir {args.output_dir}: is a file, not a folder; give a folder")
@@ -97,13 +138,54 @@ def sweep_command(args: argparse.Namespace, err: Console) -> int:
         dry_run(sweep, args.output_dir, Console())
         return ExitCode.OK
     check_writable(args.output_dir)  # before any point runs
+    console = err if not args.quiet else Console(stderr=True, quiet=True)
+    if args.submit == "slurm":
+        from accelbench.sweep.slurm import check_slurm, submit_sweep
+
+        check_slurm()
+        print_start(err, sweep, args.scale, args.output_dir)
+        summary = submit_sweep(sweep, args.output_dir, console, not args.no_wait, args.poll_interval)
+        print_summary(err, sweep, summary, args.output_dir)
+        return summary.exit_code
     check_points_on_host(sweep, args.output_dir)
     print_start(err, sweep, args.scale, args.output_dir)
     live = not args.quiet and err.is_terminal
-    console = err if not args.quiet else Console(stderr=True, quiet=True)
     summary = run_sweep(sweep, args.output_dir, console, live, args.point_timeout)
     print_summary(err, sweep, summary, args.output_dir)
     return summary.exit_code
+
+
+def check_submit_flags(args: argparse.Namespace, sweep: spec.Sweep) -> None:
+    """The Slurm flags: refused without ``--submit slurm`` (they would do nothing), checked as the file's
+    ``[slurm]`` table is, and merged over it into ``sweep.slurm``."""
+    given = [f for f in SLURM_FLAGS if getattr(args, f) is not None]
+    if args.sbatch_arg:
+        given.append("sbatch_arg")
+    if args.no_wait:
+        given.append("no_wait")
+    if args.submit != "slurm":
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(
+                f"{flag} is a Slurm job's option and this sweep runs its points here (--submit {args.submit}); "
+                "add --submit slurm, or leave it out"
+            )
+        return
+    if args.point_timeout is not None:
+        raise ConfigError(
+            f"--point-timeout {args.point_timeout:g} stops a point run here; a Slurm job's limit is --time "
+            "(e.g. --time 01:00:00 or [slurm] time in the sweep file)"
+        )
+    if not 0.1 <= args.poll_interval <= 3600:  # NaN fails too
+        raise ConfigError(
+            f"--poll-interval {args.poll_interval}: give seconds between 0.1 and 3600 (default 10; a busy "
+            "controller prefers 30 or more)"
+        )
+    for name in SLURM_FLAGS:  # one at a time, so that an error names its flag
+        if getattr(args, name) is not None:
+            one = check_resources({name: getattr(args, name)}, "--" + name.replace("_", "-"))
+            sweep.slurm = sweep.slurm.merged(one)
+    sweep.slurm = sweep.slurm.merged(check_resources({"sbatch_args": args.sbatch_arg}, "--sbatch-arg"))
 
 
 def check_points_on_host(sweep: spec.Sweep, output_dir: Path) -> None:

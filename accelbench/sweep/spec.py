@@ -23,12 +23,13 @@ from accelbench.contract import RunOption
 from accelbench.errors import AccelbenchError
 from accelbench.results import POINTS_FOLDER
 from accelbench.sweep.options import check_options, option_name
+from accelbench.sweep.resources import SlurmResources, check_resources
 
 SUITES_PACKAGE = "accelbench"
 SUITES_FOLDER = "suites"
 BASE_SCALE = "seed"  # the sizes as written in the file; always available
 
-_TOP_LEVEL = {"description", "repeats", "memory_cap", "run", "grid", "scales"}
+_TOP_LEVEL = {"description", "repeats", "memory_cap", "run", "grid", "scales", "slurm"}
 # A sweep's size, checked before any point is expanded: every point is at least one process that loads torch and
 # trains (seconds to hours), so 10,000 points is weeks of a machine, and a larger grid is a typo in an axis (10 axes of
 # 10 values are 10^10 points, whose mere listing never ends). Runs per point likewise: compare's noise test needs 4
@@ -74,6 +75,7 @@ class Sweep:
     memory_cap: int | None = None
     plugin_options: dict[str, RunOption] = field(default_factory=dict)  # workload and backend options by name
     resolve: Callable[[RunConfig], RunConfig] | None = None  # completes workload options (the plugin host's)
+    slurm: SlurmResources = field(default_factory=SlurmResources)  # the file's [slurm] table (--submit slurm)
 
     def config(self, point: Point, output_dir: Path) -> RunConfig:
         """The RunConfig of a point, as `accelbench run` resolves it (the workload's defaults filled in)."""
@@ -267,6 +269,7 @@ def load_sweep(
         memory_cap=cap,
         plugin_options=plugins,
         resolve=resolve,
+        slurm=check_resources(data.get("slurm", {}), f"{where} [slurm] table"),
     )
     _check_size(run, grids, where)
     seen: set[tuple[tuple[str, Any], ...]] = set()

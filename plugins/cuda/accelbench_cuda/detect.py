@@ -57,6 +57,7 @@ def _from_nvml(ordinal: int, gpu: PhysicalGpu) -> DeviceInfo:
         details["power_limit_w"] = f"{gpu.power_limit_w:g}"
     if gpu.max_sm_clock_mhz is not None:
         details["max_sm_clock_mhz"] = f"{gpu.max_sm_clock_mhz:g}"
+    details.update(gpu.links)  # nvlink_links, nvlink_version, pcie_generation, pcie_width
     return DeviceInfo(
         index=ordinal,
         name=gpu.name,

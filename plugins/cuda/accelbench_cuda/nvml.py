@@ -68,6 +68,7 @@ def physical_gpus(pynvml: ModuleType) -> list[PhysicalGpu]:
                         ),
                         1.0,
                     ),
+                    links=link_facts(pynvml, handle),
                 )
             )
         return gpus
@@ -187,6 +188,33 @@ def _mean_samples(pynvml: ModuleType, handle: Any, kind: int, since_us: int) -> 
     member = _VALUE_MEMBER.get(value_type, "uiVal")
     values = [float(getattr(sample.sampleValue, member)) for sample in samples if sample.timeStamp > since_us]
     return sum(values) / len(values) if values else None
+
+
+def link_facts(pynvml: ModuleType, handle: Any) -> tuple[tuple[str, str], ...]:
+    """The links a GPU's collectives cross, as NVML reports them (``accelbench comm`` grades its bus bandwidth
+    against their ceiling): active NVLinks and their version, and the PCIe link's maximum generation and width for
+    this device in this system (the current ones drop while the GPU idles, as it does during detection)."""
+    facts: list[tuple[str, str]] = []
+    active, version = 0, None
+    for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        state = _optional(lambda i=link: pynvml.nvmlDeviceGetNvLinkState(handle, i), pynvml)
+        if state is None:
+            break  # past the device's last link (or no NVLink at all)
+        if state:
+            active += 1
+            if version is None:
+                version = _optional(lambda i=link: pynvml.nvmlDeviceGetNvLinkVersion(handle, i), pynvml)
+    if active:
+        facts.append(("nvlink_links", str(active)))
+        if version is not None:
+            facts.append(("nvlink_version", str(version)))
+    generation = _optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle), pynvml)
+    width = _optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle), pynvml)
+    if generation:
+        facts.append(("pcie_generation", str(generation)))
+    if width:
+        facts.append(("pcie_width", str(width)))
+    return tuple(facts)
 
 
 def _optional(call: Any, pynvml: ModuleType) -> Any:

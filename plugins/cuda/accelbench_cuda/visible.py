@@ -28,6 +28,9 @@ class PhysicalGpu:
         None  # the enforced power cap (NVML), which bounds the clocks a peak assumes
     )
     max_sm_clock_mhz: float | None = None
+    links: tuple[
+        tuple[str, str], ...
+    ] = ()  # what it talks over: NVLink count and version, PCIe generation and width
 
 
 def visible_gpus(value: str | None, gpus: Sequence[PhysicalGpu]) -> list[PhysicalGpu] | None:

@@ -47,6 +47,10 @@ class FakeGpu:
     clock_sm_mhz: int = 1410
     max_clock_sm_mhz: int = 1410
     power_limit_mw: int | None = 400_000  # None: NVML answers NOT_SUPPORTED (as for some boards)
+    nvlinks: int = 0  # active NVLinks (links past them answer NOT_SUPPORTED, as past a device's last link)
+    nvlink_version: int = 3
+    pcie_generation: int | None = 4  # None: NOT_SUPPORTED
+    pcie_width: int | None = 16
 
 
 class NVMLError(Exception):
@@ -223,6 +227,26 @@ class FakeNvml:
             return gpu.power_limit_mw
 
         m.nvmlDeviceGetEnforcedPowerLimit = power_limit
+        m.NVML_NVLINK_MAX_LINKS = 18
+
+        def nvlink_state(handle: _Handle, link: int) -> int:
+            if link >= self._gpu(handle).nvlinks:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return 1
+
+        def pcie(name: str) -> Any:
+            def read(handle: _Handle) -> int:
+                value = getattr(self._gpu(handle), name)
+                if value is None:
+                    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+                return int(value)
+
+            return read
+
+        m.nvmlDeviceGetNvLinkState = nvlink_state
+        m.nvmlDeviceGetNvLinkVersion = lambda h, link: self._gpu(h).nvlink_version
+        m.nvmlDeviceGetMaxPcieLinkGeneration = pcie("pcie_generation")
+        m.nvmlDeviceGetMaxPcieLinkWidth = pcie("pcie_width")
         m.nvmlSystemGetDriverVersion = system_call("570.124.06")
         m.nvmlSystemGetCudaDriverVersion = system_call(12080)
         return m

@@ -69,6 +69,22 @@ def test_nvml_lists_the_visible_gpus_in_cuda_order(monkeypatch: pytest.MonkeyPat
     assert devices[1].details["uuid"] == a100(0).uuid
 
 
+def test_nvml_reads_the_links_comm_grades_against(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SXM A100 with its 12 NVLinks 3 and a PCIe card without NVLink: the facts `comm` grades against."""
+    install_gpus(
+        monkeypatch, [a100(0, nvlinks=12, nvlink_version=3), a100(1, pcie_generation=5, pcie_width=8)]
+    )
+    sxm, card = detect.detect_devices()
+    assert {k: sxm.details[k] for k in ("nvlink_links", "nvlink_version", "pcie_generation", "pcie_width")} == {
+        "nvlink_links": "12", "nvlink_version": "3", "pcie_generation": "4", "pcie_width": "16",
+    }  # fmt: skip
+    assert "nvlink_links" not in card.details
+    assert (card.details["pcie_generation"], card.details["pcie_width"]) == ("5", "8")
+    install_gpus(monkeypatch, [a100(0, pcie_generation=None, pcie_width=None)])  # NOT_SUPPORTED: nothing said
+    (bare,) = detect.detect_devices()
+    assert not {"nvlink_links", "pcie_generation", "pcie_width"} & set(bare.details)
+
+
 def test_visible_devices_hiding_every_gpu_means_no_device(monkeypatch: pytest.MonkeyPatch) -> None:
     install_gpus(monkeypatch, [a100(0), a100(1)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
