@@ -233,7 +233,8 @@ def summary_table(record: ResultRecord) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row(
-        "outcome", record.outcome.status + (f": {record.outcome.message}" if record.outcome.message else "")
+        "outcome",
+        record.outcome.status + (f": {escape(record.outcome.message)}" if record.outcome.message else ""),
     )
     table.add_row("device", f"{record.backend.devices_used} x {record.backend.devices[0].name}")
     if record.world_size > 1 or c.strategy != Strategy.SINGLE:
@@ -308,7 +309,7 @@ def summary_table(record: ResultRecord) -> Table:
         elif prof.device_timeline_source and "not installed" in prof.device_timeline_source:
             table.add_row("device timeline", escape(prof.device_timeline_source))
     if m.epochs_decision:
-        table.add_row("epochs", m.epochs_decision)
+        table.add_row("epochs", escape(m.epochs_decision))
     quality = record.quality
     if quality is not None:
         measured = [q for q in quality.epochs if q.val_loss is not None]

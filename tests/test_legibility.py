@@ -145,6 +145,15 @@ def test_the_summary_names_the_strategy_world_size_and_a_short_formula(record_fi
     assert "host" in text and ("quiet" in text or "contended" in text)
 
 
+def test_the_summary_shows_a_message_with_brackets_as_written(record_file: Path) -> None:
+    """A library's error in the outcome (gloo's "[/__w/pytorch/.../pair.cc:553] Connection closed") is shown as
+    text, not read as console markup (a closing tag that matches nothing would crash the summary of a finished run)."""
+    record = read_record(record_file)
+    message = "the tensor-peak step failed (RuntimeError: [/__w/gloo/pair.cc:553] Connection closed by peer)"
+    odd = record.model_copy(update={"outcome": record.outcome.model_copy(update={"message": message})})
+    assert "[/__w/gloo/pair.cc:553]" in _render(summary_table(odd), width=300)
+
+
 def test_info_shows_sizes_and_absent_things_in_words() -> None:
     proc = accelbench("info")
     assert proc.returncode == 0, proc.stderr

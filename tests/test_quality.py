@@ -556,6 +556,9 @@ def _check_with_one_rank_nan(rank: int, port: int, out: str) -> None:
         except TrainingDiverged as exc:
             said = str(exc)
         Path(out, f"rank{rank}.txt").write_text(said)
+        # both ranks done before either tears gloo down: a rank still reading its pair when the other's connection
+        # closes can abort in gloo's thread ("terminate called without an active exception"; seen once on CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

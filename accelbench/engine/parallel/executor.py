@@ -109,7 +109,8 @@ class ParallelExecutor(Executor):
         self._clip: float | None = None
         self._tied: list[_TiedPair] = []
         self._copies: list[TiedCopy] = []
-        self._schedules: dict[int, tuple[Any, int]] = {}  # batch size -> (schedule, microbatches)
+        # (batch size, for evaluation) -> (schedule, microbatches)
+        self._schedules: dict[tuple[int, bool], tuple[Any, int]] = {}
         self._logs: list[RankLog] = []
         self._stage_plan: StagePlan | None = None
         self._shape: TransformerShape | None = None
@@ -256,12 +257,15 @@ class ParallelExecutor(Executor):
             return torch.stack([loss.detach() for loss in losses]).mean()
         return torch.zeros((), device=self.device)
 
-    def _schedule_for(self, batch: int) -> tuple[Any, int]:
+    def _schedule_for(self, batch: int, evaluation: bool = False) -> tuple[Any, int]:
         """The schedule for batches of ``batch`` samples. Stages fix their microbatch shapes at their first step,
         so an epoch's smaller last batch gets its own stages and schedule, with as many microbatches as divide it
-        (equal microbatches keep the mean loss exact)."""
-        if batch in self._schedules:
-            return self._schedules[batch]
+        (equal microbatches keep the mean loss exact). The held-out evaluation gets stages and a schedule of its
+        own (``evaluation``), not instrumented by the collective clock: a forward-only ``schedule.eval`` leaves
+        state in its stages that a training step under MemTracker (the tensor peak) then fails on."""
+        key = (batch, evaluation)
+        if key in self._schedules:
+            return self._schedules[key]
         from torch.distributed.pipelining import PipelineStage
 
         layout = self.layout
@@ -278,13 +282,13 @@ class ParallelExecutor(Executor):
             for module, stage in zip(self.modules, self.stage_ids, strict=True)
         ]
         assert self.clock is not None
-        for stage in stages:
+        for stage in stages if not evaluation else ():
             self.clock.instrument(stage)
-        self._schedules[batch] = (
+        self._schedules[key] = (
             make_schedule(self.layout.schedule, stages, microbatches, self._loss_fn),
             microbatches,
         )
-        return self._schedules[batch]
+        return self._schedules[key]
 
     # ---------------------------------------------------------------------------------------------------------
     # quality checks (after an epoch, untimed)
@@ -311,7 +315,7 @@ class ParallelExecutor(Executor):
                 module.train()
 
     def _pipeline_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        schedule, _ = self._schedule_for(inputs.shape[0])
+        schedule, _ = self._schedule_for(inputs.shape[0], evaluation=True)
         losses: list[torch.Tensor] = []
         holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
         with self._autocast:
