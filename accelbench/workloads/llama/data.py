@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from accelbench.errors import ConfigError
+from accelbench.workloads.heldout import HeldOutWindows, held_out_start
 from accelbench.workloads.llama.tokenizer import TokenizedCorpus, tokenized
 
 
@@ -38,6 +39,24 @@ def load_corpus(data: Path | None, vocab_size: int) -> TokenizedCorpus:
     if not text.strip():
         raise ConfigError(f"--data {path}: the file has no text")
     return tokenized(text, vocab_size, "file", path)
+
+
+def token_sources(
+    data: Path | None, vocab_size: int, seq_len: int, batch_size: int, seed: int, steps_per_epoch: int | None
+) -> tuple[TokenizedCorpus, TokenWindows, HeldOutWindows | None]:
+    """The run's tokenized corpus, its training windows and its held-out windows (the last share of the tokens,
+    :func:`~accelbench.workloads.heldout.held_out_start`; None when the corpus is too short to spare one): what every
+    decoder workload on this corpus (llama, moe) trains and evaluates on."""
+    corpus = load_corpus(data, vocab_size)
+    held_out = held_out_start(len(corpus.tokens), seq_len + 1)
+    windows = TokenWindows(corpus, seq_len, batch_size, seed, steps_per_epoch, end=held_out)
+    tokens = corpus.tokens
+    validation = (
+        HeldOutWindows(lambda idx: tokens[idx], held_out, len(tokens), seq_len + 1, batch_size)
+        if held_out is not None
+        else None
+    )
+    return corpus, windows, validation
 
 
 class TokenWindows:

@@ -245,21 +245,12 @@ class MoEWorkload:
         import torch
 
         from accelbench.workloads import TrainingJob
-        from accelbench.workloads.heldout import HeldOutWindows, held_out_start
-        from accelbench.workloads.llama.data import TokenWindows, load_corpus
+        from accelbench.workloads.llama.data import token_sources
         from accelbench.workloads.moe.model import MoE, MoEConfig, configure_adamw
 
         shape, seq_len, vocab, coef = resolved(config)
-        corpus = load_corpus(config.data, vocab)
-        held_out = held_out_start(len(corpus.tokens), seq_len + 1)
-        data = TokenWindows(
-            corpus, seq_len, config.batch_size, config.seed, config.steps_per_epoch, end=held_out
-        )
-        tokens = corpus.tokens
-        validation = (
-            HeldOutWindows(lambda idx: tokens[idx], held_out, len(tokens), seq_len + 1, config.batch_size)
-            if held_out is not None
-            else None
+        corpus, data, validation = token_sources(
+            config.data, vocab, seq_len, config.batch_size, config.seed, config.steps_per_epoch
         )
         torch.manual_seed(config.seed)
         cfg = MoEConfig(
