@@ -365,6 +365,16 @@ def test_tracing_gpt2_xl_costs_seconds_and_no_memory(capsys: pytest.CaptureFixtu
 EXECUTOR_RUN = [*MEASURED_RUN, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2"]
 # the issue's target for the tensor peak; the estimate measured here: tp -0.3%, pp -2.9%, Lightning +2.1%
 ESTIMATE_TOLERANCE = 0.05
+# Ranks that hold the same tensors can still differ by one activation: gloo's work object keeps a collective's input
+# (a (batch, block, embd) float32 activation under tp) alive until its own thread lets go of it, which a busy host
+# delays on one rank and not the other (CI saw 2,414,776 against 2,480,312 bytes: 65,536, that one activation).
+ONE_ACTIVATION = 8 * 32 * 64 * 4
+
+
+def alike(first: int | None, second: int | None) -> bool:
+    """Two ranks' peaks are those of the same tensors: equal, or one collective's activation apart."""
+    assert first is not None and second is not None
+    return abs(first - second) <= ONE_ACTIVATION
 
 
 def run_record(args: list[str], out: Path) -> ResultRecord:
@@ -438,7 +448,7 @@ def test_tensor_and_pipeline_parallel_ranks_measure_the_peak_the_estimate_predic
     peak = record.metrics.tensor_peak
     assert peak is not None and len(peak.ranks) == 2 and all(peak.ranks)
     assert sum(peak.by_kind.values()) == peak.peak_bytes
-    assert (peak.ranks[0] == peak.ranks[1]) is ranks_alike  # pp: the stages differ (stem and head)
+    assert alike(peak.ranks[0], peak.ranks[1]) is ranks_alike  # pp: the stages differ (stem and head)
     predicted = estimate_json([*MEASURED_RUN, *layout], capsys)
     tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
     assert peak.ranks[0] == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
@@ -476,7 +486,7 @@ def test_a_mesh_with_fsdp_and_a_pipeline_measures_every_rank(
     peak = record.metrics.tensor_peak
     assert len(peak.ranks) == 4 and all(peak.ranks)
     first, second = peak.ranks[:2], peak.ranks[2:]  # pp-major: ranks 0, 1 hold stage 0 (the mesh's order)
-    assert first[0] == first[1] and second[0] == second[1] and first != second
+    assert alike(*first) and alike(*second) and not alike(first[0], second[0])
     predicted = estimate_json([*MEASURED_RUN, "--mesh", "dp=2,pp=2", "--devices", "4"], capsys)
     assert peak.by_kind["parameters"] == pytest.approx(3 * predicted["memory"]["weights_bytes"], rel=0.05)
     tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
