@@ -38,9 +38,10 @@ Where things are, one module per job:
 - :mod:`~accelbench.sweep.log`: the JSON-lines attempt log.
 - :mod:`~accelbench.sweep.display`: progress and the summary on a terminal.
 - :mod:`~accelbench.sweep.command`: the ``accelbench sweep`` command line.
-- :mod:`~accelbench.sweep.slurm` and :mod:`~accelbench.sweep.resources`: ``--submit slurm``, every point a Slurm
-  job (one ``sbatch`` each) with the resources it needs, followed through ``squeue`` until it ends; a point with
-  its records is never submitted again, and one whose job is queued is followed, not submitted twice.
+- :mod:`~accelbench.sweep.slurm` and :mod:`~accelbench.sweep.resources`: ``--submit slurm``, the points as Slurm
+  job arrays (a task per point, an array per set of points needing the same resources) or a job each, followed
+  through ``squeue`` until they end; a point with its records is never submitted again, and one whose job or task
+  is queued is followed, not submitted twice.
 
 Nothing here imports torch at import time: ``accelbench sweep --list`` and ``--dry-run`` train nothing.
 """

@@ -19,6 +19,7 @@ from accelbench.sweep.runner import dry_run, run_sweep
 
 SUBMITTERS = ("local", "slurm")
 SLURM_FLAGS = ("nodes", "ntasks_per_node", "gpus_per_node", "time", "partition", "account")
+MAX_ARRAY_THROTTLE = 100_000  # tasks of one array running at once: beyond any MaxArraySize
 MAX_POINT_TIMEOUT_S = (
     365 * 86400.0
 )  # a year: beyond it, leave the timeout out (the timer's arithmetic stays finite)
@@ -57,7 +58,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
     slurm = parser.add_argument_group(
         "Slurm (--submit slurm)",
-        "every point a job (one sbatch each); flags override the sweep file's [slurm] table; what neither sets "
+        "the points as job arrays (one sbatch per set of points needing the same resources) or, with "
+        "--no-slurm-array, a job each; flags override the sweep file's [slurm] table; what neither sets "
         "comes from the point (nodes: its nnodes; tasks per node: its devices; GPUs per node: its devices on a "
         "GPU backend)",
     )
@@ -65,7 +67,20 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         "--submit",
         choices=SUBMITTERS,
         default="local",
-        help="local: run the points here, one after another (default); slurm: submit each as a Slurm job",
+        help="local: run the points here, one after another (default); slurm: submit them as Slurm jobs",
+    )
+    slurm.add_argument(
+        "--slurm-array",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="points needing the same resources go as one job array, a task each (default); "
+        "--no-slurm-array: one job per point (where the cluster turns arrays off)",
+    )
+    slurm.add_argument(
+        "--max-concurrent",
+        type=int,
+        metavar="M",
+        help="at most M tasks of each array running at once (sbatch --array=0-N%%M)",
     )
     slurm.add_argument("--nodes", type=int, help="nodes per job (sbatch --nodes)")
     slurm.add_argument("--ntasks-per-node", type=int, help="ranks per node (sbatch --ntasks-per-node)")
@@ -144,7 +159,15 @@ def sweep_command(args: argparse.Namespace, err: Console) -> int:
 
         check_slurm()
         print_start(err, sweep, args.scale, args.output_dir)
-        summary = submit_sweep(sweep, args.output_dir, console, not args.no_wait, args.poll_interval)
+        summary = submit_sweep(
+            sweep,
+            args.output_dir,
+            console,
+            not args.no_wait,
+            args.poll_interval,
+            array=args.slurm_array is not False,
+            max_concurrent=args.max_concurrent,
+        )
         print_summary(err, sweep, summary, args.output_dir)
         return summary.exit_code
     check_points_on_host(sweep, args.output_dir)
@@ -163,6 +186,10 @@ def check_submit_flags(args: argparse.Namespace, sweep: spec.Sweep) -> None:
         given.append("sbatch_arg")
     if args.no_wait:
         given.append("no_wait")
+    if args.slurm_array is not None:
+        given.append("slurm_array" if args.slurm_array else "no_slurm_array")
+    if args.max_concurrent is not None:
+        given.append("max_concurrent")
     if args.submit != "slurm":
         if given:
             flag = "--" + given[0].replace("_", "-")
@@ -181,6 +208,17 @@ def check_submit_flags(args: argparse.Namespace, sweep: spec.Sweep) -> None:
             f"--poll-interval {args.poll_interval}: give seconds between 0.1 and 3600 (default 10; a busy "
             "controller prefers 30 or more)"
         )
+    if args.max_concurrent is not None:
+        if args.slurm_array is False:
+            raise ConfigError(
+                f"--max-concurrent {args.max_concurrent} throttles a job array's tasks and --no-slurm-array "
+                "submits one job per point; leave one of them out"
+            )
+        if not 1 <= args.max_concurrent <= MAX_ARRAY_THROTTLE:
+            raise ConfigError(
+                f"--max-concurrent {args.max_concurrent}: give how many of an array's tasks may run at once, "
+                f"from 1 to {MAX_ARRAY_THROTTLE}, or leave it out for no limit"
+            )
     for name in SLURM_FLAGS:  # one at a time, so that an error names its flag
         if getattr(args, name) is not None:
             one = check_resources({name: getattr(args, name)}, "--" + name.replace("_", "-"))
