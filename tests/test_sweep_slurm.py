@@ -1,15 +1,17 @@
 """``sweep --submit slurm``: the points as job arrays (or a job each), resumable and idempotent as a local sweep.
 
 The fast tests check the resources (file table, flags, what comes from the point), the batch script, the array's
-script and points file, which points share an array, and the refusals. The slow ones use the one-node Slurm of
-tests/cluster_support.py: a 3-point sweep goes as one array and every point is recorded; an array task cancelled
-with ``scancel JOBID_TASK`` is resubmitted alone, and followed, not submitted twice, while it is queued; and the
-same cancel-and-resubmit with ``--no-slurm-array`` (a job per point).
+script and points file, which points share an array, how squeue's array tasks map back to points and how
+MaxArraySize is read (stand-in commands printing what Slurm prints), and the refusals. The slow ones use the
+one-node Slurm of tests/cluster_support.py: a 3-point sweep goes as one array and every point is recorded; an array
+task cancelled with ``scancel JOBID_TASK`` is resubmitted alone, and followed, not submitted twice, while it is
+queued; and the same cancel-and-resubmit with ``--no-slurm-array`` (a job per point).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,12 +30,15 @@ from accelbench.sweep import SWEEP_LOG, load_sweep
 from accelbench.sweep.resources import SlurmResources, check_resources
 from accelbench.sweep.slurm import (
     Due,
+    QueueReader,
     array_groups,
     array_name,
     array_script,
     batch_script,
     job_name,
+    max_array_size,
     points_file,
+    sweep_prefix,
 )
 
 TWO_POINTS = """
@@ -171,6 +176,49 @@ def test_the_array_script_runs_a_points_line_in_bash(tmp_path: Path) -> None:
     config = runs[1][1][0].split(" --config ")[1].removesuffix(" --quiet")
     assert json.loads(Path(config).read_text())["batch_size"] == 4  # a folder with a space in its path
     assert runs[2] == (2, [])  # a task beyond the points file: refused, nothing run
+
+
+def _stand_in(folder: Path, command: str, output: str) -> None:
+    """A Slurm command on PATH that prints what the real one would (for the parsing; the slow tests use Slurm)."""
+    path = folder / command
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}EOF\n")
+    path.chmod(0o755)
+
+
+def test_the_queue_maps_each_array_task_to_its_point_through_the_points_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    sweep = load_sweep(sweep_file(tmp_path, FOUR_POINTS), output_dir=out)
+    keys = [job_name(sweep, p, out) for p in sweep.points]
+    group = [Due(p, key, 1) for p, key in zip(sweep.points[:2], keys[:2], strict=True)]
+    name = array_name(sweep, [d.key for d in group])
+    (out / ".accelbench-slurm").mkdir(parents=True)
+    (out / ".accelbench-slurm" / f"{name}.points").write_text(points_file(sweep, group, out))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stand_in(bin_dir, "squeue", (
+        f"7_1|{name}|RUNNING\n7_0|{name}|PENDING\n"  # squeue -r: every task on its own line
+        f"9|{keys[3]}|PENDING\n"  # a job of one point (--no-slurm-array)
+        "8_0|ab-two-array-0123456789ab|PENDING\n"  # an array of another output folder: no points file here
+        "5|someone-elses-job|RUNNING\n"
+    ))  # fmt: skip
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    queue = QueueReader(sweep_prefix(sweep), out).read()
+    assert {k: (j.job_id, j.state, j.name) for k, j in queue.items()} == {
+        keys[0]: ("7_0", "PENDING", name), keys[1]: ("7_1", "RUNNING", name), keys[3]: ("9", "PENDING", keys[3]),
+    }  # fmt: skip
+
+
+def test_a_cluster_without_arrays_is_refused_naming_no_slurm_array(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_in(tmp_path, "scontrol", "MaxArraySize            = 0\nMaxJobCount             = 10000\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(ConfigError, match=r"job arrays off \(MaxArraySize = 0\); add --no-slurm-array"):
+        max_array_size()
+    _stand_in(tmp_path, "scontrol", "MaxArraySize            = 40001\n")
+    assert max_array_size() == 40001
 
 
 @pytest.mark.parametrize(
