@@ -69,6 +69,12 @@ def test_the_linears_convert_and_the_head_stays_in_bf16() -> None:
     # 6 x (16x48 + 16x16 + 16x64 + 64x16) FLOPs a token x 16 tokens, over the GPT's model FLOPs per sample
     assert layers.fp8_flop_share == pytest.approx(6 * 3072 * 16 / job.flops_per_sample)
     assert 0 < layers.fp8_flop_share < 1 and layers.flop_share_basis == FLOP_SHARE_BASIS
+    # read off torchao's config: the OCP pair, as torchao picks it on anything but an MI300
+    assert layers.fp8_dtypes == {
+        "input": "float8_e4m3fn",
+        "weight": "float8_e4m3fn",
+        "grad_output": "float8_e5m2",
+    }
     record = plan.model_dump(mode="json")  # what the result record carries, and reads back
     assert record["fp8_layers"]["converted"] == GPT_LINEARS and record["fp8_recipe"] == "tensorwise"
     assert (record["fp8_layers"]["converted_count"], record["fp8_layers"]["kept_count"]) == (4, 1)

@@ -399,3 +399,129 @@ def test_comm_measures_all_to_all_with_nccl_tests_bus_factor() -> None:
 
     all_to_all = COLLECTIVES["all_to_all"]
     assert all_to_all.formula == "(n-1)/n" and all_to_all.bus_factor(4) == 0.75
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a custom size
+# ---------------------------------------------------------------------------------------------------------------
+
+# 1 layer of width 32, 2 heads (16 wide) sharing 2 kv heads, 6 experts of 48, top-3, a shared expert
+CUSTOM = {"n_layer": 1, "n_head": 2, "n_embd": 32, "ffn_dim": 48, "n_experts": 6, "top_k": 3,
+          "shared_expert": True, "seq_len": 16, "vocab_size": VOCAB}  # fmt: skip
+CUSTOM_LABEL = "custom 1L/2H/2KV/32E/48F/6x top-3 +shared"
+
+
+def closed_form(
+    layers: int, d: int, heads: int, kv: int, f: int, experts: int, routed: int, shared: int, vocab: int
+) -> int:
+    """A decoder of ``layers`` blocks with ``routed`` of its ``experts`` SwiGLU experts (width f) and ``shared``
+    shared ones counted: q and o (d x d), k and v (d x kv heads' width), the router (d x experts), 3 d f a
+    counted expert, two RMSNorms a block, the final norm, the embedding and the untied head."""
+    attention = 2 * d * d + 2 * d * kv * (d // heads)
+    block = attention + d * experts + (routed + shared) * 3 * d * f + 2 * d
+    return layers * block + d + 2 * vocab * d
+
+
+def test_a_custom_size_trains_a_few_steps_and_is_named_by_its_dimensions(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelbench.engine.runner import run as run_in_process
+    from accelbench.workloads.moe import label, shape_of
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    config = host.resolve(
+        RunConfig(
+            workload="moe",
+            model="custom",
+            backend="cpu",
+            batch_size=4,
+            epochs=2,
+            steps_per_epoch=2,
+            data=corpus_dir / "text.txt",
+            output_dir=tmp_path,
+            no_tensor_peak=True,
+            peak_tflops=1.0,  # a stated peak: no matmul rate measured for MFU
+            workload_options=CUSTOM,
+        )  # fmt: skip
+    )
+    host.workload("moe").check(config)
+    shape = shape_of(config)
+    assert (shape.n_experts, shape.top_k, shape.shared_experts, shape.n_kv_heads) == (6, 3, 1, 2)
+    assert label(config, shape) == CUSTOM_LABEL
+    record, _, status = run_in_process(config, host)
+    assert status == "ok" and record is not None, record and record.outcome
+    assert all(math.isfinite(loss) for loss in losses(record))
+    w = record.workload
+    assert w["name"] == CUSTOM_LABEL and record.workload_identity["model"] == CUSTOM_LABEL
+    assert (w["n_experts"], w["top_k"], w["shared_experts"], w["ffn_dim"]) == (6, 3, 1, 48)
+    assert w["parameters"] == closed_form(1, 32, 2, 2, 48, 6, 6, 1, VOCAB)
+    assert w["active_parameters"] == closed_form(1, 32, 2, 2, 48, 6, 3, 1, VOCAB)
+    per_layer = 4 * 4 * 16 * 3  # 4 steps of 4 sequences of 16 tokens, each to 3 experts
+    assert [sum(layer) for layer in w["routing"]["tokens_per_expert_by_layer"]] == [per_layer]
+
+
+@pytest.mark.parametrize(
+    "model, options, mesh, message",
+    [
+        ("custom", {"top_k": 7}, None, "--top-k 7 is more than the 6 experts a token can be routed to: use --top-k 1 to 6"),
+        ("custom", {"n_experts": 1, "top_k": 1}, None, "--experts: Input should be greater than or equal to 2"),
+        ("custom", {"n_embd": None}, None, "needs all of --layers, --heads and --embd (missing --embd"),
+        ("custom", {"n_embd": 33}, None, "width 33 is not divisible by heads 2: use --heads that divides --embd"),
+        ("custom", {"n_embd": 30}, None, "the head size 15 (--embd / --heads) must be even"),
+        ("custom", {"n_head": 4, "n_kv_heads": 3}, None, "heads 4 are not divisible by key/value heads 3"),
+        ("moe-tiny", {"n_experts": 8, "top_k": 2}, None, "--experts, --top-k describe a custom size: use them with --model custom"),
+        ("custom", {}, "ep=4", "6 experts per layer do not divide over ep=4 ranks; an ep size must divide 6: 2, 3, 6"),
+    ],
+)  # fmt: skip
+def test_bad_custom_sizes_are_refused_saying_what_would_work(
+    model: str, options: dict[str, object], mesh: str | None, message: str
+) -> None:
+    host = get_host()
+    given = {k: v for k, v in {**CUSTOM, **options}.items() if v is not None}
+    if model != "custom":
+        given = {k: v for k, v in given.items() if k in (*options, "seq_len", "vocab_size")}
+    devices = {"mesh": mesh, "devices": 4} if mesh else {}
+    with pytest.raises(
+        ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")
+    ):
+        config = host.resolve(RunConfig(workload="moe", model=model, workload_options=given, **devices))  # type: ignore[arg-type]
+        workload = host.workload("moe")
+        workload.check(config)
+        check_model_split(config, workload.units(config), "moe")
+
+
+def test_estimate_counts_a_custom_sizes_total_and_active_parameters_by_the_closed_form(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`accelbench estimate --workload moe --model custom ...`: every expert in the parameters memory holds, top-k
+    and the shared expert in the active ones the FLOPs count, each against the closed form, and the model built
+    on the meta device agreeing."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    options = {**CUSTOM, "n_layer": 3, "n_head": 4, "n_kv_heads": 1, "n_embd": 64, "ffn_dim": 96,
+               "n_experts": 8, "top_k": 2, "shared_expert": False, "seq_len": 32}  # fmt: skip
+    config = host.resolve(
+        RunConfig(
+            workload="moe",
+            model="custom",
+            batch_size=2,
+            data=corpus_dir / "text.txt",
+            workload_options=options,
+        )  # type: ignore[arg-type]
+    )
+    facts = meta_facts(host.workload("moe"), config)
+    total = closed_form(3, 64, 4, 1, 96, 8, 8, 0, VOCAB)
+    active = closed_form(3, 64, 4, 1, 96, 8, 2, 0, VOCAB)
+    assert facts.parameters == total == host.workload("moe").parameters(config)
+    assert facts.active_parameters == active and facts.expert_parameters == 3 * 8 * 3 * 64 * 96
+    assert (facts.top_k, facts.moe_layers) == (2, 3)
+    # training FLOPs per token: 6 x the active parameters but the embedding, and the attention's 12 L q s
+    assert facts.flops_per_sample == (6 * (active - VOCAB * 64) + 12 * 3 * 64 * 32) * 32
+    prediction = predict(config, facts, device_type="cpu")
+    assert (prediction.parameters, prediction.active_parameters) == (total, active)
+    assert prediction.flops_per_step == facts.flops_per_sample * 2  # batch 2, active parameters counted
+    assert prediction.memory.weights_bytes == 4 * total  # fp32, every expert held

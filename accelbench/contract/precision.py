@@ -19,7 +19,8 @@ PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true", 
 # What runs FP8 training, for refusals on devices that cannot: a backend without FP8 math names this
 FP8_REQUIREMENT = (
     "an NVIDIA GPU with compute capability >= 8.9 (L4, L40S, H100, H200, B200; fp8-rowwise needs >= 9.0) with "
-    "torchao installed (pip install 'accelbench-cuda[fp8]')"
+    "torchao installed (pip install 'accelbench-cuda[fp8]'), or an AMD Instinct MI300X, MI325X (gfx942) or MI355X "
+    "(gfx950) on a ROCm build of torch with torchao installed (pip install 'accelbench-rocm[fp8]')"
 )
 
 
@@ -47,6 +48,12 @@ class Float8Layers(BaseModel):
         "multiply-add FLOPs (forward and backward) for each token of a sample; the rest is counted as BF16."
     )
     flop_share_basis: str = Field(description="How fp8_flop_share was counted, and what it assumes.")
+    fp8_dtypes: dict[str, str] = Field(
+        default_factory=dict,
+        description="The FP8 dtype torchao's config casts each operand to (input, weight, grad_output: e.g. "
+        "float8_e4m3fn, or float8_e4m3fnuz on an MI300-series GPU), read from the config the run converted with; "
+        "empty where nothing was converted (a plan for an estimate).",
+    )
 
     converted_count: int = Field(description="How many linears ran in FP8.")
     kept_count: int = Field(description="How many linears stayed in BF16.")
@@ -78,6 +85,11 @@ class PrecisionPlan(BaseModel):
     fp8_recipe: str | None = Field(
         default=None,
         description="torchao float8 training recipe applied to the model's linears (tensorwise, rowwise); None: no FP8.",
+    )
+    fp8_e4m3_dtype: str | None = Field(
+        default=None,
+        description="The e4m3 FP8 dtype this device's matrix cores take, where the backend states it "
+        "(float8_e4m3fnuz on gfx942, float8_e4m3fn on gfx950); a conversion casting to another is refused.",
     )
     fp8_layers: Float8Layers | None = Field(
         default=None,

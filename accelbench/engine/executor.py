@@ -52,7 +52,12 @@ class TorchExecutor(Executor):
             from accelbench.engine.float8 import convert_to_fp8
 
             self._fp8_layers = convert_to_fp8(
-                model, plan.fp8_recipe, job.units, job.flops_per_sample, job.tokens_per_sample
+                model,
+                plan.fp8_recipe,
+                job.units,
+                job.flops_per_sample,
+                job.tokens_per_sample,
+                expected_e4m3=plan.fp8_e4m3_dtype,
             )
         self.model = self.wrap(model.train(), job.units)
         # after wrapping: sharding replaces params; the backend says which optimizer kernels its device has

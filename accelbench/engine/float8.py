@@ -7,8 +7,10 @@ converted is decided here, before torchao is called, so the record can say exact
 others did not: FP8 matmuls need both dimensions divisible by 16, and the output head stays in BF16 (torchtitan's
 float8 converter leaves its ``output`` layer out by default: the logits are the most precision-sensitive matmul).
 
-torchao is imported only here and only for an FP8 run; it is an optional extra of the CUDA plugin
-(``pip install 'accelbench-cuda[fp8]'``), the one backend that declares FP8 precisions.
+torchao is imported only here and only for an FP8 run; it is an optional extra of the plugins that declare FP8
+precisions (``pip install 'accelbench-cuda[fp8]'``, ``pip install 'accelbench-rocm[fp8]'``). Which FP8 dtypes ran is
+read off torchao's config (its cast configs' ``target_dtype``): the OCP ``float8_e4m3fn``/``float8_e5m2``, or on an
+MI300-series GPU the FNUZ ``float8_e4m3fnuz``/``float8_e5m2fnuz``, which torchao picks when it is imported.
 """
 
 from __future__ import annotations
@@ -43,14 +45,14 @@ def is_fp8(precision: str) -> bool:
     return precision in FP8_PRECISIONS
 
 
-def require_torchao() -> Any:
-    """torchao's ``torchao.float8`` module, or a ConfigError naming the install command."""
+def require_torchao(install: str = TORCHAO_INSTALL) -> Any:
+    """torchao's ``torchao.float8`` module, or a ConfigError naming the install command (the backend's extra)."""
     try:
         import torchao.float8 as float8
     except ImportError as exc:
         raise ConfigError(
             f"FP8 training (--precision {'/'.join(FP8_PRECISIONS)}) runs through torchao's float8 training, and "
-            f"torchao.float8 cannot be imported ({exc}); install it with: {TORCHAO_INSTALL}"
+            f"torchao.float8 cannot be imported ({exc}); install it with: {install}"
         ) from None
     return float8
 
@@ -105,13 +107,24 @@ def convert_to_fp8(
     units: ModelUnits,
     flops_per_sample: float,
     tokens_per_sample: int,
+    expected_e4m3: str | None = None,
 ) -> Float8Layers:
     """Swap the chosen linears of ``model`` (placed on its device, not yet wrapped or compiled) for torchao's
-    Float8Linear in place, with torchao's recipe ``recipe``; return what ran in FP8 for the record."""
+    Float8Linear in place, with torchao's recipe ``recipe``; return what ran in FP8 for the record.
+    ``expected_e4m3`` (the plan's ``fp8_e4m3_dtype``): the e4m3 dtype the device's matrix cores take; a config
+    casting the forward operands to another is refused before anything is converted."""
     import torch
 
     float8 = require_torchao()
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
+    dtypes = fp8_dtypes(config)
+    if expected_e4m3 is not None and dtypes.get("input", expected_e4m3) != expected_e4m3:
+        raise BackendError(
+            f"torchao's float8 config casts to {dtypes['input']} but this GPU's FP8 matrix cores take "
+            f"{expected_e4m3}: torchao chooses the FNUZ dtypes on ROCm when device 0 is an MI300-series GPU "
+            "(gfx940/941/942); use a torchao with torchao.float8.config.Float8TypeConfig (0.7 or newer), and the "
+            "same GPU model for every visible device"
+        )
     converted, kept = fp8_layer_choice(model, units)
     if not converted:
         raise ConfigError(
@@ -132,7 +145,20 @@ def convert_to_fp8(
         raise BackendError(
             f"torchao left {len(unconverted)} chosen linear(s) unconverted: {', '.join(unconverted)}"
         )
-    return _layers_record(model, recipe, converted, kept, flops_per_sample, tokens_per_sample)
+    layers = _layers_record(model, recipe, converted, kept, flops_per_sample, tokens_per_sample)
+    return layers.model_copy(update={"fp8_dtypes": dtypes})
+
+
+def fp8_dtypes(config: Any) -> dict[str, str]:
+    """The FP8 dtype torchao's ``Float8LinearConfig`` casts each operand to in its forward (input, weight) and
+    backward (grad_output), as torch names it without ``torch.``; an operand the config leaves in high precision,
+    or a config without ``target_dtype``, is left out."""
+    out: dict[str, str] = {}
+    for operand in ("input", "weight", "grad_output"):
+        dtype = getattr(getattr(config, f"cast_config_{operand}", None), "target_dtype", None)
+        if dtype is not None:
+            out[operand] = str(dtype).removeprefix("torch.")
+    return out
 
 
 def planned_fp8_layers(plan: PrecisionPlan, workload: Workload, config: RunConfig) -> PrecisionPlan:

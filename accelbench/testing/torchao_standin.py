@@ -5,9 +5,14 @@ It follows torchao 0.18's documented behaviour, not just its names: ``Float8Line
 only the recipe names torchao defines (and asserts, as torchao does, on another); ``convert_to_float8_training``
 walks the module tree post-order, calls ``module_filter_fn(module, fqn)`` for every ``nn.Linear`` and swaps those it
 accepts for a ``Float8Linear`` (an ``nn.Linear`` subclass sharing the original weight and bias), in place, returning
-the module; a linear whose dimensions are not both divisible by 16 cannot run FP8 GEMMs and is refused. The forward
-rounds input and weight through ``float8_e4m3fn`` with one dynamic scale per tensor (straight-through gradients), so
-training runs for real on a CPU; it measures nothing and stands in for no timing.
+the module; a linear whose dimensions are not both divisible by 16 cannot run FP8 GEMMs and is refused. The FP8
+dtypes are torchao's ``Float8TypeConfig`` choice, made when the stand-in is installed as torchao makes it when
+``torchao.float8.config`` is imported: ``float8_e4m3fnuz``/``float8_e5m2fnuz`` when ``torch.version.hip`` is set, a
+GPU is available and device 0's ``gcnArchName`` names gfx940, gfx941 or gfx942 (an MI300), else
+``float8_e4m3fn``/``float8_e5m2``; each recipe's ``CastConfig.target_dtype`` is filled from them as torchao's
+``Float8LinearConfig.__post_init__`` does (tensorwise: e4m3 input and weight, e5m2 grad_output; rowwise: e4m3 for
+all three). The forward rounds input and weight through the config's e4m3 dtype with one dynamic scale per tensor
+(straight-through gradients), so training runs for real on a CPU; it measures nothing and stands in for no timing.
 """
 
 from __future__ import annotations
@@ -21,7 +26,25 @@ from typing import Any
 
 import torch
 
-E4M3_MAX = 448.0
+MI300_ARCHS = ("gfx940", "gfx941", "gfx942")
+
+
+def _is_mi300() -> bool:
+    """torchao.utils.is_MI300: a ROCm build with a GPU whose device 0 is gfx940/941/942."""
+    if not (torch.cuda.is_available() and torch.version.hip is not None):
+        return False
+    arch = torch.cuda.get_device_properties(0).gcnArchName
+    return any(name in arch for name in MI300_ARCHS)
+
+
+def _type_pair() -> tuple[torch.dtype, torch.dtype]:
+    """torchao's Float8TypeConfig: the (e4m3, e5m2) pair it casts to, FNUZ on an MI300, OCP elsewhere."""
+    if torch.version.hip and torch.cuda.is_available() and _is_mi300():
+        return torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
+    return torch.float8_e4m3fn, torch.float8_e5m2
+
+
+e4m3_dtype, e5m2_dtype = _type_pair()
 
 
 class Float8LinearRecipeName(enum.Enum):
@@ -31,8 +54,28 @@ class Float8LinearRecipeName(enum.Enum):
 
 
 @dataclass(frozen=True)
+class CastConfig:
+    target_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        assert self.target_dtype is None or (
+            self.target_dtype.is_floating_point and self.target_dtype.itemsize == 1
+        ), "must specify a 8-bit floating-point dtype"
+
+
+@dataclass(frozen=True)
 class Float8LinearConfig:
     recipe: Float8LinearRecipeName = Float8LinearRecipeName.TENSORWISE
+    cast_config_input: CastConfig = CastConfig()
+    cast_config_weight: CastConfig = CastConfig()
+    cast_config_grad_output: CastConfig = CastConfig()
+
+    def __post_init__(self) -> None:
+        defaults = (("input", e4m3_dtype), ("weight", e4m3_dtype), ("grad_output", e5m2_dtype))
+        for operand, dtype in defaults:  # as torchao: an unset target_dtype takes the type config's
+            cast = getattr(self, f"cast_config_{operand}")
+            if cast.target_dtype is None:
+                object.__setattr__(self, f"cast_config_{operand}", CastConfig(target_dtype=dtype))
 
     @staticmethod
     def from_recipe_name(recipe_name: Float8LinearRecipeName | str) -> Float8LinearConfig:
@@ -40,13 +83,18 @@ class Float8LinearConfig:
             valid_names = [n.value for n in Float8LinearRecipeName]
             assert recipe_name in valid_names, f"recipe_name {recipe_name} not in valid names {valid_names}"
             recipe_name = Float8LinearRecipeName(recipe_name)
-        return Float8LinearConfig(recipe=recipe_name)
+        if recipe_name is Float8LinearRecipeName.TENSORWISE:
+            return Float8LinearConfig(recipe=recipe_name)
+        e4m3 = CastConfig(target_dtype=e4m3_dtype)  # the rowwise recipes cast grad_output to e4m3 as well
+        return Float8LinearConfig(
+            recipe=recipe_name, cast_config_input=e4m3, cast_config_weight=e4m3, cast_config_grad_output=e4m3
+        )
 
 
-def _through_fp8(x: torch.Tensor) -> torch.Tensor:
-    """``x`` rounded to e4m3 with one dynamic scale, gradients straight through."""
-    scale = E4M3_MAX / x.detach().abs().amax().clamp(min=1e-12)
-    rounded = (x.detach() * scale).to(torch.float8_e4m3fn).to(x.dtype) / scale
+def _through_fp8(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded to the FP8 ``dtype`` with one dynamic scale, gradients straight through."""
+    scale = torch.finfo(dtype).max / x.detach().abs().amax().clamp(min=1e-12)
+    rounded = (x.detach() * scale).to(dtype).to(x.dtype) / scale
     return x + (rounded - x.detach())
 
 
@@ -60,8 +108,13 @@ class Float8Linear(torch.nn.Linear):
             weight, bias = self.weight.to(dtype), self.bias.to(dtype) if self.bias is not None else None
         else:
             weight, bias = self.weight, self.bias
+        fp8_input = self.config.cast_config_input.target_dtype
+        fp8_weight = self.config.cast_config_weight.target_dtype
+        assert fp8_input is not None and fp8_weight is not None  # set by the config's __post_init__
         with torch.autocast(input.device.type, enabled=False):
-            return torch.nn.functional.linear(_through_fp8(input), _through_fp8(weight), bias)
+            return torch.nn.functional.linear(
+                _through_fp8(input, fp8_input), _through_fp8(weight, fp8_weight), bias
+            )
 
     @classmethod
     def from_float(cls, mod: torch.nn.Linear, config: Float8LinearConfig | None = None) -> Float8Linear:
@@ -99,14 +152,24 @@ def convert_to_float8_training(
 
 
 def install(monkeypatch: Any) -> types.ModuleType:
-    """Install the stand-in as ``torchao`` and ``torchao.float8`` for one test (pytest's ``monkeypatch``)."""
+    """Install the stand-in as ``torchao``, ``torchao.float8`` and ``torchao.float8.config`` for one test (pytest's
+    ``monkeypatch``). The FP8 dtype pair is chosen now, from the torch in place (a ROCm stand-in installed first
+    makes it the FNUZ pair on an MI300), as torchao chooses it on import."""
+    e4m3, e5m2 = _type_pair()
+    monkeypatch.setitem(globals(), "e4m3_dtype", e4m3)
+    monkeypatch.setitem(globals(), "e5m2_dtype", e5m2)
     package = types.ModuleType("torchao")
     float8 = types.ModuleType("torchao.float8")
-    for name in ("Float8LinearConfig", "Float8LinearRecipeName", "convert_to_float8_training"):
+    config = types.ModuleType("torchao.float8.config")
+    for name in ("CastConfig", "Float8LinearConfig", "Float8LinearRecipeName", "convert_to_float8_training"):
         setattr(float8, name, globals()[name])
+    for name in ("CastConfig", "Float8LinearConfig", "Float8LinearRecipeName", "e4m3_dtype", "e5m2_dtype"):
+        setattr(config, name, globals()[name])
     package.float8 = float8  # type: ignore[attr-defined]
+    float8.config = config  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torchao", package)
     monkeypatch.setitem(sys.modules, "torchao.float8", float8)
+    monkeypatch.setitem(sys.modules, "torchao.float8.config", config)
     return float8
 
 
@@ -114,3 +177,4 @@ def remove(monkeypatch: Any) -> None:
     """Make ``import torchao`` fail for one test, as on a host without it."""
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    monkeypatch.setitem(sys.modules, "torchao.float8.config", None)

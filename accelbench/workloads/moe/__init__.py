@@ -17,6 +17,12 @@ Sizes: ``moe-tiny`` and ``moe-mini`` for CPUs and quick runs, and two published 
   with both embedding matrices (OpenAI's 3.6B counts the unembedding only); its attention sinks, alternate
   sliding-window layers and biases are not modelled.
 
+Or ``custom``: the Llama workload's ``--layers --heads --embd`` (``--kv-heads``, ``--ffn-dim`` optional, ``--ffn-dim``
+each expert's hidden width) and the experts' ``--experts`` (default 8), ``--top-k`` (default 2) and
+``--shared-expert``/``--no-shared-expert`` (default off: one shared expert of the routed experts' width); vocabulary
+8,192 and RoPE base 500,000 unless given, context 32,768. Comparisons name it by its dimensions
+(``custom 2L/4H/2KV/64E/128F/8x top-2 +shared``).
+
 FLOPs per token count the **active** parameters (what one token is multiplied by), training = 3 x forward::
 
     6*N_active + 12*L*q*s
@@ -45,7 +51,7 @@ from accelbench.config import RunConfig
 from accelbench.contract import RunOption, Scalar
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits
-from accelbench.workloads.llama import MIN_VOCAB, SMALL_VOCAB
+from accelbench.workloads.llama import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, MIN_VOCAB, SMALL_VOCAB
 
 if TYPE_CHECKING:
     from accelbench.workloads import TrainingJob
@@ -53,6 +59,9 @@ if TYPE_CHECKING:
 __all__ = ["FLOPS_FORMULA", "MODEL_SIZES", "MoEShape", "MoEWorkload", "routing_balance"]
 
 MAX_VOCAB = 2**20
+MAX_EXPERTS = 1024  # far above any published mixture (DeepSeek-V3 routes over 256), so a typo is refused
+CUSTOM_CONTEXT = 32_768  # the longest --seq-len the workload takes
+CUSTOM_ROPE_THETA = 500_000.0
 
 
 @dataclass(frozen=True)
@@ -131,13 +140,107 @@ OPTIONS = (
     RunOption(name="aux_loss_coef", type="float", default=0.01, ge=0.0, le=1.0,
               help="weight of the load-balancing loss (Switch's E * sum f_i P_i per sequence) added to the "
               "cross-entropy; 0 turns it off (default 0.01, Switch's and GShard's)", workload="moe"),
+    # a custom size (--model custom): the Llama's shape options, each expert's width, and the experts'
+    RunOption(name="n_layer", flag="layers", type="int", gt=0, le=MAX_LAYERS,
+              help="custom size: transformer layers (with --model custom)", workload="moe"),
+    RunOption(name="n_head", flag="heads", type="int", gt=0, le=MAX_HEADS,
+              help="custom size: attention (query) heads", workload="moe"),
+    RunOption(name="n_embd", flag="embd", type="int", gt=0, le=MAX_WIDTH,
+              help="custom size: width", workload="moe"),
+    RunOption(name="n_kv_heads", flag="kv-heads", type="int", gt=0, le=MAX_HEADS,
+              help="custom size: key/value heads (default: --heads)", workload="moe"),
+    RunOption(name="ffn_dim", flag="ffn-dim", type="int", gt=0, le=4 * MAX_WIDTH,
+              help="custom size: each expert's SwiGLU hidden width (default: 8/3 of the width, rounded up to a "
+              "multiple of 64)", workload="moe"),
+    RunOption(name="n_experts", flag="experts", type="int", ge=2, le=MAX_EXPERTS,
+              help="custom size: routed experts per layer (default 8)", workload="moe"),
+    RunOption(name="top_k", flag="top-k", type="int", gt=0, le=MAX_EXPERTS,
+              help="custom size: experts each token is routed to, at most --experts (default 2)", workload="moe"),
+    RunOption(name="shared_expert", flag="shared-expert", type="bool",
+              help="custom size: a shared expert every token passes, as wide as a routed one (default: off)",
+              workload="moe"),
 )  # fmt: skip
+CUSTOM = ("n_layer", "n_head", "n_embd", "n_kv_heads", "ffn_dim", "n_experts", "top_k", "shared_expert")
 
 
 def shape_of(config: RunConfig) -> MoEShape:
+    """``config``'s size: a named one, or ``custom``'s options (checked by :meth:`MoEWorkload.check`)."""
+    if config.model == "custom":
+        options = config.workload_options
+        dim, heads = int(options["n_embd"]), int(options["n_head"])
+        kv, ffn = options.get("n_kv_heads"), options.get("ffn_dim")
+        experts, top_k = options.get("n_experts"), options.get("top_k")
+        return MoEShape(
+            n_layers=int(options["n_layer"]),
+            dim=dim,
+            n_heads=heads,
+            n_kv_heads=int(kv) if kv is not None else heads,
+            ffn_dim=int(ffn) if ffn is not None else -(-8 * dim // (3 * 64)) * 64,
+            n_experts=int(experts) if experts is not None else 8,
+            top_k=int(top_k) if top_k is not None else 2,
+            shared_experts=1 if options.get("shared_expert") else 0,
+            vocab_size=SMALL_VOCAB,
+            max_seq_len=CUSTOM_CONTEXT,
+            rope_theta=CUSTOM_ROPE_THETA,
+        )
     if config.model not in MODEL_SIZES:
-        raise ConfigError(f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}")
+        raise ConfigError(f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}, custom")
     return MODEL_SIZES[config.model]
+
+
+def label(config: RunConfig, shape: MoEShape) -> str:
+    """How comparisons and the record name the model: the size name, or a custom size by its dimensions."""
+    if config.model != "custom":
+        return config.model
+    s = shape
+    shared = " +shared" if s.shared_experts else ""
+    return (
+        f"custom {s.n_layers}L/{s.n_heads}H/{s.n_kv_heads}KV/{s.dim}E/{s.ffn_dim}F/{s.n_experts}x top-{s.top_k}"
+        f"{shared}"
+    )
+
+
+def check_custom(config: RunConfig) -> None:
+    """Refuse custom-size options without ``--model custom``, a custom size missing its shape, and a shape the
+    model cannot be built with, each saying what would work."""
+    options = config.workload_options
+    given = [name for name in CUSTOM if options.get(name) is not None]
+    if config.model != "custom":
+        if given:
+            raise ConfigError(
+                f"{', '.join(_flags(given))} describe a custom size: use them with --model custom"
+            )
+        return
+    missing = [name for name in CUSTOM[:3] if options.get(name) is None]
+    if missing:
+        raise ConfigError(
+            f"model 'custom' needs all of --layers, --heads and --embd (missing {', '.join(_flags(missing))}; "
+            "--kv-heads, --ffn-dim, --experts, --top-k, --shared-expert: optional)"
+        )
+    s = shape_of(config)
+    if s.top_k > s.n_experts:
+        raise ConfigError(
+            f"--top-k {s.top_k} is more than the {s.n_experts} experts a token can be routed to: use --top-k "
+            f"1 to {s.n_experts}, or more --experts"
+        )
+    if s.dim % s.n_heads:
+        raise ConfigError(
+            f"width {s.dim} is not divisible by heads {s.n_heads}: use --heads that divides --embd"
+        )
+    if s.n_heads % s.n_kv_heads:
+        raise ConfigError(
+            f"heads {s.n_heads} are not divisible by key/value heads {s.n_kv_heads}: each kv head serves a "
+            "whole group of query heads; use --kv-heads that divides --heads"
+        )
+    if s.attention_head_dim % 2:
+        raise ConfigError(
+            f"rotary embeddings turn pairs: the head size {s.attention_head_dim} (--embd / --heads) must be even"
+        )
+
+
+def _flags(names: list[str]) -> list[str]:
+    by_name = {option.name: option.cli_flag for option in OPTIONS}
+    return [f"--{by_name[name]}" for name in names]
 
 
 def resolved(config: RunConfig) -> tuple[MoEShape, int, int, float]:
@@ -211,7 +314,7 @@ class MoEWorkload:
         return list(OPTIONS)
 
     def model_names(self) -> list[str]:
-        return list(MODEL_SIZES)
+        return [*MODEL_SIZES, "custom"]
 
     def prepare(self, config: RunConfig) -> None:
         """Tokenize the run's text into the cache once, before the workers start (as the Llama workload does)."""
@@ -226,6 +329,7 @@ class MoEWorkload:
     def check(self, config: RunConfig) -> None:
         from accelbench.workloads.llama.tokenizer import require_tokenizers
 
+        check_custom(config)
         shape, seq_len, _, _ = resolved(config)
         if seq_len > shape.max_seq_len:
             raise ConfigError(
@@ -235,7 +339,7 @@ class MoEWorkload:
 
     def identity(self, config: RunConfig) -> dict[str, Scalar]:
         shape, seq_len, vocab, coef = resolved(config)
-        return {"model": config.model, "seq_len": seq_len, "vocab_size": vocab, "aux_loss_coef": coef}
+        return {"model": label(config, shape), "seq_len": seq_len, "vocab_size": vocab, "aux_loss_coef": coef}
 
     def units(self, config: RunConfig) -> ModelUnits:
         shape, seq_len, _, _ = resolved(config)
@@ -272,7 +376,7 @@ class MoEWorkload:
         lr = config.learning_rate
         per_token = shape.flops_per_token(vocab, seq_len)
         summary: dict[str, Any] = {
-            "name": config.model,
+            "name": label(config, shape),
             # the keys the analytical model reads a transformer's shape from (accelbench.estimate.facts)
             "n_layer": shape.n_layers,
             "n_head": shape.n_heads,

@@ -7,8 +7,9 @@ so an MI325X (also gfx942 with 304 CUs, but more bandwidth) is not taken for an 
 told apart by its memory (192 against 256 GiB), and an MI355X must be named (an MI350X has its architecture, CUs
 and memory at a lower clock). fp32 figures are the
 matrix-core figures, which is what fp32 matmuls use. FP8 and FP4 are the dense matrix figures (AMD's "with
-structured sparsity" figures are twice these) where the GPU has that math (FP8 from CDNA 3, FP4 from CDNA 4); the
-plugin offers no FP8 precision yet, so they serve ``peaks_by_math`` (a run mixing maths, the estimator) only.
+structured sparsity" figures are twice these) where the GPU has that math (FP8 from CDNA 3, FP4 from CDNA 4). An FP8
+run's peak weighs the FP8 and BF16 figures by the FLOPs each math did (the converted linears' share), as the CUDA
+plugin's does. The FP8 figure is the same for the FNUZ formats CDNA 3 runs and the OCP formats of CDNA 4.
 """
 
 from __future__ import annotations
@@ -196,11 +197,22 @@ def peaks_by_math(device: DeviceInfo) -> dict[str, float]:
 
 
 def peak_for(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
-    """The dense peak of the math ``plan`` runs; None for a device the table does not know, and for an FP8 plan
-    (this plugin converts no linear to FP8, so no FP8-weighted figure would be the math that ran)."""
+    """The dense peak of the math ``plan`` runs; None for a device the table does not know. An FP8 plan's peak is
+    the FP8 and BF16 peaks weighed by the FLOPs each ran (:func:`_fp8_weighted`): None before the model's linears
+    are converted, and where the table lacks FP8 (never the BF16 figure alone, under which MFU would read high)."""
     entry = lookup_device(device)
-    if entry is None or plan.fp8_recipe is not None:
+    if entry is None:
         return None
+    if plan.fp8_recipe is not None:
+        weighted, math = _fp8_weighted(entry, plan)
+        if weighted is None:
+            return None
+        return PeakFigures(
+            flops_per_s=weighted,
+            memory_bandwidth_bytes_per_s=entry.bandwidth,
+            source=f"accelbench-rocm table: {entry.label}, {math}",
+            table_version=TABLE_VERSION,
+        )
     sixteen = plan.autocast_dtype or (plan.param_dtype if plan.param_dtype != "float32" else None)
     if sixteen == "bfloat16":
         flops, math = entry.bf16, "dense bf16 matrix"
@@ -214,3 +226,18 @@ def peak_for(device: DeviceInfo, plan: PrecisionPlan) -> PeakFigures | None:
         source=f"accelbench-rocm table: {entry.label}, {math}",
         table_version=TABLE_VERSION,
     )
+
+
+def _fp8_weighted(entry: GpuPeaks, plan: PrecisionPlan) -> tuple[float | None, str]:
+    """An FP8 run's peak, 1 / (s / P_fp8 + (1 - s) / P_bf16) with s the converted linears' FLOP share (recorded in
+    the plan once the model is converted), and how it was made."""
+    from accelbench.engine.metrics import flop_weighted_peak
+
+    if plan.fp8_layers is None or entry.fp8 is None:
+        return None, "fp8 before conversion" if plan.fp8_layers is None else "no fp8 peak"
+    share = plan.fp8_layers.fp8_flop_share
+    flops = flop_weighted_peak({"fp8": share, "bf16": 1.0 - share}, {"fp8": entry.fp8, "bf16": entry.bf16})
+    parts = [f"{share:.1%} of FLOPs in dense fp8 matrix at {entry.fp8 / T:.1f} TFLOP/s"]
+    if share < 1.0:
+        parts.append(f"{1.0 - share:.1%} in dense bf16 matrix at {entry.bf16 / T:.1f} TFLOP/s")
+    return flops, "FLOP-weighted " + ", ".join(parts)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from accelbench.contract import (
+    FP8_PRECISIONS,
     Backend,
     BackendInfo,
     DeviceInfo,
@@ -27,13 +28,15 @@ from accelbench.contract import (
     hookimpl,
 )
 from accelbench.devices import readings_with_energy
-from accelbench.errors import BackendError
+from accelbench.errors import BackendError, ConfigError
 from accelbench_rocm import __version__, detect, peaks, smi
 from accelbench_rocm import precision as precision_rules
 from accelbench_rocm.visible import HIP_ENV, ROCR_ENV
 
 if TYPE_CHECKING:
     import torch
+
+    from accelbench.config import RunConfig
 
 accelbench_contract = "3.0"
 
@@ -109,6 +112,32 @@ class RocmBackend(Backend):
     ) -> PrecisionPlan:
         precision_rules.check_tf32_policy()
         return precision_rules.make_plan(precision, _arch(device))
+
+    def check_run(self, config: RunConfig) -> None:
+        """An FP8 run needs torchao (the extra ``fp8``): refused before anything starts when it is not installed.
+        Looked up, not imported: importing torchao.float8 asks device 0 its architecture (to pick the FNUZ or OCP
+        dtypes), which would start HIP in the launcher."""
+        import importlib.util
+
+        if config.precision in FP8_PRECISIONS and importlib.util.find_spec("torchao") is None:
+            raise ConfigError(
+                f"--precision {config.precision} runs through torchao's float8 training, and torchao is not "
+                f"installed; install it with: {precision_rules.TORCHAO_INSTALL}"
+            )
+
+    def catalogue_precision_plan(
+        self, precision: str, device: DeviceInfo, options: Mapping[str, Scalar]
+    ) -> PrecisionPlan:
+        """The plan for a catalogue GPU that is not here (``accelbench estimate --device MI300X``): its architecture
+        from the catalogue, no switch set, since nothing runs."""
+        arch = device.arch or ""
+        supported = precision_rules.supported_precisions(arch)
+        if precision not in supported:
+            raise ConfigError(
+                f"--precision {precision}: {device.name} ({arch}) does not run it; it runs: {', '.join(supported)}"
+            )
+        precision_rules.check_tf32_policy()
+        return precision_rules.plan_for(precision, arch)
 
     def epoch_start(self, device: torch.device) -> None:
         import torch

@@ -13,6 +13,7 @@ from accelbench.errors import ConfigError
 from accelbench.plugins import PluginHost
 
 ALL = ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
+FP8 = ["fp8-tensorwise", "fp8-rowwise"]
 
 
 @pytest.mark.parametrize(
@@ -22,7 +23,8 @@ ALL = ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
         ("gfx1030", ["fp32", "fp16-mixed"]),
         ("gfx908", ALL),
         ("gfx90a:sramecc+:xnack-", ALL),
-        ("gfx942", ALL),
+        ("gfx942", ALL + FP8),  # CDNA 3: FP8 matrix cores
+        ("gfx950", ALL + FP8),
         ("gfx1100", ALL),
     ],
 )
@@ -62,7 +64,7 @@ def test_an_mi50_refuses_bf16_and_the_launcher_asks_without_starting_hip(
     assert hip.current is None
     with pytest.raises(ConfigError, match="does not support precision 'bf16-mixed'"):
         backend.check_precision("bf16-mixed", backend.setup_device(World(local_rank=0), {}))
-    assert backend.supported_precisions(backend.setup_device(World(local_rank=1), {})) == ALL
+    assert backend.supported_precisions(backend.setup_device(World(local_rank=1), {})) == ALL + FP8
 
 
 def device(name: str, arch: str, units: int) -> DeviceInfo:
@@ -140,7 +142,7 @@ def test_an_unknown_or_sibling_device_never_gets_another_devices_peak() -> None:
         device("AMD Radeon PRO W7900", "gfx1100", 96),
     ):
         assert peak_for(unknown, plan) is None and peaks_by_math(unknown) == {}, unknown.name
-    # no FP8 precision runs on this plugin, so no FP8 plan gets a bf16 figure either
+    # an FP8 plan before its linears are converted has no share to weigh by: no figure, never the bf16 one
     assert (
         peak_for(device("AMD Instinct MI300X", "gfx942", 304), standard_plan("fp8-tensorwise", "ieee-fp32"))
         is None
