@@ -363,7 +363,8 @@ def test_tracing_gpt2_xl_costs_seconds_and_no_memory(capsys: pytest.CaptureFixtu
 # --------------------------------------------------------------------------------------------------------------
 
 EXECUTOR_RUN = [*MEASURED_RUN, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2"]
-# the issue's target for the tensor peak; the estimate measured here: tp -0.3%, pp -2.9%, Lightning +2.1%
+# the issue's target for the tensor peak; the estimate measured here: tp -0.3%, pp -2.9%, Lightning +2.1% (DDP +1.9%),
+# ZeRO-1/2/3 over two ranks +2.3%, +2.3%, +2.0% without DeepSpeed's 2 GB bucket
 ESTIMATE_TOLERANCE = 0.05
 # Ranks that hold the same tensors can still differ by one activation: gloo's work object keeps a collective's input
 # (a (batch, block, embd) float32 activation under tp) alive until its own thread lets go of it, which a busy host
@@ -532,7 +533,84 @@ def test_deepspeed_measures_its_peak_and_says_what_the_tracker_sees_of_zero(
     predicted = estimate_json([*MEASURED_RUN, "--strategy", "deepspeed-zero2"], capsys)
     tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
     assert peak.peak_bytes == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
-    # without the bucket: within 25% (measured -18%): the estimate counts the gradients and their fp32 partition
-    # beside the bucket, while this step held them inside it (contiguous_gradients)
+    # without the bucket, too (measured +1.9%; -18% when the estimate held the gradients and their fp32 partition
+    # beside the bucket all step: ZeRO-2 makes them in backward, into the bucket, and drops them after the step)
     bucket = DS_REDUCE_BUCKET * 4
-    assert peak.peak_bytes - bucket == pytest.approx(tensors - bucket, rel=0.25)
+    assert peak.peak_bytes - bucket == pytest.approx(tensors - bucket, rel=ESTIMATE_TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed")
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_zero_ranks_measure_the_peak_the_estimate_predicts(
+    stage: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ZeRO-1, -2 and -3 over two gloo processes: rank 0 within 5% of the estimate, with and without the 2 GB
+    gradient bucket (which alone would make any estimate that counts it agree), and the kinds each rank holds.
+
+    The peak is early in backward: the activations and the loss's gradients beside the state and the bucket, and
+    no gradient outside the bucket: ZeRO-1/2 drop theirs after each step and make them again as backward frees
+    the activations (the estimate holds the larger of the two, measured +2.3%; holding both, as it did, was
+    +20% for ZeRO-1 and +14% for ZeRO-2). ZeRO-3 keeps every tensor of this model whole (each is under its
+    persistence threshold) and, beside them, every parameter's partition and a gradient partition buffer, all
+    held all step; its fp32 copy of that buffer exists only in the optimizer step (+2.0%)."""
+    from accelbench.estimate.stack import DS_REDUCE_BUCKET
+
+    layout = ["--strategy", f"deepspeed-zero{stage}", "--devices", "2"]
+    record = run_record(layout, tmp_path)
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    peak = record.metrics.tensor_peak
+    assert len(peak.ranks) == 2 and all(peak.ranks) and alike(peak.ranks[0], peak.ranks[1])
+    assert sum(peak.by_kind.values()) == peak.peak_bytes
+    predicted = estimate_json([*MEASURED_RUN, *layout], capsys)
+    memory = predicted["memory"]
+    tensors = predicted["peak_memory_bytes"] - memory["runtime_bytes"]
+    assert predicted["peak_phase"] == "backward"
+    assert peak.ranks[0] == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+    bucket = DS_REDUCE_BUCKET * 4  # fp32: ZeRO-2/3's 16-bit bucket is the model's 4-byte type here
+    assert memory["buffer_bytes"] == bucket
+    assert peak.ranks[0] - bucket == pytest.approx(tensors - bucket, rel=ESTIMATE_TOLERANCE)
+
+    kinds = peak.by_kind
+    # the bucket, whole: the gradients are views into it under ZeRO-2/3; ZeRO-1 first touches it in backward
+    assert kinds["gradients" if stage > 1 else "temporaries"] >= bucket
+    # each rank's half of AdamW's moments (and the step counter)
+    assert kinds["optimizer"] == pytest.approx(memory["optimizer_bytes"], rel=0.01)
+    whole = estimate_json(MEASURED_RUN, capsys)["memory"]["weights_bytes"]
+    assert kinds["parameters"] == whole  # the model, whole on each rank (ZeRO-3: every tensor is persistent)
+    # ZeRO's own tensors: each rank's fp32 master partition (half the model), and under ZeRO-3 every parameter's
+    # partition and the gradient partition buffer; beside them the batch (2 KiB)
+    assert memory["master_weights_bytes"] == whole / 2
+    own = memory["master_weights_bytes"]
+    if stage == 3:
+        own += memory["weights_bytes"] - whole + memory["gradients_bytes"]
+    assert kinds["other"] == pytest.approx(own, rel=0.02)
+
+
+@pytest.mark.slow
+def test_lightning_ddp_ranks_measure_the_peak_the_estimate_predicts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning's DDP strategy over two gloo processes. It keeps torch's gradient_as_bucket_view off, so its
+    buckets are a second copy of the gradients, held all step, while the gradients themselves are freed each step
+    (set_to_none) and made as backward frees the activations; the estimate of an --engine lightning run assumes
+    that stack. Rank 0 within 5% (measured +1.9%), the buckets among the temporaries (the tracker counts them from
+    the first operator that touches them, at the start of backward), no gradient made yet at the peak."""
+    layout = ["--engine", "lightning", "--strategy", "ddp", "--devices", "2"]
+    record = run_record(layout, tmp_path)
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.metrics is not None and record.metrics.tensor_peak is not None
+    peak = record.metrics.tensor_peak
+    assert len(peak.ranks) == 2 and all(peak.ranks) and alike(peak.ranks[0], peak.ranks[1])
+    predicted = estimate_json([*MEASURED_RUN, *layout], capsys)
+    memory = predicted["memory"]
+    assert predicted["stack"]["ddp_bucket_view"] is False
+    assert memory["buffer_bytes"] == memory["gradients_bytes"] == memory["weights_bytes"]
+    tensors = predicted["peak_memory_bytes"] - memory["runtime_bytes"]
+    assert peak.ranks[0] == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+    kinds = peak.by_kind
+    assert kinds["parameters"] == memory["weights_bytes"]  # replicated
+    assert kinds["optimizer"] == pytest.approx(memory["optimizer_bytes"], rel=0.01)
+    assert kinds["temporaries"] >= memory["buffer_bytes"]
+    assert kinds.get("gradients", 0) < memory["gradients_bytes"] / 10

@@ -128,9 +128,8 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     stack.add_argument(
         "--ddp-bucket-view",
         choices=("on", "off"),
-        default="on",
-        help="DDP's gradient_as_bucket_view; off: the buckets are a second copy of the gradients (default: on, "
-        "as accelbench runs DDP)",
+        help="DDP's gradient_as_bucket_view; off: the buckets are a second copy of the gradients (default: as the "
+        "run does: on for accelbench's DDP, off under --engine lightning, whose DDP strategy keeps torch's default)",
     )
     stack.add_argument(
         "--ds-reduce-bucket",

@@ -44,7 +44,7 @@ from accelbench.estimate.schema import (
     ScalingPrediction,
 )
 from accelbench.estimate.shape import MODEL_PARALLEL, STRATEGIES, RunShape, model_ranks
-from accelbench.estimate.stack import Stack
+from accelbench.estimate.stack import Stack, run_stack
 from accelbench.estimate.state import state_bytes
 from accelbench.estimate.step_time import (
     Overlap,
@@ -283,7 +283,7 @@ def predict(
         efficiency=efficiency,
         overlap=overlap,
         runtime_bytes=runtime_bytes,
-        stack=stack,
+        stack=stack or run_stack(config.engine),
         calibration=calibration,
         operators=operators,
     )

@@ -67,9 +67,9 @@ class MemoryBreakdown(_Model):
 
     gradients_freed_each_step: bool = Field(
         default=False,
-        description="True where the optimizer frees the gradients after each step (zero_grad(set_to_none=True) "
-        "without DDP's or DeepSpeed's persistent buffers): they are then allocated during backward as the "
-        "activations are freed, and the peak holds the larger of the two, not both.",
+        description="True where no gradient is held between steps (zero_grad(set_to_none=True) where they are "
+        "not views into DDP's buckets; DeepSpeed ZeRO-1/2, which drop them after the step): they are then "
+        "allocated during backward as the activations are freed, and the peak holds the larger of the two, not both.",
     )
 
     def phases(self) -> dict[str, float] | None:

@@ -50,7 +50,8 @@ class Stack(BaseModel):
     ddp_bucket_view: bool = Field(
         default=True,
         description="DDP's gradient_as_bucket_view: the gradients are views into the buckets (accelbench's "
-        "setting); off, the buckets are a second copy of the gradients.",
+        "native DDP); off, the buckets are a second copy of the gradients (torch's default, which Lightning's DDP "
+        "strategy keeps: :func:`run_stack` of ``--engine lightning``).",
     )
     ds_reduce_bucket: int = Field(default=DS_REDUCE_BUCKET, ge=1, le=MAX_BUCKET_ELEMENTS)
     ds_allgather_bucket: int = Field(default=DS_ALLGATHER_BUCKET, ge=1, le=MAX_BUCKET_ELEMENTS)
@@ -97,6 +98,12 @@ class Stack(BaseModel):
         }
 
 
+def run_stack(engine: str) -> Stack:
+    """The stack ``accelbench run`` uses under ``engine``: its own DDP wraps with gradient_as_bucket_view on;
+    Lightning's DDP strategy (``--engine lightning``) passes torch's default, off."""
+    return Stack(ddp_bucket_view=engine != "lightning")
+
+
 def dropout_mask_bytes(device_type: str, activation_width: int) -> int:
     """Bytes a dropout mask keeps per element: 1 where torch's fused dropout runs (a bool mask), else the noise
     tensor in the activation's type."""
@@ -107,14 +114,16 @@ def stack_from_flags(
     *,
     attention: str = "auto",
     optimizer: str | None = None,
-    ddp_bucket_view: str = "on",
+    ddp_bucket_view: str | None = None,
     ds_reduce_bucket: int | None = None,
     ds_allgather_bucket: int | None = None,
     ds_prefetch_bucket: int | None = None,
     fsdp_param_dtype: str | None = None,
     activation_checkpointing: str = "off",
+    engine: str = "native",
 ) -> Stack:
-    """The :class:`Stack` ``estimate``'s flags describe; a ConfigError naming the flag for a value out of range."""
+    """The :class:`Stack` ``estimate``'s flags describe, the run's own (:func:`run_stack` of ``engine``) where a
+    flag is not given; a ConfigError naming the flag for a value out of range."""
     buckets = {
         "--ds-reduce-bucket": (ds_reduce_bucket, DS_REDUCE_BUCKET, 1),
         "--ds-allgather-bucket": (ds_allgather_bucket, DS_ALLGATHER_BUCKET, 1),
@@ -129,10 +138,11 @@ def stack_from_flags(
                 f"(DeepSpeed's default: {default:,})"
             )
         values[flag[2:].replace("-", "_")] = value
+    bucket_view = run_stack(engine).ddp_bucket_view if ddp_bucket_view is None else ddp_bucket_view == "on"
     return Stack(
         attention=attention,  # type: ignore[arg-type]  # argparse's choices hold the literals
         optimizer=optimizer,  # type: ignore[arg-type]
-        ddp_bucket_view=ddp_bucket_view == "on",
+        ddp_bucket_view=bucket_view,
         fsdp_param_dtype=fsdp_param_dtype,  # type: ignore[arg-type]
         activation_checkpointing=activation_checkpointing == "on",
         **values,

@@ -91,11 +91,13 @@ def data_parallel_breakdown(
             optimizer_transient_bytes=optimizer_temporaries(
                 facts, state, stack, device_type, notes, shards=1
             ),
-            gradients_freed_each_step=strategy == Strategy.SINGLE,
+            gradients_freed_each_step=strategy == Strategy.SINGLE or separate_buckets,
         )
         if separate_buckets:
             notes.assume(
-                "DDP without gradient_as_bucket_view: its buckets are a second copy of the gradients, held throughout"
+                "DDP without gradient_as_bucket_view: its buckets are a second copy of the gradients, held "
+                "throughout, while the gradients themselves are freed each step (zero_grad(set_to_none=True)) and "
+                "made as backward frees the activations"
             )
         if strategy == Strategy.DDP and p > 1:
             message = min(grad_total, DDP_BUCKET_BYTES)
@@ -177,9 +179,8 @@ def data_parallel_breakdown(
         memory = memory.model_copy(
             update={
                 "backward_transient_bytes": start_of_backward,
-                "optimizer_transient_bytes": optimizer_temporaries(
-                    facts, state, stack, device_type, notes, shards=p
-                ),
+                "optimizer_transient_bytes": memory.optimizer_transient_bytes
+                + optimizer_temporaries(facts, state, stack, device_type, notes, shards=p),
             }
         )
     if p > 1:
@@ -228,13 +229,17 @@ def zero_breakdown(
 ) -> tuple[MemoryBreakdown, list[CommOp]]:
     """DeepSpeed ZeRO stages 1-3 as DeepSpeed 0.19.8 runs them with accelbench's config (its defaults).
 
-    Memory: the 16-bit (or fp32) model, an fp32 master partition and fp32 moments of 1/p of the parameters, the
-    gradients (whole for ZeRO-1, the partition from ZeRO-2 on) and an fp32 gradient partition for the step, and
+    Memory: the 16-bit (or fp32) model, an fp32 master partition and fp32 moments of 1/p of the parameters, and
     the contiguous gradient bucket of ``reduce_bucket_size`` elements, a tensor allocated whole (an accelerator's
     allocator takes it whole; a CPU's resident memory holds only as much as is written, but the prediction is of
-    tensors, which the run's tensor peak measures). ZeRO-3 keeps tensors under
-    ``stage3_param_persistence_threshold`` elements whole on every rank and fetches up to
-    ``stage3_prefetch_bucket_size`` elements ahead.
+    tensors, which the run's tensor peak measures). ZeRO-1/2 hold no gradients between steps (the step drops its
+    gradient partitions, the epilogue of backward releases the bucket): the gradients (whole for ZeRO-1, the
+    partition for ZeRO-2) and their fp32 partition are made as backward frees the activations, so the peak holds
+    the larger of the two (measured: no gradient outside the bucket at the peak, early in backward). ZeRO-3 holds
+    every parameter's partition (``ds_tensor``), over several ranks the tensors under
+    ``stage3_param_persistence_threshold`` elements whole beside it and up to ``stage3_prefetch_bucket_size``
+    elements fetched ahead (on one rank a parameter is a view of its partition: nothing is gathered), and a
+    gradient partition buffer allocated once, which its optimizer step flattens into an fp32 copy.
     Communication: ZeRO-1 and ZeRO-2 all-reduce the gradient bucket (``use_multi_rank_bucket_allreduce``, on by
     default, makes the per-partition reduces one all-reduce) and all-gather the updated partitions; ZeRO-3
     all-gathers the parameters in forward and again in backward and reduce-scatters the gradients (seed 001).
@@ -259,18 +264,34 @@ def zero_breakdown(
     fp32_grad_partition = 4 * n / p
     persistent = sum(t for t in facts.tensor_sizes if t < DS_PERSISTENCE_THRESHOLD) if stage == 3 else 0
     partitioned = n - persistent
+    step_copy = 0.0
     if stage == 3:
-        weights = partitioned * state.param / p + persistent * state.param
-        gradients = n * state.grad / p + fp32_grad_partition
-        gathered = float(min(partitioned, prefetch_bucket + max(facts.tensor_sizes or (0,))) * state.param)
-        if persistent:
+        # every parameter's partition (ds_tensor, persistent ones' too) and, over several ranks, the persistent
+        # tensors whole beside it; on one rank a parameter is a view of its partition, gathered or not
+        several = p > 1
+        weights = n * state.param / p + (persistent * state.param if several else 0)
+        # the gradient partition buffer, allocated once and held; the step flattens it into an fp32 copy
+        gradients = n * state.grad / p
+        step_copy = fp32_grad_partition
+        fetched = min(partitioned, prefetch_bucket + max(facts.tensor_sizes or (0,)))
+        gathered = float(fetched * state.param if several else 0)
+        if persistent and several:
             notes.assume(
-                f"ZeRO-3 keeps {persistent:,} parameters (tensors under 1e5 elements) whole on every rank"
+                f"ZeRO-3 keeps {persistent:,} parameters (tensors under 1e5 elements) whole on every rank, beside "
+                "every parameter's partition"
             )
+        notes.assume(
+            "ZeRO-3 holds its gradient partition buffer all step; the optimizer step adds its fp32 flat copy"
+        )
     else:
         weights = float(n * state.param)
         gradients = (n * state.grad if stage == 1 else n * state.grad / p) + fp32_grad_partition
         gathered = 0.0
+        notes.assume(
+            f"ZeRO-{stage} (contiguous_gradients, DeepSpeed's default) holds no gradients between steps: they are "
+            "made in backward as the activations are freed (the bucket holds them) and dropped after the step, so "
+            "the peak holds the larger of them and the activations"
+        )
     memory = MemoryBreakdown(
         weights_bytes=weights,
         master_weights_bytes=state.master * n / p,
@@ -279,6 +300,8 @@ def zero_breakdown(
         activations_bytes=activations,
         transient_bytes=gathered,
         buffer_bytes=bucket,
+        optimizer_transient_bytes=step_copy,
+        gradients_freed_each_step=stage != 3,
     )
     notes.cite(
         f"memory: ZeRO-{stage} (Rajbhandari et al. 2019) as DeepSpeed 0.19.8 runs it: fp32 master partition and "
