@@ -19,7 +19,7 @@ from accelbench.engine.executor import TorchExecutor
 from accelbench.engine.runner import run
 from accelbench.errors import ConfigError
 from accelbench.plugins import get_host
-from accelbench.references import RECIPE, REFERENCE_DIR, SEEDS, WORKLOADS, Reference
+from accelbench.references import RECIPE, REFERENCE_DIR, SEEDS, WORKLOADS, Reference, data_parallel
 from accelbench.references import load as load_references
 from accelbench.results import QualityRecord, ResultRecord, read_record
 from accelbench.testing import tiny_config
@@ -105,11 +105,14 @@ def test_validation_is_timed_apart_from_the_epochs(tmp_path: Path) -> None:
 def test_validation_leaves_training_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With dropout, the gradient probe draws random numbers: torch's generators are restored after it, so the
     training losses are the same, bit for bit, as those of a run with validation off and an executor that cannot
-    probe its gradients (as DeepSpeed's)."""
+    probe its gradients (as a plugin's may be), which says so."""
     on = train(tmp_path / "on", epochs=3, dropout=0.1)
     monkeypatch.setattr(TorchExecutor, "gradient_norm", lambda self, inputs, targets: None)
     off = train(tmp_path / "off", epochs=3, dropout=0.1, eval_batches=0)
     assert off.quality is not None and all(q.grad_norm is None for q in off.quality.epochs)
+    assert "no gradient norm: this executor (TorchExecutor) cannot probe its gradients" in (
+        off.quality.validation or ""
+    )
     assert on.metrics is not None and off.metrics is not None
     assert [e.loss for e in on.metrics.epochs] == [e.loss for e in off.metrics.epochs]
 
@@ -361,6 +364,18 @@ def test_the_shipped_references_say_how_they_were_made() -> None:
             assert losses == sorted(losses, reverse=True)  # held-out loss falls every epoch at this recipe
 
 
+@pytest.mark.parametrize(
+    ("mesh", "world", "replicas"),
+    [(None, 2, 2), ("tp=2", 2, 1), ("pp=2", 2, 1), ("dp=2,tp=2", 4, 2), ("ep=2", 2, 2), ("ddp=2,ep=2", 4, 4)],
+)
+def test_the_global_batch_counts_every_rank_that_trains_its_own_batch(
+    mesh: str | None, world: int, replicas: int
+) -> None:
+    """Tensor and pipeline ranks share a batch; data- and expert-parallel ranks each train their own (an ep run's
+    tokens go to the experts' ranks and back), so an ep=2 run of 8 samples a rank is the reference's batch of 16."""
+    assert data_parallel({"mesh": mesh}, world) == replicas
+
+
 def test_a_flat_reference_names_no_targets() -> None:
     with pytest.raises(ConfigError, match="the reference of mobilenet-v3-small does not fall"):
         resolved({"workload": "mobilenet-v3-small", "target": "ref-epoch1"})
@@ -441,19 +456,28 @@ def test_two_gloo_ranks_stop_together_when_the_loss_is_not_finite(tmp_path: Path
         ("--strategy", "tp", "--devices", "2", "--model", "gpt-micro"),
         ("--strategy", "pp", "--devices", "2"),
         ("--strategy", "deepspeed-zero1", "--devices", "2", "--batch-size", "8"),
+        ("--strategy", "deepspeed-zero2", "--devices", "2", "--batch-size", "8"),
+        ("--strategy", "deepspeed-zero3", "--devices", "2", "--batch-size", "8"),
         ("--engine", "lightning"),
+        # moe-tiny at its recipe: each rank trains its own 8 samples and holds 2 of each layer's 4 experts
+        ("--workload", "moe", "--model", "moe-tiny", "--seq-len", "128", "--mesh", "ep=2", "--devices", "2",
+         "--batch-size", "8"),
     ],
-    ids=["bf16-mixed", "fp16-mixed", "ddp", "fsdp", "tp", "pp", "deepspeed-zero1", "lightning"],
-)
+    ids=["bf16-mixed", "fp16-mixed", "ddp", "fsdp", "tp", "pp", "deepspeed-zero1", "deepspeed-zero2",
+         "deepspeed-zero3", "lightning", "ep"],
+)  # fmt: skip
 def test_each_precision_and_strategy_trains_as_single_device_fp32(
     variant: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Parity: gpt-nano (gpt-micro for tp) at the reference recipe, in a mixed precision, data-, tensor- or pipeline-parallel over 2
-    gloo processes, under DeepSpeed or Lightning, lands after every epoch in the band the single-device fp32
-    reference gives (compare's trajectory test, docs/quality.md)."""
+    """Parity: gpt-nano (gpt-micro for tp, moe-tiny for ep) at the reference recipe, in a mixed precision, data-,
+    tensor-, pipeline- or expert-parallel over 2 gloo processes, under DeepSpeed ZeRO-1/2/3 or Lightning, lands
+    after every epoch in the band the single-device fp32 reference gives (compare's trajectory test,
+    docs/quality.md)."""
     for package in ("deepspeed", "lightning"):
         if any(package in arg for arg in variant) and importlib.util.find_spec(package) is None:
             pytest.skip(f"needs {package} (pip install 'accelbench[{package}]')")
+    if "moe" in variant and importlib.util.find_spec("tokenizers") is None:
+        pytest.skip("needs tokenizers (pip install 'accelbench[llama]')")
     recipe = ["--model", "gpt-nano", "--batch-size", "16", "--steps-per-epoch", "20", "--epochs", "4",
               "--threads", "1", "--seed", "7"]  # fmt: skip
     proc = accelbench("run", *recipe, *variant, "--output-dir", str(tmp_path), "-q", timeout=600)
@@ -607,27 +631,29 @@ def quality_of(folder: Path, *args: str) -> QualityRecord:
     return record.quality
 
 
+DDP2 = ("--strategy", "ddp", "--devices", "2", "--batch-size", "8")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("stack", "baseline", "probes"),
+    ("stack", "baseline"),
     [
-        (("--strategy", "tp", "--devices", "2", "--batch-size", "8"), ("--batch-size", "8"), True),
-        (("--strategy", "pp", "--devices", "2", "--batch-size", "8"), ("--batch-size", "8"), False),
-        (("--engine", "lightning", "--batch-size", "8"), ("--batch-size", "8"), False),
-        (
-            ("--strategy", "deepspeed-zero3", "--devices", "2", "--batch-size", "8"),
-            ("--strategy", "ddp", "--devices", "2", "--batch-size", "8"),
-            False,
-        ),
+        (("--strategy", "tp", "--devices", "2", "--batch-size", "8"), ("--batch-size", "8")),
+        (("--strategy", "pp", "--devices", "2", "--batch-size", "8"), ("--batch-size", "8")),
+        (("--engine", "lightning", "--batch-size", "8"), ("--batch-size", "8")),
+        (("--engine", "lightning", *DDP2), DDP2),
+        (("--strategy", "deepspeed-zero3", "--devices", "2", "--batch-size", "8"), DDP2),
     ],
-    ids=["tp", "pp", "lightning", "deepspeed-zero3"],
+    ids=["tp", "pp", "lightning", "lightning-ddp", "deepspeed-zero3"],
 )
-def test_every_stack_evaluates_as_its_plain_equivalent(
-    stack: tuple[str, ...], baseline: tuple[str, ...], probes: bool, tmp_path: Path
+def test_every_stack_evaluates_and_probes_as_its_plain_equivalent(
+    stack: tuple[str, ...], baseline: tuple[str, ...], tmp_path: Path
 ) -> None:
     """Tensor and pipeline parallelism over 2 gloo processes (one batch for both ranks) and Lightning evaluate the
-    held-out loss that one device does, epoch by epoch; DeepSpeed ZeRO-3 the one DDP does (the same 2 x 8 batches).
-    Tensor parallelism's gradient probe reads the norm one device reads; a stack that cannot probe says so."""
+    held-out loss that one device does, epoch by epoch, and probe the gradient norm it probes (the pipeline's over
+    both stages, the tied embedding's copy counted once); Lightning's DDP and DeepSpeed ZeRO-3 over 2 processes
+    those the core's DDP gives on the same 2 x 8 batches (the gradients averaged over the ranks, as one device
+    computes them for the 16 samples together)."""
     # found, not imported: the runs import them in their own processes (Lightning's import pulls in torchvision,
     # which accelbench loads its own way first)
     for package, extra in (("deepspeed", "deepspeed"), ("lightning", "lightning")):
@@ -636,15 +662,41 @@ def test_every_stack_evaluates_as_its_plain_equivalent(
     plain, tested = quality_of(tmp_path / "plain", *baseline), quality_of(tmp_path / "tested", *stack)
     assert [q.val_loss for q in tested.epochs] == pytest.approx([q.val_loss for q in plain.epochs], rel=1e-5)
     assert [q.val_samples for q in tested.epochs] == [q.val_samples for q in plain.epochs]
-    assert all(q.val_loss is not None for q in tested.epochs)
-    if probes:
-        assert [q.grad_norm for q in tested.epochs] == pytest.approx(
-            [q.grad_norm for q in plain.epochs], rel=1e-4
-        )
-    else:
-        assert all(q.grad_norm is None for q in tested.epochs)
-        assert "no gradient norm: this executor (" in (tested.validation or "")
-        assert "cannot probe its gradients" in (tested.validation or "")
+    assert all(q.val_loss is not None and q.grad_norm is not None for q in tested.epochs)
+    assert [q.grad_norm for q in tested.epochs] == pytest.approx(
+        [q.grad_norm for q in plain.epochs], rel=1e-4
+    )
+    assert "no gradient norm" not in (tested.validation or "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stack",
+    [
+        ("--strategy", "pp", "--devices", "2"),
+        ("--strategy", "deepspeed-zero2", "--devices", "2"),
+        ("--engine", "lightning"),
+    ],
+    ids=["pp", "deepspeed-zero2", "lightning"],
+)
+def test_an_exploding_gradient_ends_the_run_under_a_pipeline_deepspeed_and_lightning(
+    stack: tuple[str, ...], tmp_path: Path
+) -> None:
+    """The probed norm of the two-layer model is about 1.4: a --grad-norm-limit of 0.01 trips after the first
+    epoch, and the run ends as diverged (exit code 4), every rank alike."""
+    for package in ("deepspeed", "lightning"):
+        if any(package in arg for arg in stack) and importlib.util.find_spec(package) is None:
+            pytest.skip(f"needs {package} (pip install 'accelbench[{package}]')")
+    proc = accelbench(
+        "run", *SMALL, *stack, "--batch-size", "8", "--grad-norm-limit", "0.01", "--output-dir", str(tmp_path),
+        "-q", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    record = read_record(next(tmp_path.glob("*.json")))
+    assert record.outcome.status == "diverged" and record.metrics is not None
+    assert len(record.metrics.epochs) == 1
+    assert "the gradient norm exploded: " in (record.outcome.message or "")
+    assert "after epoch 1 (step 4), above --grad-norm-limit 0.01" in (record.outcome.message or "")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -91,14 +91,19 @@ class DeepSpeedExecutor(Executor):
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """The held-out loss through the engine (its ZeRO stage gathers the sharded parameters as in training) in
-        eval mode under ``torch.no_grad``, in DeepSpeed's precision; train mode restored after. No gradient probe:
-        the engine's gradients live in ZeRO's partitioned buffers, which only its own step reads and clears."""
+        eval mode under ``torch.no_grad``, in DeepSpeed's precision; train mode restored after."""
         self.engine.eval()
         try:
             with torch.no_grad():
                 return self.engine(inputs, targets).detach().float()
         finally:
             self.engine.train()
+
+    def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The global gradient norm of one forward and backward (:func:`engine_gradient_norm`); no optimizer step."""
+        norm = engine_gradient_norm(self.engine, inputs, targets)
+        self.request.backend.end_of_step(self.request.device)
+        return norm
 
     def effective_precision(self, requested: PrecisionPlan) -> PrecisionPlan:
         if requested.name == "fp32":
@@ -151,6 +156,37 @@ class DeepSpeedExecutor(Executor):
 
     def close(self) -> None:
         self.engine = None
+
+
+def engine_gradient_norm(engine: Any, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of the gradient a DeepSpeed ``engine``'s step would apply for this batch (before clipping), as
+    one device computes it for the ranks' batches together, without touching the engine's own gradients.
+
+    ZeRO keeps the gradients of ``engine.backward`` in partitioned, accumulating buffers that only its ``step`` reads
+    and clears, and its norm is computed inside that step: a probe through them would have to step or reach into
+    private state. Instead the probe runs the engine's module forward (its parameters in DeepSpeed's precision;
+    under ZeRO-3 its hooks gather each layer's parameters for the forward and again for the backward) and asks
+    ``torch.autograd.grad`` for the parameters' gradients, which leaves ``.grad``, ZeRO's reduction hooks (on
+    gradient accumulation) and its buffers untouched. Each gradient is averaged over the data-parallel ranks, as
+    ZeRO averages them, and the squares summed; every rank gets the same norm. No loss scaling: the norm is of the
+    true gradients. Under ZeRO-3 each gradient is whole on every rank until it is reduced, one at a time."""
+    import torch.distributed as dist
+
+    module = engine.module
+    params = [p for p in module.parameters() if p.requires_grad]
+    loss = module(inputs, targets)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    squares = torch.zeros((), device=loss.device, dtype=torch.float32)
+    for grad in grads:
+        if grad is None:
+            continue
+        grad = grad.float()
+        if world > 1:
+            dist.all_reduce(grad)
+            grad /= world
+        squares += grad.square().sum()
+    return squares.sqrt().detach()
 
 
 def _tensors_in(values: Any) -> list[torch.Tensor]:

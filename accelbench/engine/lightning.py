@@ -8,6 +8,7 @@ the native engine, so the difference between the two records is the framework's 
 from __future__ import annotations
 
 import importlib.util
+import math
 from contextlib import nullcontext
 from typing import Any
 
@@ -124,6 +125,33 @@ class LightningExecutor(Executor):
                 return self.model(inputs, targets).detach().float()
         finally:
             self.model.train()
+
+    def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """One forward through Fabric's wrapped model (its precision, its strategy's hooks: DDP all-reduces the
+        gradients during backward, so every rank's are the global batch's) and a backward with no loss scaling (the
+        norm is of the true gradients), the total L2 norm with an infinite limit (nothing clipped: FSDP's own
+        ``clip_grad_norm_`` over its shards, else the backend's), and the gradients cleared; the optimizer never
+        sees them (Fabric's ``clip_gradients`` is not used: under fp16 it would unscale the optimizer's gradients for
+        a step that never comes). The DeepSpeed strategies probe their engine as the native DeepSpeed executor
+        does (:func:`accelbench.engine.deepspeed.engine_gradient_norm`)."""
+        request = self.request
+        # what Fabric's strategy made of the model: a DDP or FSDP module, a DeepSpeed engine, or the model itself
+        wrapped = getattr(self.model, "_forward_module", self.model)
+        if request.strategy in ZERO_STRATEGIES:
+            from accelbench.engine.deepspeed import engine_gradient_norm
+
+            norm = engine_gradient_norm(wrapped, inputs, targets)
+            request.backend.end_of_step(request.device)
+            return norm
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model(inputs, targets).backward()
+        request.backend.after_backward(request.device)
+        own = getattr(wrapped, "clip_grad_norm_", None)  # FSDP's: the norm over every rank's shards
+        parameters = self.model.parameters()
+        norm = own(math.inf) if own is not None else request.backend.clip_grad_norm(parameters, math.inf)
+        self.optimizer.zero_grad(set_to_none=True)
+        request.backend.end_of_step(request.device)
+        return norm.detach().float()
 
     def describe(self) -> dict[str, Any]:
         import lightning

@@ -11,7 +11,8 @@ comparison. After every timed epoch (its timer stopped, its trackers stopped), o
    recorded apart (``quality.epochs[].eval_s``) and is never part of an epoch's time or throughput.
 3. **Gradient norm**: one forward and backward of the first held-out batch (:meth:`Executor.gradient_norm`: as a
    training step computes gradients, with every hook and the run's autocast, but no optimizer step), its total L2
-   norm read by ``clip_grad_norm_`` with an infinite limit. Measured outside the timed epoch, so it costs the timing
+   norm read by ``clip_grad_norm_`` with an infinite limit, or as the strategy reduces it (a pipeline's stages, ZeRO's
+   ranks, expert shards: docs/quality.md). Measured outside the timed epoch, so it costs the timing
    nothing, and through the same model and hooks as training, so a backend or precision that corrupts gradients
    shows in it. An explosion is a norm that is not finite or above ``--grad-norm-limit``.
 4. **Loss not decreasing** (``--stall-epochs K``, off by default: synthetic data with random labels has nothing to

@@ -1,7 +1,7 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
 For each workload of :data:`WORKLOADS` (gpt-nano and gpt-micro, llama-tiny, bert-tiny, mobilenet-v3-small at 32
-pixels) at one fixed recipe (:data:`RECIPE`: fp32, one device, generated data, batch 16, 4 epochs of 20 steps, 4
+pixels, moe-tiny) at one fixed recipe (:data:`RECIPE`: fp32, one device, generated data, batch 16, 4 epochs of 20 steps, 4
 held-out batches, plus the workload's options in :data:`WORKLOADS`) and :data:`SEEDS`, the held-out loss after
 every epoch, shipped as ``<workload>.json`` with how it was made (accelbench and torch versions, host, date, the
 command). ``compare`` tests a run of the same recipe, whatever its precision, strategy or backend, against it
@@ -16,7 +16,7 @@ seeds of a run are tested together by Welch's t-test (:meth:`Reference.seeds_tes
 differently from single-device fp32 and is marked so beside its speed. The same intervals give the named targets
 (``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those): about 13
+Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those): about 16
 minutes on a shared 2-core VM, each run on one thread.
 """
 
@@ -55,6 +55,7 @@ WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "llama": (("llama-tiny",), {"seq_len": 128}),
     "bert": (("bert-tiny",), {"seq_len": 128}),
     "mobilenet-v3-small": (("mobilenet-v3-small",), {"image_size": 32, "num_classes": 8, "data_workers": 0}),
+    "moe": (("moe-tiny",), {"seq_len": 128}),
 }
 MODELS = tuple(model for models, _ in WORKLOADS.values() for model in models)
 UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
@@ -251,7 +252,8 @@ def reference_for(
 
 def data_parallel(config: dict[str, Any], world_size: int) -> int:
     """The replicas that each train on their own batch: every rank, less those a tensor or pipeline axis of the
-    run's mesh gives the same batch (the global batch is the per-device batch times this)."""
+    run's mesh gives the same batch (the global batch is the per-device batch times this). The expert axis is
+    data-parallel here: each of its ranks trains its own batch and sends the tokens to the experts' ranks."""
     from accelbench.parallel_dims import generic_axis, parse_mesh
 
     mesh = config.get("mesh")
@@ -259,6 +261,6 @@ def data_parallel(config: dict[str, Any], world_size: int) -> int:
         return world_size
     split = 1
     for axis, size in parse_mesh(str(mesh)).items():
-        if generic_axis(axis) != "dp":
+        if generic_axis(axis) not in ("dp", "ep"):
             split *= size
     return max(1, world_size // split)

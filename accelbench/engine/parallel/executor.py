@@ -235,18 +235,23 @@ class ParallelExecutor(Executor):
             dist.broadcast(loss, src=self._loss_source, group=self._pp_group)
         return loss
 
-    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, timed: bool = True) -> torch.Tensor:
+        """One forward and backward of the batch through the schedule, each gradient the mean over microbatches;
+        the mean loss on the last stage (zeros elsewhere). ``timed``: a training step, which the stage clock
+        counts; the gradient probe's step is not."""
         schedule, microbatches = self._schedule_for(inputs.shape[0])
         assert self.clock is not None
         losses: list[torch.Tensor] = []
         holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
-        self.clock.begin_step()
+        if timed:
+            self.clock.begin_step()
         with self._autocast:
             schedule.step(
                 *((inputs,) if holds_first else ()),
                 **({"target": targets, "losses": losses} if holds_last else {}),
             )
-        self.clock.end_step()
+        if timed:
+            self.clock.end_step()
         seen: set[int] = set()
         for module in self.modules:  # the mean over microbatches, each parameter once
             for param in module.parameters():
@@ -332,17 +337,22 @@ class ParallelExecutor(Executor):
         return loss
 
     def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
-        """Tensor parallelism (no pipeline): one forward and backward as a training step makes them, the total L2
-        norm of the gradients over every shard (:meth:`_total_norm`, what clipping reads), and the gradients
-        cleared; the optimizer never sees them. A pipeline's probe would be a whole schedule step: None (the
-        record then has no gradient norm)."""
-        if self.pipelined:
-            return None
+        """One forward and backward as a training step makes them, the total L2 norm of the gradients over the
+        whole model (:meth:`_total_norm`, what clipping reads: tensor-parallel shards reduced over their mesh, the
+        pipeline's stages summed over the pp group, an untied copy of a tied parameter counted once), and the
+        gradients cleared; the optimizer never sees them. A pipeline runs one step of its training schedule on the
+        batch (gradients the mean over microbatches, tied copies' gradients summed, as in training), which the stage
+        clock does not count."""
         self.optimizer.zero_grad(set_to_none=True)
-        with self._autocast:
-            loss = self.modules[0](inputs, targets)
-        loss.backward()
+        if self.pipelined:
+            self._pipeline_step(inputs, targets, timed=False)
+        else:
+            with self._autocast:
+                loss = self.modules[0](inputs, targets)
+            loss.backward()
         self.backend.after_backward(self.device)
+        for pair in self._tied:
+            pair.sum_gradients()
         norm = self._total_norm()[0]
         self.optimizer.zero_grad(set_to_none=True)
         self.backend.end_of_step(self.device)
