@@ -25,7 +25,16 @@ from accelbench.workloads.moe import FLOPS_FORMULA, MODEL_SIZES, MoEShape, routi
 
 pytest.importorskip("tokenizers")
 
-from accelbench.workloads.moe.model import MoE, MoEConfig, MoEFeedForward, swiglu  # noqa: E402
+from accelbench.workloads.moe import experts_kernel_ran  # noqa: E402
+from accelbench.workloads.moe.model import (  # noqa: E402
+    GroupedExperts,
+    MoE,
+    MoEConfig,
+    MoEFeedForward,
+    grouped_mm_support,
+    padded_groups,
+    swiglu,
+)
 
 VOCAB = 512
 TEXT_BYTES = 200_000
@@ -157,13 +166,14 @@ def test_the_published_shapes_have_their_published_parameter_counts(
 
 def test_the_model_has_the_shapes_parameters_and_flops_count_active_parameters_as_torch_does() -> None:
     """6*N_active + 12*L*q*s per token: torch's counter (every matmul that ran, the routed experts on the rows
-    routed to them) times 3, within the norms' weights (in N, not matmuls)."""
+    routed to them) times 3, within the norms' weights (in N, not matmuls). The loop kernel: torch 2.13's counter
+    has no formula for torch._grouped_mm (it would count no expert's matmul)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     shape = MoEShape(2, 64, 4, 2, 96, 4, 2, 1, 500, 128, 10_000.0)
     seq_len, batch = 128, 2
-    model = MoE(tiny_config(dim=64, ffn_dim=96, vocab_size=500, seq_len=seq_len))
+    model = MoE(tiny_config(dim=64, ffn_dim=96, vocab_size=500, seq_len=seq_len, experts_kernel="loop"))
     assert model.num_parameters() == shape.parameters(500)
     tokens = torch.randint(0, 500, (batch, seq_len))
     counter = FlopCounterMode(display=False)
@@ -171,6 +181,137 @@ def test_the_model_has_the_shapes_parameters_and_flops_count_active_parameters_a
         model(tokens, tokens)
     per_token = 3 * counter.get_total_flops() / (batch * seq_len)
     assert shape.flops_per_token(500, seq_len) == pytest.approx(per_token, rel=0.002)
+
+
+def test_padded_groups_pad_each_expert_to_the_alignment_without_moving_the_order() -> None:
+    """Counts 3, 0, 5, 2 padded to 4 rows: groups at 0-3, (empty), 4-11, 12-15; offsets are the padded ends."""
+    positions, offs, length = padded_groups(torch.tensor([3, 0, 5, 2]), 10, 4)
+    assert positions.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 12, 13]
+    assert offs.dtype == torch.int32 and offs.tolist() == [4, 4, 12, 16]
+    assert length == 10 + 4 * 3  # the worst case, known without reading the counts
+    positions, offs, length = padded_groups(torch.tensor([0, 0, 0]), 0, 8)
+    assert positions.tolist() == [] and offs.tolist() == [0, 0, 0] and length == 21
+
+
+def test_where_the_grouped_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch._grouped_mm's rules: CUDA sm90+ in bf16; CPU in fp32/bf16/fp16; rows of a multiple of 16 bytes."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert grouped_mm_support(cpu, torch.float32, (32, 48)) is None
+    assert grouped_mm_support(cpu, torch.bfloat16, (32, 48)) is None
+    assert "not torch.float64" in str(grouped_mm_support(cpu, torch.float64, (32, 48)))
+    assert grouped_mm_support(cpu, torch.float32, (32, 50)) == (
+        "torch._grouped_mm needs rows of a multiple of 16 bytes: width 50 is not a multiple of 4 torch.float32 "
+        "elements"
+    )
+    assert "multiple of 8 torch.bfloat16" in str(grouped_mm_support(cpu, torch.bfloat16, (36, 48)))
+    assert "device type 'xpu'" in str(grouped_mm_support(torch.device("xpu"), torch.bfloat16, (32, 48)))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "compute capability 9.0 or above, the device has 8.0" in str(
+        grouped_mm_support(cuda, torch.bfloat16, (32, 48))
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert grouped_mm_support(cuda, torch.bfloat16, (4096, 14336)) is None
+    assert "bfloat16 only, not torch.float32" in str(grouped_mm_support(cuda, torch.float32, (4096, 14336)))
+    monkeypatch.setattr(torch.version, "hip", "7.0")
+    assert "ROCm" in str(grouped_mm_support(cuda, torch.bfloat16, (4096, 14336)))
+
+
+def expert_pair(dtype: torch.dtype, experts: int = 4) -> tuple[GroupedExperts, GroupedExperts]:
+    torch.manual_seed(0)
+    grouped = GroupedExperts(experts, 32, 48, "grouped")
+    for w in grouped.parameters():
+        torch.nn.init.normal_(w, std=0.2)
+    grouped = grouped.to(dtype)
+    loop = GroupedExperts(experts, 32, 48, "loop").to(dtype)
+    loop.load_state_dict(grouped.state_dict())
+    return grouped, loop
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("counts", [[5, 0, 9, 2], [0, 0, 0, 0], [0, 7, 0, 0]], ids=["uneven", "none", "one"])
+def test_the_grouped_kernel_equals_the_loop_in_output_and_every_gradient(
+    dtype: torch.dtype, tol: float, counts: list[int]
+) -> None:
+    """Uneven groups (an expert with no rows; no rows at all): the same rows out, the same gradient of the rows
+    and of each expert's three weights, under a loss whose gradient is not all ones."""
+    grouped, loop = expert_pair(dtype)
+    rows = torch.randn(sum(counts), 32, dtype=dtype)
+    weights = torch.randn(sum(counts), 32, dtype=dtype)
+    results = []
+    for experts in (grouped, loop):
+        x = rows.clone().requires_grad_()
+        out = experts(x, torch.tensor(counts))
+        (out * weights).sum().backward()
+        results.append((out.detach(), x.grad, *(p.grad for p in experts.parameters())))
+    assert (grouped.ran, loop.ran) == ("grouped", "loop")
+    for a, b in zip(*results, strict=True):
+        assert a is not None and b is not None
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_the_grouped_kernel_runs_an_expert_parallel_slice_and_casts_as_autocast_does() -> None:
+    """A rank's slice of the experts (shard_experts' clone of a slice) runs grouped on its own counts; under CPU
+    autocast both kernels compute in bf16 from fp32 weights."""
+    torch.manual_seed(0)
+    layer = MoEFeedForward(tiny_config(n_experts=4, experts_kernel="grouped"))
+    for w in layer.experts.parameters():
+        torch.nn.init.normal_(w, std=0.2)
+    whole = [p.detach().clone() for p in layer.experts.parameters()]
+    layer.shard_experts(None, 1, 2)  # experts 2 and 3; no exchange is run here
+    rows, counts = torch.randn(7, 32), torch.tensor([4, 3])
+    expected = torch.cat(
+        [
+            swiglu(r, whole[0][e], whole[1][e], whole[2][e])
+            for r, e in zip(rows.split([4, 3]), (2, 3), strict=True)
+        ]
+    )
+    torch.testing.assert_close(layer.experts(rows, counts), expected)
+    grouped, loop = expert_pair(torch.float32)
+    rows, counts = torch.randn(11, 32), torch.tensor([3, 0, 6, 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = grouped(rows, counts), loop(rows, counts)
+    assert a.dtype == b.dtype == torch.bfloat16
+    torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_grouped_is_refused_where_it_cannot_run_and_auto_falls_back_to_the_loop() -> None:
+    rows, counts = torch.randn(5, 32, dtype=torch.float64), torch.tensor([2, 3])
+    with pytest.raises(ConfigError, match=r"--experts-kernel grouped cannot run here: torch._grouped_mm on CPU "
+                       r"computes in float32, bfloat16 or float16, not torch.float64; use --experts-kernel auto"):  # fmt: skip
+        GroupedExperts(2, 32, 48, "grouped").double()(rows, counts)
+    model = MoE(tiny_config(ffn_dim=50))  # 50 fp32 elements: 200 bytes, not a multiple of 16
+    assert experts_kernel_ran(model) == {"experts_kernel": None, "experts_kernel_not_grouped": None}
+    model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
+    assert experts_kernel_ran(model) == {
+        "experts_kernel": "loop",
+        "experts_kernel_not_grouped": "torch._grouped_mm needs rows of a multiple of 16 bytes: width 50 is not a "
+        "multiple of 4 torch.float32 elements",
+    }
+    model = MoE(tiny_config())
+    model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
+    assert experts_kernel_ran(model) == {"experts_kernel": "grouped", "experts_kernel_not_grouped": None}
+
+
+def test_the_model_trains_the_same_with_either_kernel() -> None:
+    """Two AdamW steps of the whole model (router, shared expert, balance loss): the same losses and weights."""
+    results = []
+    for kernel in ("grouped", "loop"):
+        torch.manual_seed(0)
+        model = MoE(tiny_config(experts_kernel=kernel))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        tokens = torch.randint(0, 97, (4, 16), generator=torch.Generator().manual_seed(1))
+        losses = []
+        for _ in range(2):
+            loss = model(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        results.append((losses, [p.detach().clone() for p in model.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-5)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_routing_balance_sums_layers_and_takes_max_over_mean() -> None:
@@ -265,6 +406,7 @@ def test_moe_trains_single_process_and_records_routing(corpus_dir: Path, tmp_pat
         VOCAB
     )
     assert w["parameters"] > w["active_parameters"]
+    assert (w["experts_kernel_option"], w["experts_kernel"]) == ("auto", "grouped")  # fp32, widths 64 and 128
     routing = w["routing"]
     per_layer = 4 * 8 * 32 * shape.top_k  # 4 timed steps of 8 sequences of 32 tokens, each to top-k experts
     assert [sum(layer) for layer in routing["tokens_per_expert_by_layer"]] == [per_layer] * shape.n_layers
@@ -332,6 +474,7 @@ def test_expert_parallel_training_is_one_process_training_on_the_global_batch(
     ep = record.executor["expert_parallel"]
     assert ep["size"] == 2 and ep["experts_per_rank"] == 2
     assert record.executor["mesh"]["sizes"]["ep"] == 2
+    assert record.workload["experts_kernel"] == "grouped"  # each rank's slice of the experts, fp32 on a CPU
     assert sum(record.workload["routing"]["tokens_per_expert_by_layer"][0]) == devices * 4 * 4 * 32 * 2
     assert record.quality is not None and all(
         e.val_loss is not None and e.grad_norm is not None and math.isfinite(e.grad_norm)

@@ -36,6 +36,10 @@ Routing balance: the tokens each expert was sent, summed over the timed steps of
 its router chose), per layer and over all layers, and the imbalance max/mean (1 = perfectly even; with expert
 parallelism the busiest expert's rank sets the step's time).
 
+Experts kernel: ``--experts-kernel`` ``grouped`` (``torch._grouped_mm`` over all experts, torchtitan's), ``loop``
+(one SwiGLU per expert) or ``auto`` (default: grouped where the op runs, CUDA sm90+ in bf16 or a CPU, else the loop;
+:func:`accelbench.workloads.moe.model.grouped_mm_support`). The record's ``experts_kernel`` says which ran.
+
 Expert parallelism: ``--mesh ep=N`` (with a data axis: ``--mesh ddp=D,ep=N``) shards the experts over N ranks
 (:mod:`accelbench.engine.parallel.ep`). Units: tokens (``tokens_per_sample`` = ``seq_len``).
 
@@ -140,6 +144,11 @@ OPTIONS = (
     RunOption(name="aux_loss_coef", type="float", default=0.01, ge=0.0, le=1.0,
               help="weight of the load-balancing loss (Switch's E * sum f_i P_i per sequence) added to the "
               "cross-entropy; 0 turns it off (default 0.01, Switch's and GShard's)", workload="moe"),
+    RunOption(name="experts_kernel", flag="experts-kernel", type="str", default="auto",
+              choices=("auto", "grouped", "loop"),
+              help="how the routed experts run: grouped (torch._grouped_mm over all experts at once, as torchtitan; "
+              "CUDA sm90+ in bf16, or CPU, widths a multiple of 16 bytes), loop (one SwiGLU per expert), or auto "
+              "(grouped where it can run, else the loop; default)", workload="moe"),
     # a custom size (--model custom): the Llama's shape options, each expert's width, and the experts'
     RunOption(name="n_layer", flag="layers", type="int", gt=0, le=MAX_LAYERS,
               help="custom size: transformer layers (with --model custom)", workload="moe"),
@@ -256,6 +265,11 @@ def resolved(config: RunConfig) -> tuple[MoEShape, int, int, float]:
     )
 
 
+def experts_kernel_option(config: RunConfig) -> str:
+    """``--experts-kernel``: auto (the default), grouped or loop."""
+    return str(config.workload_options.get("experts_kernel") or "auto")
+
+
 def routing_balance(tokens_per_expert: list[list[int]], top_k: int) -> dict[str, Any]:
     """The record's routing balance from tokens per expert per layer (summed over steps and ranks): per layer and
     over all layers, with imbalance = max / mean (1 = even; the busiest expert is what the step waits for)."""
@@ -298,7 +312,19 @@ class RoutingCounts:
         return out
 
     def summarise(self, counts: list[list[int]]) -> dict[str, Any]:
-        return {"routing": routing_balance(counts, self.top_k)}
+        return {"routing": routing_balance(counts, self.top_k), **experts_kernel_ran(self.model)}
+
+
+def experts_kernel_ran(model: Any) -> dict[str, Any]:
+    """The record's ``experts_kernel``: how this process's routed experts last ran ('grouped' or 'loop', None
+    before any forward), and why not grouped where the loop ran (every rank decides alike: same device type,
+    dtype and widths)."""
+    experts = [layer.experts for layer in model.moe_layers()]
+    ran = experts[0].ran if experts else None
+    return {
+        "experts_kernel": ran,
+        "experts_kernel_not_grouped": experts[0].not_grouped if ran == "loop" else None,
+    }
 
 
 class MoEWorkload:
@@ -371,6 +397,7 @@ class MoEWorkload:
             shared_experts=shape.shared_experts,
             aux_loss_coef=coef,
             attention_head_dim=shape.head_dim,
+            experts_kernel=experts_kernel_option(config),
         )
         model = MoE(cfg)
         lr = config.learning_rate
@@ -403,6 +430,8 @@ class MoEWorkload:
             "flops_per_token": per_token,
             "flops_count": "active parameters (top-k routed experts + shared expert + attention + router + head)",
             "attention": "torch scaled_dot_product_attention (causal, grouped-query)",
+            # what was asked; the record's experts_kernel (RoutingCounts.summarise) says what ran
+            "experts_kernel_option": experts_kernel_option(config),
             "tied_embedding_head": False,
         }
         return TrainingJob(

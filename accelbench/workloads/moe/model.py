@@ -15,6 +15,10 @@ AdamW. What is new is the feed-forward, :class:`MoEFeedForward`, in the style of
   averaged over the batch, as DeepSeek-V3's sequence-wise balance loss: per-sequence, so a batch split over ranks has
   the same loss as on one device. It is added to the cross-entropy, times ``aux_loss_coef``.
 
+The routed experts run as one grouped matmul per weight (``torch._grouped_mm``, torchtitan's and Megatron's way,
+each expert's rows padded to the op's alignment) where the op runs on the device, dtype and widths, else as a loop
+over experts (:class:`GroupedExperts`; ``--experts-kernel`` chooses).
+
 Each layer counts the tokens routed to each of its experts in training steps (:attr:`MoEFeedForward.routed`), for
 the record's routing balance.
 
@@ -41,7 +45,16 @@ from torch import nn
 
 from accelbench.workloads.llama.model import Attention, FeedForward, LlamaConfig, configure_adamw
 
-__all__ = ["MoE", "MoEConfig", "MoEFeedForward", "configure_adamw"]
+__all__ = [
+    "EXPERTS_KERNELS",
+    "GroupedExperts",
+    "MoE",
+    "MoEConfig",
+    "MoEFeedForward",
+    "configure_adamw",
+    "grouped_mm_support",
+    "padded_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,7 @@ class MoEConfig(LlamaConfig):
     shared_experts: int = 0  # 0 or 1: a shared expert of width ffn_dim * shared_experts
     aux_loss_coef: float = 0.01
     attention_head_dim: int = 0  # 0: dim // n_heads (GPT-OSS's heads are 64 wide on a 2,880 width)
+    experts_kernel: str = "auto"  # how GroupedExperts runs: auto, grouped (torch._grouped_mm) or loop
 
     @property
     def head_dim(self) -> int:
@@ -64,25 +78,129 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
     return (F.silu(x @ w1) * (x @ w3)) @ w2
 
 
+EXPERTS_KERNELS = ("auto", "grouped", "loop")
+
+
+def grouped_mm_support(device: torch.device, dtype: torch.dtype, widths: tuple[int, ...]) -> str | None:
+    """Why ``torch._grouped_mm`` cannot run the experts' matmuls on ``device`` in ``dtype`` with rows of these
+    ``widths`` (the model's and the experts' hidden width), or None where it can.
+
+    The op's rules in torch 2.13: on CUDA, compute capability 9.0 or above and bfloat16 only (its meta
+    registration and its CUTLASS kernel); on CPU, float32, bfloat16 or float16; each operand's rows a multiple of
+    16 bytes (each width a multiple of 4 float32 or 8 bfloat16 elements); int32 group offsets. Anywhere else
+    (ROCm, the other accelerators) the experts run as the loop."""
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no torch._grouped_mm"
+    if device.type == "cuda":
+        if torch.version.hip is not None:
+            return "torch._grouped_mm is not used on ROCm (its kernel here is CUDA's CUTLASS one)"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 9:
+            return f"torch._grouped_mm needs CUDA compute capability 9.0 or above, the device has {major}.{minor}"
+        if dtype != torch.bfloat16:
+            return f"torch._grouped_mm on CUDA computes in bfloat16 only, not {dtype} (bf16 precision would)"
+    elif device.type == "cpu":
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return f"torch._grouped_mm on CPU computes in float32, bfloat16 or float16, not {dtype}"
+    else:
+        return (
+            f"torch._grouped_mm has no kernel for device type {device.type!r} (it runs on CUDA sm90+ and CPU)"
+        )
+    size = torch.empty((), dtype=dtype).element_size()
+    unaligned = [str(w) for w in widths if (w * size) % 16]
+    if unaligned:
+        return (
+            f"torch._grouped_mm needs rows of a multiple of 16 bytes: width {', '.join(unaligned)} is not a "
+            f"multiple of {16 // size} {dtype} elements"
+        )
+    return None
+
+
+def padded_groups(counts: torch.Tensor, rows: int, align: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each expert's ``counts[e]`` rows (``rows`` in all) laid out with every group padded to a multiple of
+    ``align`` rows, as torchtitan pads its token groups (16 bytes' worth), so that each group of the grouped
+    matmul and of its backward (whose weight gradients are grouped along the rows) starts aligned.
+
+    Returns (the position of each row in the padded buffer, the int32 cumulative group ends that
+    ``torch._grouped_mm`` takes as ``offs``, the buffer's length). Computed on the device without a host sync:
+    the buffer has the worst case's length, ``rows + experts * (align - 1)``; its rows past the last group's end
+    belong to no group and are never read back."""
+    experts = counts.shape[0]
+    padded = (counts + align - 1) // align * align
+    ends = padded.cumsum(0)
+    shift = (ends - padded) - (counts.cumsum(0) - counts)  # padded start - packed start, per expert
+    expert_of_row = torch.repeat_interleave(
+        torch.arange(experts, device=counts.device), counts, output_size=rows
+    )
+    positions = torch.arange(rows, device=counts.device) + shift[expert_of_row]
+    return positions, ends.to(torch.int32), rows + experts * (align - 1)
+
+
 class GroupedExperts(nn.Module):
     """The routed experts' SwiGLU weights, stacked (``w1``, ``w3``: (experts, dim, hidden); ``w2``: (experts,
     hidden, dim)): a module of their own, so a strategy can shard them apart from the rest (FSDP over the data
-    axis when expert parallelism holds a slice of them)."""
+    axis when expert parallelism holds a slice of them).
 
-    def __init__(self, n_experts: int, dim: int, hidden: int) -> None:
+    ``kernel`` picks how they run: ``grouped``, three ``torch._grouped_mm`` calls over every expert at once (what
+    torchtitan and Megatron train with); ``loop``, one SwiGLU per expert; ``auto``, grouped where
+    :func:`grouped_mm_support` says the op runs (decided once per device and compute dtype), else the loop. What
+    ran is :attr:`ran` (and why not grouped, :attr:`not_grouped`), for the record."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int, kernel: str = "auto") -> None:
         super().__init__()
+        if kernel not in EXPERTS_KERNELS:
+            raise ValueError(f"experts kernel {kernel!r}: choose one of {', '.join(EXPERTS_KERNELS)}")
         self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.kernel = kernel
+        self.ran: str | None = None
+        self.not_grouped: str | None = None
+        self._decided: dict[tuple[torch.device, torch.dtype], str | None] = {}
 
     def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts on ``rows``, grouped by expert in order, ``counts[e]`` rows each."""
+        device = self.w1.device
+        dtype = (
+            torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else self.w1.dtype
+        )
+        if self.kernel == "loop":
+            reason: str | None = "--experts-kernel loop"
+        else:
+            key = (device, dtype)
+            if key not in self._decided:
+                self._decided[key] = grouped_mm_support(device, dtype, (self.w1.shape[1], self.w1.shape[2]))
+            reason = self._decided[key]
+            if reason is not None and self.kernel == "grouped":
+                from accelbench.errors import ConfigError
+
+                raise ConfigError(
+                    f"--experts-kernel grouped cannot run here: {reason}; use --experts-kernel auto (grouped where "
+                    "it can run, else the loop) or loop"
+                )
+        self.ran, self.not_grouped = ("loop", reason) if reason is not None else ("grouped", None)
+        if reason is None:
+            return self._grouped(rows, counts, dtype)
+        return self._loop(rows, counts)
+
+    def _loop(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         parts = rows.split(counts.tolist())
         # unbind, not w[e]: its backward stacks the experts' gradients once, where indexing would fill a zero
         # gradient of the whole stack for every expert
         w1, w3, w2 = self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)
         outs = [swiglu(part, w1[e], w3[e], w2[e]) for e, part in enumerate(parts)]
         return torch.cat(outs) if outs else rows
+
+    def _grouped(self, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The SwiGLU of every expert in three grouped matmuls over the rows padded per expert (zeros, so the
+        padding adds nothing to the weights' gradients); inputs cast to ``dtype`` as autocast casts a matmul's."""
+        align = 16 // torch.empty((), dtype=dtype).element_size()
+        positions, offs, length = padded_groups(counts, rows.shape[0], align)
+        x = rows.to(dtype)
+        x = x.new_zeros(length, x.shape[1]).index_copy(0, positions, x)
+        w1, w3, w2 = self.w1.to(dtype), self.w3.to(dtype), self.w2.to(dtype)
+        hidden = F.silu(torch._grouped_mm(x, w1, offs=offs)) * torch._grouped_mm(x, w3, offs=offs)
+        return torch._grouped_mm(hidden, w2, offs=offs).index_select(0, positions)
 
 
 class MoEFeedForward(nn.Module):
@@ -93,7 +211,7 @@ class MoEFeedForward(nn.Module):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
-        self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.ffn_dim)
+        self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.ffn_dim, cfg.experts_kernel)
         self.shared_expert = (
             FeedForward(LlamaConfig(**{**_llama_fields(cfg), "ffn_dim": cfg.ffn_dim * cfg.shared_experts}))
             if cfg.shared_experts
