@@ -26,7 +26,6 @@ as many batches of the same sizes.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -35,37 +34,19 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
-from accelbench.contract import DataShard, Executor, ExecutorRequest, World
+from accelbench.contract import DataShard, ExecutorRequest, World
 from accelbench.contract.strategies import Strategy
 from accelbench.engine.parallel.executor import _unmixed
-from accelbench.engine.parallel.mesh import build_device_mesh
+from accelbench.engine.parallel.mesh import MeshExecutor, build_device_mesh
 from accelbench.errors import ConfigError
-from accelbench.parallel_dims import ParallelDims
 from accelbench.workloads import TrainingJob
 
 
-class ExpertParallelExecutor(Executor):
+class ExpertParallelExecutor(MeshExecutor):
     """Experts sharded over the ep axis, the rest replicated over every rank (``--mesh ep=N`` / ``ddp=D,ep=N``)."""
 
     def __init__(self, request: ExecutorRequest) -> None:
-        self.request = request
-        self.backend = request.backend
-        self.device = request.device
-        config = request.config
-        self.layout = ParallelDims.of(config)
-        if self.layout.world != request.world.world_size:
-            raise ConfigError(
-                f"--mesh {config.mesh} covers {self.layout.world} ranks, but the job has {request.world.world_size}"
-            )
-        self.rank, self.world = request.world.rank, request.world.world_size
-        self.coordinates = self.layout.coordinates(self.rank)
-        plan = request.precision
-        self._autocast: Any = (
-            torch.autocast(self.device.type, dtype=plan.torch_autocast_dtype)
-            if plan.torch_autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
-        self._clip: float | None = None
+        super().__init__(request)
         self.model: nn.Module
         self.optimizer: torch.optim.Optimizer
         self._expert_params: list[nn.Parameter] = []

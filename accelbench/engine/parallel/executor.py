@@ -16,7 +16,6 @@ fp32 and no dropout the losses match single-device training up to the order of f
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 from typing import TYPE_CHECKING, Any
@@ -26,9 +25,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from accelbench.contract import DataShard, Executor, ExecutorRequest, World
+from accelbench.contract import DataShard, ExecutorRequest, World
 from accelbench.contract.strategies import Strategy
-from accelbench.engine.parallel.mesh import build_device_mesh, check_model_split
+from accelbench.engine.parallel.mesh import MeshExecutor, build_device_mesh, check_model_split
 from accelbench.engine.parallel.pp import (
     SPLIT_BACKWARD_SCHEDULES,
     TORCH_SCHEDULES,
@@ -43,7 +42,7 @@ from accelbench.engine.parallel.pp import (
 from accelbench.engine.parallel.tp import parallelize_units
 from accelbench.errors import ConfigError
 from accelbench.estimate.parallel import TransformerShape, estimate_parallel, pipeline_bubble
-from accelbench.parallel_dims import PP_SCHEDULES, ParallelDims, fewest_microbatches
+from accelbench.parallel_dims import PP_SCHEDULES, fewest_microbatches
 from accelbench.workloads import ModelUnits, TrainingJob
 
 if TYPE_CHECKING:
@@ -76,37 +75,20 @@ class _TiedPair:
                 grad.copy_(total)
 
 
-class ParallelExecutor(Executor):
+class ParallelExecutor(MeshExecutor):
     """Tensor, pipeline and data parallelism composed on the run's mesh (``--mesh``, or ``--strategy tp``/``pp``)."""
 
     def __init__(self, request: ExecutorRequest) -> None:
-        self.request = request
-        self.backend = request.backend
-        self.device = request.device
+        super().__init__(request)
         config = request.config
-        if config.mesh is None:
-            raise ConfigError(f"strategy {config.strategy!r} needs a mesh (--mesh AXIS=SIZE,...)")
-        self.layout = ParallelDims.of(config)
-        if self.layout.world != request.world.world_size:
-            raise ConfigError(
-                f"--mesh {config.mesh} covers {self.layout.world} ranks, but the job has {request.world.world_size}"
-            )
         if request.units is None:
             raise ConfigError(
                 f"strategy {config.strategy!r} needs the workload's units (ExecutorRequest.units)"
             )
         check_model_split(config, request.units, config.workload)
         self._units: ModelUnits = request.units
-        self.coordinates = self.layout.coordinates(request.world.rank)
-        plan = request.precision
-        self._autocast: Any = (
-            torch.autocast(self.device.type, dtype=plan.torch_autocast_dtype)
-            if plan.torch_autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
         self.pipelined = self.layout.pp > 1
         self.clock = StageClock(self.device) if self.pipelined else None
-        self._clip: float | None = None
         self._tied: list[_TiedPair] = []
         self._copies: list[TiedCopy] = []
         # (batch size, for evaluation) -> (schedule, microbatches)

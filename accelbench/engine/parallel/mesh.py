@@ -9,9 +9,13 @@ share.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from accelbench.config import RunConfig
+from accelbench.contract import Executor, ExecutorRequest
 from accelbench.errors import ConfigError
 from accelbench.parallel_dims import ParallelDims
 
@@ -19,6 +23,31 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from accelbench.workloads import ModelUnits
+
+
+class MeshExecutor(Executor):
+    """What every executor of a ``--mesh`` starts from: the request, the mesh's layout checked against the job's
+    ranks, this rank's coordinates on it, the precision plan's autocast and the clipping norm (set by ``setup``)."""
+
+    def __init__(self, request: ExecutorRequest) -> None:
+        self.request = request
+        self.backend = request.backend
+        self.device = request.device
+        config = request.config
+        if config.mesh is None:
+            raise ConfigError(f"strategy {config.strategy!r} needs a mesh (--mesh AXIS=SIZE,...)")
+        self.layout = ParallelDims.of(config)
+        if self.layout.world != request.world.world_size:
+            raise ConfigError(
+                f"--mesh {config.mesh} covers {self.layout.world} ranks, but the job has {request.world.world_size}"
+            )
+        self.rank, self.world = request.world.rank, request.world.world_size
+        self.coordinates = self.layout.coordinates(self.rank)
+        dtype = request.precision.torch_autocast_dtype
+        self._autocast: Any = (
+            torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        )
+        self._clip: float | None = None
 
 
 def build_device_mesh(layout: ParallelDims, device_type: str) -> DeviceMesh:
