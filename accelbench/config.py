@@ -192,6 +192,14 @@ class RunConfig(BaseModel):
         "time goes, in the record and the summary, and a Chrome trace beside the record",
     )
     profile_steps: int = Field(default=8, gt=0, description="steps analysed by --profile")
+    idle_baseline_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        allow_inf_nan=False,
+        description="seconds the energy counters are read with nothing running, before the timed epochs and outside "
+        "them, for the idle power beside the energy (0: skip; skipped anyway where no counter is readable)",
+    )
     no_tensor_peak: bool = Field(
         default=False,
         description="skip the live tensor peak: one untimed training step after the timed epochs (and any --profile "

@@ -77,6 +77,12 @@ class EpochMetrics(_Model):
     )
     joules_per_sample: float | None = None
     samples_per_joule: float | None = None
+    energy_above_idle_j: float | None = Field(
+        default=None,
+        description="energy_j less what the counters draw idle over the epoch (Metrics.idle.watts x wall_s): the "
+        "training's own energy; None without an idle baseline for every counter (or an older record).",
+    )
+    joules_per_sample_above_idle: float | None = None
     cpu_s: float | None = Field(
         default=None, description="CPU seconds the ranks' processes used over the epoch (summed over ranks)."
     )
@@ -261,6 +267,33 @@ class TensorPeak(_Model):
     source: str = Field(description="How it was measured, and what it does not see.")
 
 
+class IdleCounter(_Model):
+    """One energy counter over the idle window (each counter once, as for the epochs' energy)."""
+
+    domain: str = Field(
+        description="The counter, as the epochs' energy names it (e.g. rapl:host:intel-rapl:0)."
+    )
+    joules: float = Field(description="What it counted over the window.")
+    watts: float | None = Field(
+        description="joules / window; None when the counter did not advance (its idle draw is unknown, not 0)."
+    )
+
+
+class IdleBaseline(_Model):
+    """The energy counters read over a short window before training with nothing running (--idle-baseline-s):
+    what the node draws anyway, so that the epochs' energy can be split into idle and training."""
+
+    window_s: float = Field(description="The window's length, seconds (the longest over ranks).")
+    watts: float | None = Field(
+        description="Summed over the counters; None when one of them has no idle figure (did not advance, or a "
+        "counter of the epochs was not read in the window)."
+    )
+    counters: list[IdleCounter] = Field(default_factory=list)
+    problems: list[str] = Field(
+        default_factory=list, description="Why a counter has no idle figure, in words."
+    )
+
+
 class RankMetrics(_Model):
     rank: int
     host: str
@@ -321,6 +354,10 @@ class SteadyState(_Model):
     )
     joules_per_sample: float | None = Field(default=None, description="Median over the steady epochs.")
     samples_per_joule: float | None = None
+    joules_per_sample_above_idle: float | None = Field(
+        default=None,
+        description="Median over the steady epochs of the energy above the idle baseline per sample.",
+    )
     megatron_tflops_per_device: float | None = Field(
         default=None,
         description="Achieved TFLOP/s per device by Megatron-LM's FLOPs count (Metrics.megatron_flops_per_sample x "
@@ -365,6 +402,11 @@ class Metrics(_Model):
     )
     peak: PeakFigures | None
     energy_source: str | None = Field(default=None, description="The energy counter, or None when unknown.")
+    idle: IdleBaseline | None = Field(
+        default=None,
+        description="Idle power before training (None: skipped with --idle-baseline-s 0, no energy counter, or a "
+        "record from before it existed).",
+    )
     energy_problems: list[str] = Field(
         default_factory=list,
         description="Energy counters that misbehaved: one that did not advance over an epoch of 0.5 s or more, or "

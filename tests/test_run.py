@@ -429,9 +429,16 @@ def test_epoch_side_measurements_enclose_the_timed_steps_and_stay_outside_them(
 ) -> None:
     """The trackers (the backend's epoch readings, the host's load) start before the device is synchronised and
     the timer starts, and stop after the closing synchronisation: no reading is inside a timed epoch, and each
-    epoch gets one of each."""
-    from accelbench.backends.cpu import CpuBackend
+    epoch gets one of each. The idle baseline's readings (a probe, then the window over a counter that is there)
+    come before the first epoch, outside it."""
+    from test_energy_and_build import rapl_zone
+
+    from accelbench.backends.cpu import CpuBackend, rapl_packages
     from accelbench.engine import trackers
+
+    rapl_zone(tmp_path / "powercap", "intel-rapl:0", 1_000_000)  # a package counter, standing still
+    # on the class: the host's backend object may be older than this test
+    monkeypatch.setattr(CpuBackend, "packages", lambda self: rapl_packages(tmp_path / "powercap"))
 
     events: list[str] = []
     start, end, sync = CpuBackend.epoch_start, CpuBackend.epoch_end, CpuBackend.end_of_step
@@ -442,12 +449,15 @@ def test_epoch_side_measurements_enclose_the_timed_steps_and_stay_outside_them(
     monkeypatch.setattr(CpuBackend, "epoch_end", lambda self, d: (events.append("end"), end(self, d))[1])
     monkeypatch.setattr(CpuBackend, "end_of_step", lambda self, d: (events.append("step"), sync(self, d))[1])
     monkeypatch.setattr(trackers, "cpu_usage", lambda: (events.append("cpu"), usage())[1])
-    record, _, _ = run(tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=3), get_host())
+    config = tiny_config(output_dir=tmp_path, epochs=2, steps_per_epoch=3, idle_baseline_s=0.05)
+    record, _, _ = run(config, get_host())
     assert record is not None and record.outcome.status == "ok"
+    idle = ["start", "end", "start", "end"]  # is a counter there? then the idle window, before any epoch
     # after each epoch's trackers stopped, the gradient probe's step boundary (accelbench.engine.quality), untimed
     epoch = ["start", "cpu", "step", "step", "step", "cpu", "end", "step"]
     tensor_peak = ["step"]  # then the untimed tensor-peak step, after the last epoch's readings
-    assert events == epoch * 2 + tensor_peak
+    assert events == idle + epoch * 2 + tensor_peak
+    assert record.metrics.idle is not None and record.metrics.idle.window_s >= 0.05
     for e in record.metrics.epochs:
         assert e.cpu_s is not None and e.cpu_s >= 0
 

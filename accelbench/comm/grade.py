@@ -6,7 +6,9 @@ and their version (NVML), xGMI links (AMD), the PCIe link's generation and width
 
 - **NVLink**: links x the per-link, per-direction rate of its version (:data:`NVLINK_GBPS`): 25 GB/s for NVLink
   2-4 (V100 6 links: 150; A100 12: 300; H100 18: 450), 50 GB/s for NVLink 5 (B200 18: 900);
-- **xGMI**: links x :data:`XGMI_GBPS` of the device's architecture (MI250X 50 GB/s, MI300X 64 GB/s a link);
+- **xGMI**: links x :data:`XGMI_GBPS` of the device's architecture (MI250X 50 GB/s, MI300X 64 GB/s a link); where
+  detection recorded which peers the links reach (``xgmi_peers``, ``ordinal:links``), only the links to the other
+  devices of the job count (two of eight MI300X share one link, not seven);
 - **PCIe**: lanes x the per-lane rate of the generation after line coding (:data:`PCIE_LANE_GBPS`: gen4 x16
   31.5 GB/s, gen5 x16 63 GB/s); the path through a switch or the CPU can only be slower;
 - **one host without a device link** (gloo between CPU processes: loopback TCP and shared memory) and **across
@@ -27,7 +29,10 @@ from accelbench.comm.records import CommMeasurement, CommRecord
 
 NVLINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}  # per link, per direction
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}  # per lane, per direction
-XGMI_GBPS = {"gfx90a": 50.0, "gfx942": 64.0}  # per link, per direction, by architecture
+# per link, per direction, by architecture: AMD's data sheets give one Infinity Fabric link's peak as bidirectional,
+# 100 GB/s on the MI210 (3 links) and MI250X (8 links), 128 GB/s on the MI300X (7 links, 896 GB/s aggregate in an
+# 8-GPU OAM platform); half of it flows each way
+XGMI_GBPS = {"gfx90a": 50.0, "gfx942": 64.0}
 GOOD = 0.70  # at least this share of the ceiling: good (NCCL reaches 80-90% of NVLink at large sizes)
 FAR_BELOW = 0.40  # below this share: far below its ceiling
 
@@ -72,6 +77,19 @@ def _int(details: Mapping[str, str], key: str) -> int | None:
     return value if value > 0 else None
 
 
+def _xgmi_links(details: Mapping[str, str], peers: set[int]) -> int | None:
+    """A device's xGMI links to ``peers`` (the job's other devices) where detection named the peers each link
+    reaches (``xgmi_peers``: ``1:4,2:1``), else every xGMI link it recorded (``xgmi_links``)."""
+    named = details.get("xgmi_peers")
+    if not named:
+        return _int(details, "xgmi_links")
+    try:
+        reach = {int(peer): int(links) for peer, links in (item.split(":") for item in named.split(","))}
+    except ValueError:
+        return _int(details, "xgmi_links")
+    return sum(links for peer, links in reach.items() if peer in peers) or None
+
+
 def crossed_link(record: CommRecord) -> Link:
     """The link the job's collectives crossed, from the record's device details: NVLink, then xGMI, then PCIe,
     on one node; the network across nodes; loopback and shared memory for CPU processes on one host."""
@@ -93,7 +111,8 @@ def crossed_link(record: CommRecord) -> Link:
                 f"{links} links x {per_link:g} GB/s a direction",
             )
         return Link(f"NVLink x{links}", None, f"NVLink version {version} is not in the ceiling table")
-    xgmi = [_int(d, "xgmi_links") for d in details]
+    ordinals = {device.index for device in used}
+    xgmi = [_xgmi_links(device.details, ordinals - {device.index}) for device in used]
     if all(xgmi):
         links = min(n for n in xgmi if n)
         arch = (used[0].arch or "").split(":")[0]

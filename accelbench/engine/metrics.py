@@ -22,7 +22,15 @@ from accelbench.config import AUTO_MAX_EPOCHS, AUTO_TOLERANCE, MIN_STEADY_EPOCHS
 from accelbench.contract import MemoryStats, PeakFigures
 from accelbench.engine.stragglers import name_slowest_rank
 from accelbench.errors import AccelbenchError
-from accelbench.results import EpochMetrics, HostContention, Metrics, RankMetrics, SteadyState
+from accelbench.results import (
+    EpochMetrics,
+    HostContention,
+    IdleBaseline,
+    IdleCounter,
+    Metrics,
+    RankMetrics,
+    SteadyState,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +58,9 @@ class RankLog:
     epoch_energy_j: list[float | None] = field(default_factory=list)
     energy_domain: str | None = None  # the counter the joules come from (shared counters are summed once)
     energy_source: str | None = None
+    idle_window_s: float | None = None  # the idle baseline's window (accelbench.engine.idle), before training
+    idle_energy_j: float | None = None  # what this rank's counter saw over it (0 on a node's other ranks)
+    idle_domain: str | None = None
     epoch_cpu_s: list[float] = field(default_factory=list)  # CPU seconds of this rank's process
     epoch_cpu_wait_s: list[float | None] = field(default_factory=list)  # its threads' waits for a core
     epoch_load: list[float | None] = field(
@@ -205,6 +216,46 @@ def check_energy_counters(logs: list[RankLog], epochs: int) -> tuple[list[str], 
     return problems, bad
 
 
+def idle_baseline(logs: list[RankLog]) -> IdleBaseline | None:
+    """The counters' idle power from the ranks' idle windows, each counter once (a node's RAPL packages, read by
+    its local rank 0, whose other ranks report the same counter with 0 J: the node counts once, as in
+    :func:`epoch_energy`). A counter that did not advance over the window has no idle figure: unknown, not 0 W,
+    which would call all its energy the training's. None where no rank read a window."""
+    read = [log for log in logs if log.idle_window_s and log.idle_domain and log.idle_energy_j is not None]
+    if not read:
+        return None
+    by_domain: dict[str, float] = {}
+    for log in read:
+        assert log.idle_domain is not None and log.idle_energy_j is not None
+        by_domain[log.idle_domain] = max(by_domain.get(log.idle_domain, 0.0), log.idle_energy_j)
+    window = max(log.idle_window_s or 0.0 for log in read)
+    counters, problems = [], []
+    for domain, joules in by_domain.items():
+        watts = joules / window if joules > 0 else None
+        if watts is None:
+            problems.append(f"idle baseline: counter {domain} did not advance in {window:.2f} s")
+        counters.append(IdleCounter(domain=domain, joules=joules, watts=watts))
+    unread = sorted({log.energy_domain for log in logs if log.energy_domain} - set(by_domain))
+    problems += [f"idle baseline: counter {domain} was not read in the window" for domain in unread]
+    known = [c.watts for c in counters if c.watts is not None]
+    watts = sum(known) if len(known) == len(counters) and not unread else None
+    return IdleBaseline(window_s=window, watts=watts, counters=counters, problems=problems)
+
+
+def above_idle(epoch: EpochMetrics, idle_watts: float | None) -> EpochMetrics:
+    """``epoch`` with its energy above the idle draw over its wall time (None where either is unknown). It may
+    come out negative: a run that drew less than idle says so rather than being rounded to 0."""
+    if epoch.energy_j is None or idle_watts is None:
+        return epoch
+    joules = epoch.energy_j - idle_watts * epoch.wall_s
+    return epoch.model_copy(
+        update={
+            "energy_above_idle_j": joules,
+            "joules_per_sample_above_idle": joules / epoch.samples if epoch.samples else None,
+        }
+    )
+
+
 def apportion_energy(epoch: int, logs: list[RankLog]) -> list[float | None]:
     """Each rank's share of one epoch's energy, in ``logs`` order. Ranks reporting the same counter (a node's
     RAPL packages, read once per node by its local rank 0) share its joules by their CPU seconds in the epoch
@@ -287,10 +338,18 @@ def build_metrics(
     """Aggregate per-rank logs into the record's metrics (``cores``: what rank 0's process may use)."""
     n_epochs = min(len(log.epoch_wall_s) for log in logs)
     energy_problems, bad_energy = check_energy_counters(logs, n_epochs)
-    epochs = [epoch_metrics(e, logs, work.tokens_per_sample) for e in range(n_epochs)]
+    idle = idle_baseline(logs)
+    idle_watts = idle.watts if idle is not None else None
+    epochs = [above_idle(epoch_metrics(e, logs, work.tokens_per_sample), idle_watts) for e in range(n_epochs)]
     for e in bad_energy:  # a stuck or jumping counter's figure is no measurement
         epochs[e] = epochs[e].model_copy(
-            update={"energy_j": None, "joules_per_sample": None, "samples_per_joule": None}
+            update={
+                "energy_j": None,
+                "joules_per_sample": None,
+                "samples_per_joule": None,
+                "energy_above_idle_j": None,
+                "joules_per_sample_above_idle": None,
+            }
         )
     steady = None
     if n_epochs >= 2:
@@ -301,6 +360,9 @@ def build_metrics(
         mfu, mfu_error = model_flops_utilisation(achieved, peak, devices)
         per_sample = [e.joules_per_sample for e in later if e.joules_per_sample is not None]
         joules = statistics.median(per_sample) if len(per_sample) == len(later) else None  # unknown if any is
+        per_sample_above = [e.joules_per_sample_above_idle for e in later]
+        above = [j for j in per_sample_above if j is not None]
+        joules_above = statistics.median(above) if len(above) == len(later) else None
         steady = SteadyState(
             epochs=len(later),
             epoch_s_median=statistics.median(walls),
@@ -313,6 +375,7 @@ def build_metrics(
             mfu_error=mfu_error,
             joules_per_sample=joules,
             samples_per_joule=1.0 / joules if joules else None,
+            joules_per_sample_above_idle=joules_above,
             megatron_tflops_per_device=samples_per_s * work.megatron_flops_per_sample / devices / 1e12
             if work.megatron_flops_per_sample
             else None,
@@ -357,6 +420,7 @@ def build_metrics(
         peak=peak,
         energy_source=next((log.energy_source for log in logs if log.energy_source), None),
         energy_problems=energy_problems,
+        idle=idle,
         epochs_decision=epochs_decision,
         host=host_contention(epochs, cores),
     )

@@ -43,6 +43,7 @@ from accelbench.contract import (
 from accelbench.contract.strategies import ZERO_STRATEGIES, Strategy
 from accelbench.engine.distributed import executor_for
 from accelbench.engine.float8 import check_fp8_run
+from accelbench.engine.idle import read_idle_power
 from accelbench.engine.metrics import EpochPlan, RankLog, WorkCounts, build_metrics, epoch_metrics, peak_for
 from accelbench.engine.prediction import CalibratedRun, load_comm_records, predict_run
 from accelbench.engine.profile import (
@@ -481,6 +482,8 @@ def measure(
             shard = executor.data_shard(world)
             inputs, targets = next(job.data.batches(0, shard.index, shard.count))
             result.compile_s = executor.compile(inputs.to(device), targets.to(device))
+            # untimed, outside setup and compile: the counters' idle power, with every rank still
+            read_idle_power(backend, device, config.idle_baseline_s, log)
 
             steps = job.data.steps(shard.index, shard.count)
             plan, walls = result.plan, result.walls

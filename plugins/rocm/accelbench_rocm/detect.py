@@ -34,7 +34,8 @@ def detect_devices(environ: Mapping[str, str] = os.environ) -> list[DeviceInfo]:
     if amdsmi is not None:
         visible = visible_gpus(environ, smi.physical_gpus(amdsmi))
         if visible is not None:
-            return [_from_smi(ordinal, gpu) for ordinal, gpu in enumerate(visible)]
+            links = smi.xgmi_links(amdsmi, visible)
+            return [_from_smi(ordinal, gpu, links[ordinal]) for ordinal, gpu in enumerate(visible)]
     if not driver_present():
         return []
     return [_from_probe(ordinal, row) for ordinal, row in enumerate(probe.run_probe())]
@@ -56,10 +57,13 @@ def _device(
     )
 
 
-def _from_smi(ordinal: int, gpu: smi.PhysicalGpu) -> DeviceInfo:
+def _from_smi(ordinal: int, gpu: smi.PhysicalGpu, xgmi: dict[int, int]) -> DeviceInfo:
     details = {"bdf": gpu.bdf, "amdsmi_index": str(gpu.index), "detected_by": "amdsmi"}
     if gpu.uuid:
         details["uuid"] = gpu.uuid
+    if xgmi:  # its direct xGMI links to the other visible GPUs: `accelbench comm` grades against them
+        details["xgmi_links"] = str(sum(xgmi.values()))
+        details["xgmi_peers"] = ",".join(f"{peer}:{links}" for peer, links in sorted(xgmi.items()))
     return _device(ordinal, gpu.name, gpu.arch, gpu.compute_units, gpu.memory_bytes, details)
 
 

@@ -97,6 +97,41 @@ def handle_for_bdf(amdsmi: ModuleType, bdf: str) -> Any | None:
     return None
 
 
+# amdsmi_topo_get_link_type's "type" is the KFD io-link type (AMDSMI_IOLINK_TYPE_*, as the amd-smi CLI reads it), not
+# AmdSmiLinkType: 1 is PCIe, 2 is xGMI.
+IOLINK_TYPE_XGMI = 2
+
+
+def xgmi_links(amdsmi: ModuleType, gpus: list[PhysicalGpu]) -> list[dict[int, int]]:
+    """For each of ``gpus`` (in order), its direct xGMI links to each other one: {position in ``gpus``: links}.
+
+    A peer is direct when amdsmi reports an xGMI link one hop away. The number of links to it is what the kernel
+    puts in the io link's bandwidth: the maximum is links x one link's rate and the minimum one link's
+    (``amdgpu_amdkfd_get_xgmi_bandwidth_mbytes``), so their ratio counts the links (4 between the two GCDs of an
+    MI250X, 1 between two MI300X). Where the driver reports no bandwidth, a direct peer counts as one link.
+    ``accelbench comm`` grades bus bandwidth against these links (docs/comm.md).
+    """
+    handles = _optional(amdsmi.amdsmi_get_processor_handles, amdsmi) or []
+    out: list[dict[int, int]] = []
+    for gpu in gpus:
+        peers: dict[int, int] = {}
+        for position, peer in enumerate(gpus):
+            if peer.index == gpu.index or max(gpu.index, peer.index) >= len(handles):
+                continue
+            src, dst = handles[gpu.index], handles[peer.index]
+            link = _optional(lambda s=src, d=dst: amdsmi.amdsmi_topo_get_link_type(s, d), amdsmi)
+            if not link or link.get("type") != IOLINK_TYPE_XGMI or link.get("hops") != 1:
+                continue
+            bandwidth = _optional(
+                lambda s=src, d=dst: amdsmi.amdsmi_get_minmax_bandwidth_between_processors(s, d), amdsmi
+            )
+            low = int(bandwidth["min_bandwidth"]) if bandwidth else 0
+            high = int(bandwidth["max_bandwidth"]) if bandwidth else 0
+            peers[position] = max(1, high // low) if low > 0 and high > 0 else 1
+        out.append(peers)
+    return out
+
+
 def memory_used(amdsmi: ModuleType, handle: Any) -> int | None:
     """VRAM in use by every process on the GPU, bytes."""
     used = _optional(lambda: amdsmi.amdsmi_get_gpu_memory_usage(handle, amdsmi.AmdSmiMemoryType.VRAM), amdsmi)

@@ -5,14 +5,18 @@ before ``amdsmi_init`` fail with AMDSMI_STATUS_NOT_INIT, ``amdsmi_init`` fails w
 per-GPU call rejects anything but a processor handle with AmdSmiParameterException, memory calls reject a memory
 type that is not an ``AmdSmiMemoryType``, unsupported readings raise AmdSmiLibraryException(NOT_SUPPORTED),
 ``amdsmi_get_gpu_asic_info`` reports ``gfx`` + hex of the target version and "N/A" for an empty name, and energy
-comes as an accumulator with its resolution in microjoules.
+comes as an accumulator with its resolution in microjoules. Between two GPUs, ``amdsmi_topo_get_link_type`` answers
+``{"hops", "type"}`` with the KFD io-link type (1 PCIe, 2 xGMI), and
+``amdsmi_get_minmax_bandwidth_between_processors`` answers only for a direct xGMI peer (NOT_SUPPORTED otherwise),
+in MB/s as the kernel fills the io link: one x16 link at 25 Gbps (50000) as the minimum, that times the links
+between the pair as the maximum.
 """
 
 from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
@@ -20,6 +24,10 @@ import pytest
 import torch
 
 AMDSMI_STATUS_NOT_SUPPORTED = 2
+AMDSMI_STATUS_INVAL = 1
+IOLINK_TYPE_PCIEXPRESS = 1
+IOLINK_TYPE_XGMI = 2
+XGMI_LINK_MBYTES = 16 * 25000 // 8  # amdgpu_amdkfd_get_xgmi_bandwidth_mbytes: one x16 link at 25 Gbps
 AMDSMI_STATUS_NOT_INIT = 32
 AMDSMI_STATUS_DRIVER_NOT_LOADED = 48
 
@@ -81,6 +89,8 @@ class FakeAmdGpu:
     energy_accumulator: int | None = 10_000_000  # None: not supported (e.g. the second GCD of an MI250X)
     counter_resolution: float = 15.259  # microjoules per count, as the driver reports
     temperature_c: int = 45
+    xgmi: dict[int, int] = field(default_factory=dict)  # amdsmi index of a direct xGMI peer -> links to it
+    xgmi_bandwidth: bool = True  # False: the driver fills no io-link bandwidth (both 0)
 
     @property
     def gcn_arch_name(self) -> str:
@@ -155,6 +165,27 @@ class FakeAmdSmi:
                 )
             return gpu.temperature_c
 
+        def link_type(src: Any, dst: Any) -> dict[str, int]:
+            gpu, peer = self._gpu(src), self._gpu(dst)
+            if gpu is peer:
+                return {"hops": 0, "type": IOLINK_TYPE_PCIEXPRESS}
+            if dst.index in gpu.xgmi:
+                return {"hops": 1, "type": IOLINK_TYPE_XGMI}
+            return {"hops": 2, "type": IOLINK_TYPE_PCIEXPRESS}  # through the host's root complex
+
+        def minmax_bandwidth(src: Any, dst: Any) -> dict[str, int]:
+            gpu, peer = self._gpu(src), self._gpu(dst)
+            if gpu is peer:
+                raise AmdSmiLibraryException(AMDSMI_STATUS_INVAL)
+            if dst.index not in gpu.xgmi:
+                raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
+            if not gpu.xgmi_bandwidth:
+                return {"min_bandwidth": 0, "max_bandwidth": 0}
+            return {
+                "min_bandwidth": XGMI_LINK_MBYTES,
+                "max_bandwidth": gpu.xgmi[dst.index] * XGMI_LINK_MBYTES,
+            }
+
         m.amdsmi_init = init
         m.amdsmi_shut_down = lambda: setattr(self, "initialised", False)
         m.amdsmi_get_processor_handles = handles
@@ -165,6 +196,8 @@ class FakeAmdSmi:
         m.amdsmi_get_gpu_device_bdf = lambda h: self._gpu(h).bdf
         m.amdsmi_get_energy_count = energy
         m.amdsmi_get_temp_metric = temperature
+        m.amdsmi_topo_get_link_type = link_type
+        m.amdsmi_get_minmax_bandwidth_between_processors = minmax_bandwidth
         m.amdsmi_get_gpu_driver_info = lambda h: {
             "driver_name": "amdgpu",
             "driver_version": "6.10.5",
@@ -222,9 +255,12 @@ class FakeHip:
 
 
 def mi250x_gcds() -> list[FakeAmdGpu]:
-    """One MI250X: two GCDs, each its own device with 110 CUs and 64 GiB; only the first reports energy."""
+    """One MI250X: two GCDs, each its own device with 110 CUs and 64 GiB; only the first reports energy. The GCDs
+    are joined by 4 xGMI links inside the package (AMD CDNA 2 white paper: 400 GB/s bidirectional)."""
     return [
-        FakeAmdGpu("AMD Instinct MI250X/MI250", 0x90A, 110, 64 * 2**30, "0000:c1:00.0", uuid="a1"),
+        FakeAmdGpu(
+            "AMD Instinct MI250X/MI250", 0x90A, 110, 64 * 2**30, "0000:c1:00.0", uuid="a1", xgmi={1: 4}
+        ),
         FakeAmdGpu(
             "AMD Instinct MI250X/MI250",
             0x90A,
@@ -233,12 +269,22 @@ def mi250x_gcds() -> list[FakeAmdGpu]:
             "0000:c6:00.0",
             uuid="a2",
             energy_accumulator=None,
+            xgmi={0: 4},
         ),
     ]
 
 
 def mi300x(bdf: str = "0000:05:00.0") -> FakeAmdGpu:
     return FakeAmdGpu("AMD Instinct MI300X", 0x942, 304, 192 * 2**30, bdf)
+
+
+def mi300x_platform(count: int = 8) -> list[FakeAmdGpu]:
+    """An 8-GPU MI300X OAM platform: every GPU one xGMI link to each of the others."""
+    gpus = [mi300x(f"0000:{0x05 + 0x10 * i:02x}:00.0") for i in range(count)]
+    for i, gpu in enumerate(gpus):
+        gpu.uuid = f"m{i}"
+        gpu.xgmi = {j: 1 for j in range(count) if j != i}
+    return gpus
 
 
 def install_amdsmi(
