@@ -17,8 +17,12 @@ from accelbench.contract.options import RunOption, Scalar
 from accelbench.contract.precision import (
     FP8_PRECISIONS,
     FP8_REQUIREMENT,
+    MX_PRECISIONS,
+    MX_REQUIREMENT,
+    MXFP8_RECIPE,
     PRECISIONS,
     Float8Layers,
+    MXScaling,
     PrecisionPlan,
     standard_plan,
 )
@@ -42,6 +46,10 @@ __all__ = [
     "FP8_PRECISIONS",
     "FP8_REQUIREMENT",
     "Float8Layers",
+    "MX_PRECISIONS",
+    "MX_REQUIREMENT",
+    "MXFP8_RECIPE",
+    "MXScaling",
     "PRECISIONS",
     "PROJECT",
     "STRATEGIES",

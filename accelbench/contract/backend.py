@@ -36,6 +36,8 @@ from accelbench.contract.options import RunOption, Scalar
 from accelbench.contract.precision import (
     FP8_PRECISIONS,
     FP8_REQUIREMENT,
+    MX_PRECISIONS,
+    MX_REQUIREMENT,
     PRECISIONS,
     PrecisionPlan,
     standard_plan,
@@ -204,8 +206,8 @@ class Backend:
         """Precision names this device can run; another is refused before the run, naming these. ``device`` may
         carry no index (the launcher asks before binding one). Stock: the standard names; FP8 (``fp8-*``) only where
         a backend declares it, since it needs FP8 matrix units and torchao (the CUDA plugin on compute capability
-        >= 8.9)."""
-        return [name for name in PRECISIONS if name not in FP8_PRECISIONS]
+        >= 8.9); likewise MX (``mxfp8``), which needs MX matrix units (the CUDA plugin on Blackwell)."""
+        return [name for name in PRECISIONS if name not in FP8_PRECISIONS and name not in MX_PRECISIONS]
 
     def precision_plan(
         self, precision: str, device: torch.device, options: Mapping[str, Scalar]
@@ -226,6 +228,12 @@ class Backend:
             raise ConfigError(
                 f"backend {self.name!r} does not support precision {precision!r} on {device}: this device has no "
                 f"FP8 training here; FP8 training needs {FP8_REQUIREMENT}. On this device use one of: "
+                f"{', '.join(supported)}"
+            )
+        if precision in MX_PRECISIONS and precision not in supported:
+            raise ConfigError(
+                f"backend {self.name!r} does not support precision {precision!r} on {device}: this device has no "
+                f"MX training here; MX training needs {MX_REQUIREMENT}. On this device use one of: "
                 f"{', '.join(supported)}"
             )
         if precision not in supported:

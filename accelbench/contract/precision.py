@@ -14,13 +14,35 @@ if TYPE_CHECKING:
 
 # FP8 training (torchao's float8 recipes): the linears in FP8, everything else under bf16 autocast
 FP8_PRECISIONS: tuple[str, ...] = ("fp8-tensorwise", "fp8-rowwise")
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true", *FP8_PRECISIONS)
+# MX training (torchao's MXFP8 training, OCP microscaling): the linears in MXFP8, everything else under bf16 autocast.
+# mxfp4 is not offered: torchao 0.18's MX training (MXFP8TrainingOpConfig) casts every operand to float8_e4m3fn.
+MX_PRECISIONS: tuple[str, ...] = ("mxfp8",)
+PRECISIONS: tuple[str, ...] = (
+    "fp32",
+    "fp16-mixed",
+    "bf16-mixed",
+    "bf16-true",
+    *FP8_PRECISIONS,
+    *MX_PRECISIONS,
+)
+# torchao's MXFP8 training recipe accelbench runs (MXFP8TrainingRecipe.MXFP8_RCEIL, the one torchtitan's MX
+# converter defaults to): block-scaled cuBLAS GEMMs for all three matmuls, E8M0 scales rounded up (RCEIL)
+MXFP8_RECIPE = "mxfp8_rceil"
 
 # What runs FP8 training, for refusals on devices that cannot: a backend without FP8 math names this
 FP8_REQUIREMENT = (
     "an NVIDIA GPU with compute capability >= 8.9 (L4, L40S, H100, H200, B200; fp8-rowwise needs >= 9.0) with "
     "torchao installed (pip install 'accelbench-cuda[fp8]'), or an AMD Instinct MI300X, MI325X (gfx942) or MI355X "
     "(gfx950) on a ROCm build of torch with torchao installed (pip install 'accelbench-rocm[fp8]')"
+)
+
+
+# What runs MX training, for refusals on devices that cannot
+MX_REQUIREMENT = (
+    "an NVIDIA Blackwell GPU (compute capability >= 10.0: B200, GB200, B300, GB300; the 12.0 RTX PRO 6000 Blackwell "
+    "and GeForce RTX 50 series), whose tensor cores take block-scaled MXFP8, with torchao installed (pip install "
+    "'accelbench-cuda[fp8]'); Hopper and older have no MX matrix math, and AMD's MI355X (gfx950), which has, is not "
+    "offered: torchao 0.18's MXFP8 training casts the backward's operands with a CUDA-only kernel"
 )
 
 
@@ -36,9 +58,12 @@ class Float8Layers(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    recipe: str = Field(description="torchao's float8 training recipe: tensorwise or rowwise.")
+    recipe: str = Field(
+        description="torchao's training recipe: tensorwise or rowwise (float8), mxfp8_rceil (MXFP8)."
+    )
     converted: list[str] = Field(
-        description="Fully qualified names of the linears swapped for torchao's Float8Linear."
+        description="Fully qualified names of the linears converted: swapped for torchao's Float8Linear (float8), "
+        "or whose parameters torchao wrapped in its MXFP8 training tensor (MXFP8)."
     )
     kept: dict[str, str] = Field(
         description="Linears left in BF16 (under autocast), by fully qualified name, with the reason."
@@ -65,13 +90,39 @@ class Float8Layers(BaseModel):
         return self
 
 
+class MXScaling(BaseModel):
+    """The OCP microscaling (MX) format an MX run casts the linears' operands to: each block of ``block_size``
+    consecutive elements along the matmul's reduction dimension shares one power-of-two scale."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    element_dtype: str = Field(
+        description="dtype of the elements (torch's name): float8_e4m3fn for MXFP8, for input, weight and "
+        "grad_output alike."
+    )
+    block_size: int = Field(
+        description="Elements sharing one scale: 32, the OCP MX spec's and the hardware's."
+    )
+    scale_dtype: str = Field(description="dtype of the shared scales: float8_e8m0fnu (E8M0, a power of two).")
+    scale_rounding: str = Field(
+        description="How a block's scale is rounded from its absolute maximum (torchao's ScaleCalculationMode): "
+        "rceil rounds up, so no element overflows."
+    )
+
+
+MXFP8_SCALING = MXScaling(
+    element_dtype="float8_e4m3fn", block_size=32, scale_dtype="float8_e8m0fnu", scale_rounding="rceil"
+)
+
+
 class PrecisionPlan(BaseModel):
     """How a run computes. Returned by ``Backend.precision_plan``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(
-        description="The precision asked for: fp32, fp16-mixed, bf16-mixed, bf16-true, fp8-tensorwise, fp8-rowwise."
+        description="The precision asked for: fp32, fp16-mixed, bf16-mixed, bf16-true, fp8-tensorwise, fp8-rowwise, "
+        "mxfp8."
     )
     param_dtype: str = Field(description="dtype of the model parameters: float32, bfloat16, ...")
     autocast_dtype: str | None = Field(
@@ -84,7 +135,12 @@ class PrecisionPlan(BaseModel):
     notes: str = ""
     fp8_recipe: str | None = Field(
         default=None,
-        description="torchao float8 training recipe applied to the model's linears (tensorwise, rowwise); None: no FP8.",
+        description="torchao's training recipe applied to the model's linears: a float8 recipe (tensorwise, "
+        "rowwise) or an MXFP8 one (mxfp8_rceil); None: no FP8.",
+    )
+    mx: MXScaling | None = Field(
+        default=None,
+        description="The MX format of an MX run (element dtype, block size, scale dtype and rounding); None: not MX.",
     )
     fp8_e4m3_dtype: str | None = Field(
         default=None,
@@ -143,5 +199,20 @@ def standard_plan(name: str, matmul_math: str) -> PrecisionPlan:
             fp8_recipe=recipe,
             notes=f"linears in FP8 (torchao float8 training, recipe {recipe}: {scaling[recipe]}); "
             "everything else under bfloat16 autocast",
+        )
+    if name in MX_PRECISIONS:
+        # bfloat16 parameters, not float32 ones under autocast: torchao's MXFP8 casts take bfloat16 operands only
+        # (its Triton cast asserts it) and its override casts neither input nor weight to the autocast dtype
+        return PrecisionPlan(
+            name=name,
+            param_dtype="bfloat16",
+            autocast_dtype=None,
+            matmul_math=matmul_math,
+            fp8_recipe=MXFP8_RECIPE,
+            mx=MXFP8_SCALING,
+            notes=f"linears in MXFP8 (torchao MXFP8 training, recipe {MXFP8_RECIPE}: float8_e4m3fn elements in "
+            "blocks of 32 along the reduction dimension, one E8M0 power-of-two scale a block, rounded up); "
+            "everything else, and parameters, gradients and optimizer state, in bfloat16 (torchao's MXFP8 casts "
+            "take bfloat16 operands only)",
         )
     raise ValueError(f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")

@@ -58,6 +58,7 @@ class TorchExecutor(Executor):
                 job.flops_per_sample,
                 job.tokens_per_sample,
                 expected_e4m3=plan.fp8_e4m3_dtype,
+                micro_batch=self.request.config.batch_size // self.request.config.grad_accum,
             )
         self.model = self.wrap(model.train(), job.units)
         # after wrapping: sharding replaces params; the backend says which optimizer kernels its device has

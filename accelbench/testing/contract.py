@@ -25,6 +25,7 @@ import torch
 from accelbench.config import RunConfig
 from accelbench.contract import (
     CONTRACT_VERSION,
+    MX_PRECISIONS,
     PRECISIONS,
     Backend,
     BackendInfo,
@@ -73,6 +74,7 @@ _SIXTEEN_BIT = {
     "bf16-mixed": "bfloat16",
     "fp8-tensorwise": "bfloat16",  # FP8 linears, the rest under bf16 autocast
     "fp8-rowwise": "bfloat16",
+    "mxfp8": "bfloat16",  # MXFP8 linears, bfloat16 parameters
 }
 
 _RUNTIME_CHECK = """
@@ -292,6 +294,8 @@ class BackendContract:
                 assert want in (plan.autocast_dtype, plan.param_dtype), f"{name} runs no {want}: {plan}"
                 if name.startswith("fp8-"):
                     assert plan.fp8_recipe == name.removeprefix("fp8-"), f"{name} converts no linear: {plan}"
+                if name in MX_PRECISIONS:
+                    assert plan.fp8_recipe and plan.mx is not None, f"{name} records no MX format: {plan}"
 
     def test_undeclared_precision_is_refused(
         self, contract_backend: Backend, contract_device: torch.device

@@ -1,4 +1,5 @@
-"""A faithful stand-in for the part of torchao's API FP8 training uses (``torchao.float8``), for tests on machines
+"""A faithful stand-in for the part of torchao's API FP8 training uses (``torchao.float8``, and for MX training
+``torchao.quantization.quantize_`` with ``torchao.prototype.moe_training``'s MXFP8 config), for tests on machines
 without an FP8 GPU or torchao.
 
 It follows torchao 0.18's documented behaviour, not just its names: ``Float8LinearConfig.from_recipe_name`` accepts
@@ -13,6 +14,19 @@ GPU is available and device 0's ``gcnArchName`` names gfx940, gfx941 or gfx942 (
 ``Float8LinearConfig.__post_init__`` does (tensorwise: e4m3 input and weight, e5m2 grad_output; rowwise: e4m3 for
 all three). The forward rounds input and weight through the config's e4m3 dtype with one dynamic scale per tensor
 (straight-through gradients), so training runs for real on a CPU; it measures nothing and stands in for no timing.
+
+MX training follows torchao 0.18's ``torchao.prototype.moe_training``: ``MXFP8TrainingRecipe`` names its three
+recipes (another name is a ValueError, as the enum raises), ``MXFP8TrainingOpConfig.from_recipe`` fills the config
+as torchao does (AUTO or EMULATED kernels, RCEIL scales, weight gradient in MXFP8 or high precision);
+``quantize_(model, config, filter_fn)`` calls ``filter_fn(module, fqn)`` pre-order from the root (fqn ``""``), and for
+a module it accepts wraps every parameter of it and below in ``MXFP8TrainingWeightWrapperTensor`` (the module stays
+an ``nn.Linear``) without visiting its children again. The wrapper's ``F.linear`` override computes
+``input @ weight.T`` through ``mx_mm``, dropping the bias as torchao 0.18 does, and asserts, as torchao's ``to_mx``
+does, that the last dimension of every tensor it casts is divisible by the block size 32: in and out features, and in
+the weight gradient the rows (samples x tokens); with the AUTO kernels its Triton cast asserts bfloat16 input and
+weight (so an MXFP8 model's parameters are bfloat16, not float32 under autocast). Each operand is rounded to ``float8_e4m3fn`` in blocks of 32 with a
+power-of-two scale rounded up (RCEIL); the output is bfloat16 with the AUTO kernels (torchao's ``_scaled_mm``
+``out_dtype``), the input's dtype when emulated.
 """
 
 from __future__ import annotations
@@ -151,6 +165,170 @@ def convert_to_float8_training(
     return module
 
 
+class KernelPreference(enum.Enum):
+    AUTO = "auto"
+    TORCH = "torch"
+    EMULATED = "emulated"
+
+
+class ScaleCalculationMode(enum.Enum):
+    FLOOR = "floor"
+    RCEIL = "rceil"
+    CEIL = "ceil"
+    EVEN = "even"
+
+
+class MXFP8TrainingRecipe(enum.Enum):
+    MXFP8_RCEIL = "mxfp8_rceil"
+    MXFP8_RCEIL_WGRAD_WITH_HP = "mxfp8_rceil_wgrad_with_hp"
+    MXFP8_EMULATED_RCEIL = "mxfp8_emulated_rceil"
+
+
+@dataclass
+class MXFP8TrainingOpConfig:
+    kernel_preference: KernelPreference = KernelPreference.AUTO
+    out_dtype: torch.dtype | None = torch.bfloat16
+    wgrad_with_hp: bool = False
+    scale_calculation_mode: ScaleCalculationMode = ScaleCalculationMode.RCEIL
+    pad_token_groups_for_grouped_mm: bool = False
+
+    @classmethod
+    def from_recipe(cls, recipe: MXFP8TrainingRecipe) -> MXFP8TrainingOpConfig:
+        if recipe == MXFP8TrainingRecipe.MXFP8_RCEIL:
+            return cls()
+        if recipe == MXFP8TrainingRecipe.MXFP8_RCEIL_WGRAD_WITH_HP:
+            return cls(wgrad_with_hp=True)
+        if recipe == MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL:
+            return cls(kernel_preference=KernelPreference.EMULATED)
+        raise ValueError(f"Unsupported MXFP8 recipe: {recipe}")
+
+
+MX_BLOCK_SIZE = 32
+F8E4M3_MAX = 448.0
+
+
+def _to_mx(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to float8_e4m3fn in blocks of 32 along its last dimension, each with a power-of-two scale
+    rounded up (RCEIL), back in float32; asserts the block rule as torchao's ``to_mx``."""
+    assert x.shape[-1] % MX_BLOCK_SIZE == 0, (
+        f"the last dimension of shape {x.shape} must be divisible by block_size {MX_BLOCK_SIZE}"
+    )
+    blocks = x.detach().float().reshape(-1, MX_BLOCK_SIZE)
+    amax = blocks.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / F8E4M3_MAX)).clamp(-127, 127))
+    rounded = (blocks / scale).to(torch.float8_e4m3fn).float() * scale
+    return rounded.reshape(x.shape)
+
+
+class mx_mm(torch.autograd.Function):  # noqa: N801 - torchao's name
+    @staticmethod
+    def forward(
+        ctx: Any, input_hp: torch.Tensor, weight_hp: torch.Tensor, config: MXFP8TrainingOpConfig
+    ) -> Any:
+        with torch._C.DisableTorchFunctionSubclass(), torch.autocast(input_hp.device.type, enabled=False):
+            # torchao's Triton cast to MXFP8 along dim 0 (the AUTO kernels) takes bfloat16 only
+            if config.kernel_preference == KernelPreference.AUTO:
+                for x in (input_hp, weight_hp):
+                    assert x.dtype == torch.bfloat16, f"only bfloat16 inputs are supported, got {x.dtype}"
+            ctx.save_for_backward(input_hp, weight_hp)
+            ctx.config = config
+            rows = input_hp.reshape(-1, input_hp.shape[-1])
+            out = _to_mx(rows) @ _to_mx(weight_hp).t()
+            emulated = config.kernel_preference == KernelPreference.EMULATED
+            out = out.to(input_hp.dtype if emulated else torch.bfloat16)
+            return out.reshape(*input_hp.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        input_hp, weight_hp = ctx.saved_tensors
+        with torch._C.DisableTorchFunctionSubclass(), torch.autocast(grad_output.device.type, enabled=False):
+            grad = grad_output.reshape(-1, grad_output.shape[-1]).float()
+            rows = input_hp.reshape(-1, input_hp.shape[-1]).float()
+            grad_input = _to_mx(grad) @ _to_mx(weight_hp.float().t().contiguous()).t()
+            if ctx.config.wgrad_with_hp:
+                grad_weight = grad.t() @ rows
+            else:
+                grad_weight = _to_mx(grad.t().contiguous()) @ _to_mx(rows.t().contiguous()).t()
+            grad_input = grad_input.reshape(*input_hp.shape[:-1], grad_input.shape[-1]).to(input_hp.dtype)
+            return grad_input, grad_weight.to(weight_hp.dtype), None
+
+
+class MXFP8TrainingWeightWrapperTensor(torch.Tensor):
+    """A parameter's data as torchao wraps it: a tensor like any other, except for the linear ops."""
+
+    config: MXFP8TrainingOpConfig
+
+    @staticmethod
+    def __new__(cls, tensor: torch.Tensor, config: MXFP8TrainingOpConfig) -> MXFP8TrainingWeightWrapperTensor:
+        wrapped = tensor.as_subclass(cls)
+        wrapped.config = config
+        return wrapped
+
+    def __init__(self, tensor: torch.Tensor, config: MXFP8TrainingOpConfig) -> None:
+        pass
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in ("linear", "mm", "matmul", "addmm"):
+            a, b = args[0], args[1]
+            assert not isinstance(a, cls), f"A should not be a {cls.__name__}"
+            assert isinstance(b, cls), f"B should be a {cls.__name__}"
+            return mx_mm.apply(a, b, b.config)  # the bias (args[2]) is dropped, as by torchao 0.18
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if func is torch.Tensor.detach:  # as torchao's __torch_dispatch__: a detached parameter stays wrapped
+            return cls(out, args[0].config)
+        return out
+
+
+def _swap_params(module: torch.nn.Module, config: MXFP8TrainingOpConfig) -> torch.nn.Module:
+    for mod in module.modules():
+        for name, param in list(mod.named_parameters(recurse=False)):
+            if not isinstance(param.data, MXFP8TrainingWeightWrapperTensor):
+                wrapped = MXFP8TrainingWeightWrapperTensor(param.data, config)
+                setattr(mod, name, torch.nn.Parameter(wrapped, requires_grad=param.requires_grad))
+    return module
+
+
+def _is_linear(mod: torch.nn.Module, *args: Any) -> bool:
+    return isinstance(mod, torch.nn.Linear) and hasattr(mod, "weight")
+
+
+def quantize_(
+    model: torch.nn.Module,
+    config: MXFP8TrainingOpConfig,
+    filter_fn: Callable[[torch.nn.Module, str], bool] | None = _is_linear,
+    device: Any = None,
+) -> None:
+    if not isinstance(config, MXFP8TrainingOpConfig):
+        raise AssertionError(
+            f"the stand-in quantizes with MXFP8TrainingOpConfig only, not {type(config).__name__}"
+        )
+    accept = _is_linear if filter_fn is None else filter_fn
+
+    def visit(module: torch.nn.Module, fqn: str) -> torch.nn.Module:
+        if accept(module, fqn):
+            return _swap_params(module, config)
+        for name, child in list(module.named_children()):
+            new = visit(child, f"{fqn}.{name}" if fqn else name)
+            if new is not child:
+                setattr(module, name, new)
+        return module
+
+    visit(model, "")
+
+
+MX_MODULES = (
+    "torchao.quantization",
+    "torchao.prototype",
+    "torchao.prototype.moe_training",
+    "torchao.prototype.moe_training.config",
+    "torchao.prototype.moe_training.tensor",
+    "torchao.prototype.mx_formats",
+)
+
+
 def install(monkeypatch: Any) -> types.ModuleType:
     """Install the stand-in as ``torchao``, ``torchao.float8`` and ``torchao.float8.config`` for one test (pytest's
     ``monkeypatch``). The FP8 dtype pair is chosen now, from the torch in place (a ROCm stand-in installed first
@@ -170,6 +348,18 @@ def install(monkeypatch: Any) -> types.ModuleType:
     monkeypatch.setitem(sys.modules, "torchao", package)
     monkeypatch.setitem(sys.modules, "torchao.float8", float8)
     monkeypatch.setitem(sys.modules, "torchao.float8.config", config)
+    modules = {name: types.ModuleType(name) for name in MX_MODULES}
+    modules["torchao.quantization"].quantize_ = quantize_  # type: ignore[attr-defined]
+    for name in ("KernelPreference", "MXFP8TrainingOpConfig", "MXFP8TrainingRecipe", "ScaleCalculationMode"):
+        setattr(modules["torchao.prototype.moe_training.config"], name, globals()[name])
+    modules["torchao.prototype.moe_training.tensor"].MXFP8TrainingWeightWrapperTensor = (  # type: ignore[attr-defined]
+        MXFP8TrainingWeightWrapperTensor
+    )
+    modules["torchao.prototype.mx_formats"].ScaleCalculationMode = ScaleCalculationMode  # type: ignore[attr-defined]
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        setattr(modules.get(parent, package), child, module)
+        monkeypatch.setitem(sys.modules, name, module)
     return float8
 
 
@@ -178,3 +368,5 @@ def remove(monkeypatch: Any) -> None:
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
     monkeypatch.setitem(sys.modules, "torchao.float8.config", None)
+    for name in MX_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)

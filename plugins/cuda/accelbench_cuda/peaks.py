@@ -146,7 +146,7 @@ def peak_for(
 ) -> PeakFigures | None:
     """The peak for the math ``plan`` really uses: bf16 or fp16 tensor cores for 16-bit plans, TF32 when the plan
     records TF32 matmuls, IEEE fp32 otherwise. None when the device or that math is not in the table: never another
-    device's figure. An FP8 plan's peak is FLOP-weighted over fp8 and bf16 (:func:`_fp8_weighted`). ``details`` (detection's) give the conditions recorded beside it: the enforced power limit and
+    device's figure. An FP8 or MXFP8 plan's peak is FLOP-weighted over fp8 and bf16 (:func:`_fp8_weighted`). ``details`` (detection's) give the conditions recorded beside it: the enforced power limit and
     the maximum SM clock NVML reports."""
     entry = lookup(device_name)
     if entry is None:
@@ -183,7 +183,10 @@ def _fp8_weighted(device_name: str, plan: PrecisionPlan) -> tuple[float | None, 
         flops = flop_weighted_peak({"fp8": share, "bf16": 1.0 - share}, by_math)
     except KeyError:
         return None, "fp8 without a peak"
-    parts = [f"{share:.1%} of FLOPs in dense fp8 tensor at {by_math['fp8'] / T:.0f} TFLOP/s"]
+    # MXFP8 runs at the FP8 rate: NVIDIA's Blackwell datasheet gives one "FP8/FP6" tensor-core figure, and MX
+    # block scaling is applied by those tensor cores themselves
+    math = "mxfp8 (the fp8 rate)" if plan.mx is not None else "fp8"
+    parts = [f"{share:.1%} of FLOPs in dense {math} tensor at {by_math['fp8'] / T:.0f} TFLOP/s"]
     if share < 1.0:
         parts.append(f"{1.0 - share:.1%} in dense bf16 tensor at {by_math['bf16'] / T:.0f} TFLOP/s")
     return flops, "FLOP-weighted " + ", ".join(parts)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.contract import (
     FP8_PRECISIONS,
+    MX_PRECISIONS,
     Backend,
     BackendInfo,
     DeviceInfo,
@@ -135,11 +136,16 @@ class CudaBackend(Backend):
         return precision_rules.make_plan(precision, _capability(device), tf32)
 
     def check_run(self, config: RunConfig) -> None:
-        """An FP8 run needs torchao (the extra ``fp8``): refused before anything starts when it is missing."""
+        """An FP8 or MX run needs torchao (the extra ``fp8``): refused before anything starts when it is missing (or,
+        for MX, too old for MXFP8 training, or the torch build lacks what torchao's MXFP8 training asserts)."""
         if config.precision in FP8_PRECISIONS:
             from accelbench.engine.float8 import require_torchao
 
             require_torchao()
+        if config.precision in MX_PRECISIONS:
+            from accelbench.engine.float8 import require_torchao_mx
+
+            require_torchao_mx()
 
     def catalogue_precision_plan(
         self, precision: str, device: DeviceInfo, options: Mapping[str, Scalar]

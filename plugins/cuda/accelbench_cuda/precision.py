@@ -25,6 +25,11 @@ TF32_MIN = (8, 0)
 # FP8 tensor cores: Ada and Hopper on. torchao's tensorwise recipe (cuBLAS) needs sm_89; its rowwise recipe
 # (CUTLASS rowwise-scaled GEMM) sm_90: torchao's own tests skip rowwise below sm_90.
 FP8_MIN = {"fp8-tensorwise": (8, 9), "fp8-rowwise": (9, 0)}
+# MX (block-scaled) tensor cores: Blackwell on (sm_100/103: B200, GB200, B300, GB300; sm_120/121: RTX PRO 6000
+# Blackwell, RTX 50 series, GB10). The gate torchao's MXFP8 kernels and torch's cuBLAS MX GEMM share: torchao's Triton
+# and CUDA casts load where is_sm_at_least_100() (its CUDA cast built for sm_100 and compute_120), and torch's tests
+# take MX GEMMs as supported from SM 10.0 (PLATFORM_SUPPORTS_MX_GEMM).
+MX_MIN = {"mxfp8": (10, 0)}
 
 
 def tf32_policy(environ: Mapping[str, str] = os.environ) -> bool:
@@ -54,14 +59,15 @@ def catalogue_capability(device: DeviceInfo) -> tuple[int, int]:
 
 
 def supported_precisions(capability: tuple[int, int]) -> list[str]:
-    """The precisions a GPU of this compute capability runs natively (emulated bf16 is not offered); FP8 needs torchao
-    besides, checked before the run (:func:`accelbench.engine.float8.require_torchao`)."""
+    """The precisions a GPU of this compute capability runs natively (emulated bf16 is not offered); FP8 and MX need
+    torchao besides, checked before the run (:func:`accelbench.engine.float8.require_torchao`, ``require_torchao_mx``)."""
     names = ["fp32"]
     if capability >= FP16_MIN:
         names.append("fp16-mixed")
     if capability >= BF16_MIN:
         names += ["bf16-mixed", "bf16-true"]
     names += [name for name, floor in FP8_MIN.items() if capability >= floor]
+    names += [name for name, floor in MX_MIN.items() if capability >= floor]
     return names
 
 

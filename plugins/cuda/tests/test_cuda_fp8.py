@@ -1,4 +1,4 @@
-"""FP8 training on NVIDIA GPUs: which GPUs declare it, every refusal, and the FLOP-weighted peak MFU uses."""
+"""FP8 and MX training on NVIDIA GPUs: which GPUs declare them, every refusal, and the FLOP-weighted peak MFU uses."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def converted_plan(share: float, precision: str = "fp8-tensorwise") -> object:
     """An FP8 plan as the executor records it once the model's linears are converted."""
     plan = standard_plan(precision, "ieee-fp32")
     layers = Float8Layers(
-        recipe=plan.fp8_recipe or "",
+        recipe=plan.fp8_recipe or "",  # mxfp8_rceil for an MX plan
         converted=["blocks.0.mlp.fc"],
         kept={"lm_head": "head"},
         converted_count=1,
@@ -127,3 +127,79 @@ def test_an_fp8_estimate_for_a_catalogue_gpu_weighs_the_peaks_by_the_planned_lay
     )
     assert target.peak is not None and target.peak.flops_per_s == pytest.approx(expected)
     assert any("of the model FLOPs in FP8" in note for note in target.notes)
+
+
+# MX training (--precision mxfp8): Blackwell's block-scaled tensor cores, through torchao's MXFP8 training
+
+B200 = "NVIDIA B200"
+MX_LLAMA = dict(n_layer=1, n_head=2, n_embd=32, n_kv_heads=2, ffn_dim=64, seq_len=16)
+
+
+def test_blackwell_gpus_declare_mxfp8_and_plan_its_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, capability in ((B200, (10, 0)), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0))):
+        install_gpus(monkeypatch, [h200(0, name=name, capability=capability)])
+        backend = PluginHost().backends["cuda"]
+        device = backend.setup_device(World(local_rank=0), {})
+        backend.check_precision("mxfp8", device)
+        plan = backend.precision_plan("mxfp8", device, {})
+        assert plan.fp8_recipe == "mxfp8_rceil" and plan.mx is not None and plan.mx.block_size == 32
+        assert plan.param_dtype == "bfloat16"
+
+
+def test_a_hopper_gpu_refuses_mxfp8_naming_the_blackwell_gpus_and_the_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    install_gpus(monkeypatch, [h200(0)])
+    backend = PluginHost().backends["cuda"]
+    device = backend.setup_device(World(local_rank=0), {})
+    with pytest.raises(ConfigError) as refused:
+        backend.check_precision("mxfp8", device)
+    message = str(refused.value)
+    assert "does not support precision 'mxfp8'" in message
+    assert "compute capability >= 10.0: B200, GB200, B300, GB300" in message
+    assert "pip install 'accelbench-cuda[fp8]'" in message
+    assert (
+        "On this device use one of: fp32, fp16-mixed, bf16-mixed, bf16-true, fp8-tensorwise, fp8-rowwise"
+        in message
+    )
+
+
+def test_an_mx_run_without_torchao_is_refused_naming_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    torchao_standin.remove(monkeypatch)
+    backend = PluginHost().backends["cuda"]
+    config = RunConfig(model="custom", precision="mxfp8")
+    with pytest.raises(ConfigError, match=r"install it with: pip install 'accelbench-cuda\[fp8\]'"):
+        backend.check_run(config)
+    torchao_standin.install(monkeypatch)
+    backend.check_run(config)  # torchao with MXFP8 training present: nothing to refuse
+
+
+def test_the_mfu_peak_of_an_mx_run_is_the_fp8_rate_weighed_with_bf16() -> None:
+    peak = peak_for(B200, converted_plan(0.8, "mxfp8"))  # type: ignore[arg-type]
+    assert peak is not None
+    assert peak.flops_per_s == pytest.approx(1 / (0.8 / 4500e12 + 0.2 / 2250e12))
+    assert "80.0% of FLOPs in dense mxfp8 (the fp8 rate) tensor at 4500 TFLOP/s" in peak.source
+    assert peak_for(B200, standard_plan("mxfp8", "ieee-fp32")) is None  # no layers known before conversion
+
+
+def test_an_mxfp8_estimate_for_a_b200_weighs_the_peaks_by_the_planned_layers() -> None:
+    """`accelbench estimate --workload llama --precision mxfp8 --device B200`: the linears chosen on a meta-device
+    build, the peak FLOP-weighted over the FP8 rate and BF16; a Hopper refuses it."""
+    from accelbench.estimate.command import resolve_target
+
+    host = PluginHost()
+    config = host.resolve(
+        RunConfig(
+            workload="llama", model="custom", precision="mxfp8", batch_size=4, workload_options=MX_LLAMA
+        )
+    )
+    target = resolve_target(host, config, device_name="B200")
+    layers = target.plan.fp8_layers
+    assert layers is not None and layers.recipe == "mxfp8_rceil" and layers.converted_count == 7
+    assert list(layers.kept) == ["output"] and target.plan.mx is not None
+    expected = flop_weighted_peak(
+        {"fp8": layers.fp8_flop_share, "bf16": 1 - layers.fp8_flop_share}, peaks_by_math(B200)
+    )
+    assert target.peak is not None and target.peak.flops_per_s == pytest.approx(expected)
+    with pytest.raises(ConfigError, match=r"NVIDIA H100 80GB HBM3 \(sm_90\) does not run it"):
+        resolve_target(host, config, device_name="H100")

@@ -34,7 +34,8 @@ def restore_tf32_switches() -> Iterator[None]:
         ((8, 6), ALL),
         ((8, 9), [*ALL, "fp8-tensorwise"]),  # Ada (L4, L40S): FP8 tensor cores; torchao's rowwise needs sm_90
         ((9, 0), [*ALL, "fp8-tensorwise", "fp8-rowwise"]),
-        ((10, 0), [*ALL, "fp8-tensorwise", "fp8-rowwise"]),
+        ((10, 0), [*ALL, "fp8-tensorwise", "fp8-rowwise", "mxfp8"]),  # Blackwell: MX tensor cores
+        ((12, 0), [*ALL, "fp8-tensorwise", "fp8-rowwise", "mxfp8"]),  # RTX PRO 6000 Blackwell, RTX 50 series
     ],
 )
 def test_precisions_follow_the_compute_capability(capability: tuple[int, int], expected: list[str]) -> None:

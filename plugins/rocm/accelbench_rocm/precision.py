@@ -11,7 +11,9 @@ zero, one NaN, exponent bias one more than OCP's), and CDNA 4 (gfx950: MI350X, M
 (``Float8TypeConfig``: FNUZ when ``torch.version.hip`` is set and device 0 is gfx940/941/942, else OCP); the plan
 records the pair the architecture needs, and the executor refuses a conversion whose dtype differs
 (:func:`accelbench.engine.float8.convert_to_fp8`). RDNA 4 (gfx1200/1201) has OCP FP8 too but is not offered: it is
-untested here and not one of torchao's float8 training targets.
+untested here and not one of torchao's float8 training targets. MX training (``mxfp8``) is not offered either,
+though gfx950 has MX matrix cores and torch's block-scaled ``_scaled_mm`` runs there (ROCm 7): torchao 0.18's MXFP8
+linear casts the backward's operands with ``MXFP8Dim1CastKernelChoice.CUDA``, a kernel it loads only on sm_100+.
 """
 
 from __future__ import annotations

@@ -191,3 +191,17 @@ def test_an_fp8_estimate_for_an_mi300x_weighs_the_peaks_by_the_planned_layers() 
         peaks_by_math(instinct("AMD Instinct MI300X", "gfx942", 304)),
     )
     assert target.peak is not None and target.peak.flops_per_s == pytest.approx(expected)
+
+
+def test_an_mi355x_refuses_mxfp8_saying_why_and_naming_what_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gfx950 has MX matrix cores, but torchao 0.18's MXFP8 training casts the backward's operands with a CUDA-only
+    kernel (MXFP8Dim1CastKernelChoice.CUDA, loaded only on sm_100+), so the plugin does not declare mxfp8."""
+    install_gpus(monkeypatch, [mi355x()])
+    backend = PluginHost().backends["rocm"]
+    device = backend.setup_device(World(local_rank=0), {})
+    assert "mxfp8" not in backend.supported_precisions(device)
+    with pytest.raises(ConfigError) as refused:
+        backend.check_precision("mxfp8", device)
+    message = str(refused.value)
+    assert "MX training needs an NVIDIA Blackwell GPU" in message and "MI355X (gfx950)" in message
+    assert "CUDA-only kernel" in message and "fp8-tensorwise, fp8-rowwise" in message
