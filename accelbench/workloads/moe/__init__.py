@@ -524,7 +524,7 @@ class MoEWorkload:
             "vocab_size": vocab,
             "n_kv_heads": shape.n_kv_heads,
             "ffn_dim": shape.ffn_dim,
-            "head_dim": shape.attention_head_dim,
+            "head_dim": shape.qk_head_dim,  # MLA: the query/key width, qk_nope_head_dim + qk_rope_head_dim
             "rope_theta": shape.rope_theta,
             "n_experts": shape.n_experts,
             "top_k": shape.top_k,
