@@ -21,16 +21,20 @@ from accelbench.parallel_dims import ParallelDims, parse_mesh
 from accelbench.plugins import get_host
 from accelbench.results import ResultRecord, read_record
 from accelbench.workloads.gpt.data import generate_corpus
-from accelbench.workloads.moe import FLOPS_FORMULA, MODEL_SIZES, MoEShape, routing_balance
+from accelbench.workloads.moe import FLOPS_FORMULA, MLA_FLOPS_FORMULA, MODEL_SIZES, MoEShape, routing_balance
 
 pytest.importorskip("tokenizers")
 
+from accelbench.workloads.llama.model import FeedForward  # noqa: E402
 from accelbench.workloads.moe import experts_kernel_ran  # noqa: E402
 from accelbench.workloads.moe.model import (  # noqa: E402
+    DeepSeekFeedForward,
     GroupedExperts,
+    LatentAttention,
     MoE,
     MoEConfig,
     MoEFeedForward,
+    SigmoidRouter,
     grouped_mm_support,
     padded_groups,
     swiglu,
@@ -668,3 +672,279 @@ def test_estimate_counts_a_custom_sizes_total_and_active_parameters_by_the_close
     assert (prediction.parameters, prediction.active_parameters) == (total, active)
     assert prediction.flops_per_step == facts.flops_per_sample * 2  # batch 2, active parameters counted
     assert prediction.memory.weights_bytes == 4 * total  # fp32, every expert held
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSeek-V3's shape: multi-head latent attention, sigmoid routing, dense first blocks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def deepseek_config(**kw: object) -> MoEConfig:
+    values: dict[str, object] = {"n_layers": 3, "dim": 32, "n_heads": 4, "n_kv_heads": 4, "ffn_dim": 24,
+                                 "vocab_size": 97, "seq_len": 16, "n_experts": 4, "top_k": 2, "shared_experts": 1,
+                                 "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
+                                 "qk_rope_head_dim": 4, "v_head_dim": 6, "router_scores": "sigmoid",
+                                 "first_k_dense": 1, "dense_ffn_dim": 64}  # fmt: skip
+    return MoEConfig(**{**values, **kw})  # type: ignore[arg-type]
+
+
+def mla_closed_form(
+    layers: int, dense: int, d: int, h: int, r_q: int, r_kv: int, nope: int, rope: int, v: int, f_dense: int,
+    f: int, experts: int, routed: int, shared: int, vocab: int,
+) -> int:  # fmt: skip
+    """DeepSeek-V3's decoder, ``routed`` of each MoE block's ``experts`` counted. Latent attention: queries through
+    a rank-r_q latent (d r_q, its norm r_q, r_q h (nope + rope); d h (nope + rope) without one), keys and values
+    from a rank-r_kv latent plus one shared rotary key (d (r_kv + rope), its norm r_kv, r_kv h (nope + v)), the
+    output h v d. ``dense`` blocks with a SwiGLU of f_dense, the rest with a router and routed + shared experts of
+    f; two norms a block, the final norm, the embedding and the untied head."""
+    query = d * r_q + r_q + r_q * h * (nope + rope) if r_q else d * h * (nope + rope)
+    attention = query + d * (r_kv + rope) + r_kv + r_kv * h * (nope + v) + h * v * d
+    dense_block = attention + 3 * d * f_dense + 2 * d
+    moe_block = attention + d * experts + (routed + shared) * 3 * d * f + 2 * d
+    return dense * dense_block + (layers - dense) * moe_block + d + 2 * vocab * d
+
+
+def test_deepseek_v3_has_its_published_shape_and_parameter_counts() -> None:
+    """DeepSeek-V3's config.json (61 layers, width 7,168, 128 heads, latent ranks 512/1,536, head widths 128 + 64
+    and 128, 256 routed experts of 2,048 top-8 + 1 shared, the first 3 blocks dense of 18,432, vocabulary 129,280):
+    671.0 B parameters without the multi-token-prediction module (DeepSeek-AI: 671 B), 37.6 B active with both
+    embedding matrices, 36.6 B without the input embedding (DeepSeek-AI's 36.6 B, the output head included)."""
+    s = MODEL_SIZES["deepseek-v3"]
+    assert (s.n_layers, s.dim, s.n_heads, s.vocab_size) == (61, 7_168, 128, 129_280)
+    assert (s.kv_lora_rank, s.q_lora_rank, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim) == (
+        512, 1_536, 128, 64, 128,
+    )  # fmt: skip
+    assert (s.n_experts, s.top_k, s.shared_experts, s.ffn_dim) == (256, 8, 1, 2_048)
+    assert (s.first_k_dense, s.dense_ffn_dim, s.router_scores, s.attention_kind) == (
+        3,
+        18_432,
+        "sigmoid",
+        "MLA",
+    )
+    shape_args = (61, 3, 7_168, 128, 1_536, 512, 128, 64, 128, 18_432, 2_048, 256)
+    total = mla_closed_form(*shape_args, 256, 1, 129_280)
+    active = mla_closed_form(*shape_args, 8, 1, 129_280)
+    assert s.parameters(129_280) == total and s.active_parameters(129_280) == active
+    assert total / 1e9 == pytest.approx(671.03, abs=0.01)
+    assert active / 1e9 == pytest.approx(37.55, abs=0.01)
+    assert (active - 129_280 * 7_168) / 1e9 == pytest.approx(36.6, abs=0.05)
+    assert s.expert_parameters() == 58 * 256 * 3 * 7_168 * 2_048
+    assert s.flops_per_token(129_280, 4_096) == 6 * (active - 129_280 * 7_168) + 6 * 61 * 4_096 * 128 * (
+        192 + 128
+    )
+
+
+def test_the_deepseek_v3_estimate_counts_its_parameters_by_the_closed_form(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`accelbench estimate --workload moe --model deepseek-v3`: built on the meta device (no storage), its total
+    and active parameters the closed form's, the experts of its 58 MoE blocks (not the 3 dense ones) those an ep
+    axis shards, and the FLOPs the MLA formula's."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    options = {"seq_len": 64, "vocab_size": VOCAB}
+    config = host.resolve(
+        RunConfig(workload="moe", model="deepseek-v3", batch_size=2, data=corpus_dir / "text.txt",
+                  workload_options=options)  # type: ignore[arg-type]
+    )  # fmt: skip
+    facts = meta_facts(host.workload("moe"), config)
+    shape_args = (61, 3, 7_168, 128, 1_536, 512, 128, 64, 128, 18_432, 2_048, 256)
+    total, active = mla_closed_form(*shape_args, 256, 1, VOCAB), mla_closed_form(*shape_args, 8, 1, VOCAB)
+    assert facts.parameters == facts.stored_parameters == total == host.workload("moe").parameters(config)
+    assert facts.active_parameters == active and facts.expert_parameters == 58 * 256 * 3 * 7_168 * 2_048
+    assert (facts.top_k, facts.moe_layers) == (8, 58)
+    assert facts.flops_formula == MLA_FLOPS_FORMULA
+    assert facts.flops_per_sample == (6 * (active - VOCAB * 7_168) + 6 * 61 * 64 * 128 * (192 + 128)) * 64
+    prediction = predict(config, facts, device_type="cpu")
+    assert (prediction.parameters, prediction.active_parameters) == (total, active)
+
+
+@pytest.mark.parametrize("q_lora_rank", [24, 0], ids=["query-latent", "direct-query"])
+def test_latent_attention_is_causal(q_lora_rank: int) -> None:
+    """Changing the input at position 9 changes no output before it, and changes the output at 9 and after."""
+    torch.manual_seed(3)
+    attention = LatentAttention(deepseek_config(q_lora_rank=q_lora_rank))
+    x = torch.randn(2, 16, 32)
+    changed = x.clone()
+    changed[:, 9] += torch.randn(2, 32)
+    with torch.no_grad():
+        before, after = attention(x), attention(changed)
+    torch.testing.assert_close(after[:, :9], before[:, :9], rtol=0, atol=0)
+    assert (after[:, 9:] - before[:, 9:]).abs().amax(dim=-1).min() > 1e-4
+
+
+def test_latent_attention_is_its_definition() -> None:
+    """By the definition, one head at a time: keys and values expanded from the normed latent, the rotary parts of
+    query and key (one rotary key for every head) turned, softmax(q k / sqrt(nope + rope)) with the causal mask,
+    times the values, then the output projection."""
+    from accelbench.workloads.llama.model import apply_rope
+
+    torch.manual_seed(4)
+    cfg = deepseek_config()
+    attention = LatentAttention(cfg)
+    x = torch.randn(1, 7, 32)
+    nope, rope, v_dim, h = 8, 4, 6, 4
+    q = attention.wq_b(attention.q_norm(attention.wq_a(x))).view(1, 7, h, nope + rope)
+    kv_a = attention.wkv_a(x)
+    kv = attention.wkv_b(attention.kv_norm(kv_a[..., :16])).view(1, 7, h, nope + v_dim)
+    k_rope = apply_rope(kv_a[..., None, 16:], cfg.rope_theta)[:, :, 0]  # (1, time, rope)
+    q_rope = apply_rope(q[..., nope:], cfg.rope_theta)
+    mask = torch.ones(7, 7).tril().bool()
+    heads = []
+    for i in range(h):
+        scores = q[0, :, i, :nope] @ kv[0, :, i, :nope].T + q_rope[0, :, i] @ k_rope[0].T
+        weights = (scores / math.sqrt(nope + rope)).masked_fill(~mask, float("-inf")).softmax(-1)
+        heads.append(weights @ kv[0, :, i, nope:])
+    expected = attention.wo(torch.cat(heads, dim=-1))[None]
+    torch.testing.assert_close(attention(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_deepseek_routing_gates_are_sigmoid_scores_renormalised_over_the_chosen() -> None:
+    """DeepSeek-V3's gates: the top-k sigmoid scores, divided by their sum; the shared expert added."""
+    torch.manual_seed(5)
+    cfg = deepseek_config()
+    model = MoE(cfg)
+    layer = model.layers[1].feed_forward
+    assert isinstance(layer, DeepSeekFeedForward) and isinstance(layer.router, SigmoidRouter)
+    assert isinstance(model.layers[0].feed_forward, FeedForward)  # first_k_dense = 1
+    assert len(model.moe_layers()) == 2 and isinstance(model.layers[0].attention, LatentAttention)
+    for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3):
+        torch.nn.init.normal_(w, std=0.1)
+    x = torch.randn(2, 3, cfg.dim)
+    y = layer(x)
+    assert layer.shared_expert is not None
+    for token, out in zip(x.reshape(-1, cfg.dim), y.reshape(-1, cfg.dim), strict=True):
+        scores = torch.sigmoid(token @ layer.router.weight.T)
+        top = scores.topk(cfg.top_k)
+        expected = layer.shared_expert(token)
+        for gate, e in zip(top.values / top.values.sum(), top.indices.tolist(), strict=True):
+            expected = (
+                expected
+                + gate * swiglu(token[None], layer.experts.w1[e], layer.experts.w3[e], layer.experts.w2[e])[0]
+            )
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_mla_flops_formula_is_what_torch_counts() -> None:
+    """6*N_active + 6*L*s*h*(qk + v) per token: torch's counter times 3, plus 6 x the norms' weights (in N, not
+    matmuls)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # the per-expert loop: torch's FlopCounterMode has no formula for torch._grouped_mm (it would count no experts)
+    cfg = deepseek_config(vocab_size=500, seq_len=64, experts_kernel="loop")
+    shape = MoEShape(3, 32, 4, 4, 24, 4, 2, 1, 500, 64, 10_000.0, kv_lora_rank=16, q_lora_rank=24,
+                     qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, router_scores="sigmoid",
+                     first_k_dense=1, dense_ffn_dim=64)  # fmt: skip
+    model = MoE(cfg)
+    assert model.num_parameters() == shape.parameters(500)
+    tokens = torch.randint(0, 500, (2, 64))
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        model(tokens, tokens)
+    per_token = 3 * counter.get_total_flops() / (2 * 64)
+    norms = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.RMSNorm))
+    assert shape.flops_per_token(500, 64) == per_token + 6 * norms
+
+
+def test_deepseek_tiny_trains_on_cpu_and_its_loss_falls(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelbench.engine.runner import run as run_in_process
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    config = host.resolve(
+        RunConfig(
+            workload="moe",
+            model="deepseek-tiny",
+            backend="cpu",
+            batch_size=8,
+            epochs=2,
+            steps_per_epoch=3,
+            learning_rate=5e-3,
+            data=corpus_dir / "text.txt",
+            output_dir=tmp_path,
+            no_tensor_peak=True,
+            peak_tflops=1.0,
+            workload_options={"seq_len": 32, "vocab_size": VOCAB},
+        )  # fmt: skip
+    )
+    host.workload("moe").check(config)
+    record, _, status = run_in_process(config, host)
+    assert status == "ok" and record is not None, record and record.outcome
+    epoch_losses = losses(record)
+    assert epoch_losses[0] == pytest.approx(math.log(VOCAB), rel=0.05)
+    assert epoch_losses[-1] < epoch_losses[0] - 0.3, epoch_losses
+    shape = MODEL_SIZES["deepseek-tiny"]
+    w = record.workload
+    assert w["attention_kind"] == "MLA" and "multi-head latent attention" in w["attention"]
+    assert (w["kv_lora_rank"], w["q_lora_rank"], w["moe_layers"]) == (32, 48, 2)
+    assert w["parameters"] == shape.parameters(VOCAB) and w["active_parameters"] == shape.active_parameters(
+        VOCAB
+    )
+    assert record.metrics is not None and record.metrics.flops_formula == MLA_FLOPS_FORMULA
+    assert len(w["routing"]["tokens_per_expert_by_layer"]) == 2  # the dense first block routes nothing
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"kv_lora_rank": 0}, "shape multi-head latent attention: give a kv_lora_rank > 0"),
+        ({"qk_rope_head_dim": 5}, "qk_rope_head_dim 5 must be even"),
+        ({"v_head_dim": 0}, "needs positive qk_nope_head_dim, qk_rope_head_dim and v_head_dim"),
+        ({"first_k_dense": 4}, "use 0 to 3 (the layers) dense blocks"),
+        ({"dense_ffn_dim": 0}, "each with a positive dense_ffn_dim"),
+        ({"router_scores": "softplus"}, "use 'softmax' or 'sigmoid'"),
+    ],
+)
+def test_bad_latent_attention_and_routing_configurations_are_refused(
+    change: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        MoE(deepseek_config(**change))
+
+
+@pytest.mark.parametrize(
+    "options, mesh, message",
+    [
+        ({"seq_len": 4_096}, None, "--seq-len 4096 is above deepseek-tiny's context of 2,048 tokens"),
+        ({"n_kv_heads": 2}, None, "--kv-heads describe a custom size: use them with --model custom"),
+        ({}, "ep=3", "8 experts per layer do not divide over ep=3 ranks; an ep size must divide 8: 2, 4, 8"),
+        ({}, "tp=2", "declares no tensor-parallel plan"),
+    ],
+)
+def test_bad_deepseek_tiny_runs_are_refused(
+    options: dict[str, object], mesh: str | None, message: str
+) -> None:
+    host = get_host()
+    devices = {"mesh": mesh, "devices": 3 if mesh == "ep=3" else 2} if mesh else {}
+    with pytest.raises(ConfigError, match=message):
+        config = host.resolve(
+            RunConfig(workload="moe", model="deepseek-tiny", workload_options=options, **devices)
+        )  # type: ignore[arg-type]
+        workload = host.workload("moe")
+        workload.check(config)
+        check_model_split(config, workload.units(config), "moe")
+
+
+@pytest.mark.slow
+def test_deepseek_tiny_expert_parallel_is_one_process_training(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--mesh ep=2 on two gloo processes: each rank keeps 4 of the 8 routed experts of the 2 MoE blocks; the dense
+    block, the shared experts and the latent attention are replicated. The losses are one process's on the global
+    batch."""
+    data = ["--data", str(corpus_dir / "text.txt")]
+    args = ["--workload", "moe", "--model", "deepseek-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
+            "--epochs", "2", "--steps-per-epoch", "2", "-q", "--mesh", "ep=2", "--devices", "2", "--batch-size", "4"]  # fmt: skip
+    proc = accelbench("run", *args, *data, "--output-dir", str(tmp_path), env=env_of(corpus_dir), timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(next(tmp_path.glob("*.json")))
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.executor["expert_parallel"]["experts_per_rank"] == 4
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    assert losses(record) == pytest.approx(one_process_losses(record), abs=1e-5, rel=0)

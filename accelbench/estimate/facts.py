@@ -125,7 +125,10 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         expert_parameters=int(summary.get("expert_parameters", 0) or 0),
         active_parameters=int(summary["active_parameters"]) if summary.get("active_parameters") else None,
         top_k=int(summary.get("top_k", 0) or 0),
-        moe_layers=int(summary.get("n_layer", 0) or 0) if summary.get("expert_parameters") else 0,
+        # the blocks with experts: all of them, or the summary's count where the first ones are dense
+        moe_layers=int(summary.get("moe_layers", summary.get("n_layer", 0)) or 0)
+        if summary.get("expert_parameters")
+        else 0,
     )
 
 

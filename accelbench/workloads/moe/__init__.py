@@ -15,7 +15,18 @@ Sizes: ``moe-tiny`` and ``moe-mini`` for CPUs and quick runs, and two published 
 - ``gpt-oss-20b`` (OpenAI's config.json): 24 layers, width 2,880, 64 heads of 64 (q width 4,096), 8 key/value heads,
   32 experts of 2,880, top-4, vocabulary 201,088, RoPE base 150,000: 20.9B parameters (published 20.9B), 4.2B active
   with both embedding matrices (OpenAI's 3.6B counts the unembedding only); its attention sinks, alternate
-  sliding-window layers and biases are not modelled.
+  sliding-window layers and biases are not modelled;
+- ``deepseek-v3`` (DeepSeek-AI's config.json), with **multi-head latent attention** (MLA) in place of grouped-query
+  attention: 61 layers, the first 3 dense (SwiGLU of 18,432), width 7,168, 128 heads, key/value latent 512, query
+  latent 1,536, head widths 128 (no rotary) + 64 (rotary) for queries and keys and 128 for values; 256 experts of
+  2,048, top-8 by sigmoid scores renormalised over the chosen, 1 shared; vocabulary 129,280, RoPE base 10,000,
+  context 4,096 (its pretraining length): 671.0B parameters without its multi-token-prediction module (published
+  671B), 37.6B active with both embedding matrices (36.6B without the input embedding, as published). Its
+  balancing differs: DeepSeek-V3 balances by per-expert score biases (aux-loss-free) with a 0.0001 sequence-wise
+  loss, this model by the Switch loss at ``--aux-loss-coef``; node-limited routing, the routed output's 2.5 scale
+  and YaRN are not modelled;
+- ``deepseek-tiny``: the same architecture for CPUs (3 layers, the first dense, width 64, 4 heads, 8 experts of 64
+  top-2 plus a shared one).
 
 Or ``custom``: the Llama workload's ``--layers --heads --embd`` (``--kv-heads``, ``--ffn-dim`` optional, ``--ffn-dim``
 each expert's hidden width) and the experts' ``--experts`` (default 8), ``--top-k`` (default 2) and
@@ -25,7 +36,8 @@ each expert's hidden width) and the experts' ``--experts`` (default 8), ``--top-
 
 FLOPs per token count the **active** parameters (what one token is multiplied by), training = 3 x forward::
 
-    6*N_active + 12*L*q*s
+    6*N_active + 12*L*q*s             (grouped-query attention)
+    6*N_active + 6*L*s*h*(qk + v)     (MLA: qk = qk_nope_head_dim + qk_rope_head_dim, v = v_head_dim)
 
 N_active = the attention weights, the router, ``top_k`` routed experts, the shared expert, the norms, the final norm
 and the untied head (not the token embedding, a lookup); q = heads x head width, L layers, s the sequence length: the
@@ -60,7 +72,7 @@ from accelbench.workloads.llama import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, MIN_VOC
 if TYPE_CHECKING:
     from accelbench.workloads import TrainingJob
 
-__all__ = ["FLOPS_FORMULA", "MODEL_SIZES", "MoEShape", "MoEWorkload", "routing_balance"]
+__all__ = ["FLOPS_FORMULA", "MLA_FLOPS_FORMULA", "MODEL_SIZES", "MoEShape", "MoEWorkload", "routing_balance"]
 
 MAX_VOCAB = 2**20
 MAX_EXPERTS = 1024  # far above any published mixture (DeepSeek-V3 routes over 256), so a typo is refused
@@ -70,7 +82,9 @@ CUSTOM_ROPE_THETA = 500_000.0
 
 @dataclass(frozen=True)
 class MoEShape:
-    """One named size: the Llama's shape (``ffn_dim`` is each expert's hidden width) plus the experts'."""
+    """One named size: the Llama's shape (``ffn_dim`` is each expert's hidden width) plus the experts', and for
+    DeepSeek-V3's shape its latent attention (``kv_lora_rank`` > 0), sigmoid router and dense first blocks (the
+    fields of :class:`accelbench.workloads.moe.model.MoEConfig` of the same names)."""
 
     n_layers: int
     dim: int
@@ -84,39 +98,103 @@ class MoEShape:
     max_seq_len: int
     rope_theta: float
     head_dim: int = 0  # 0: dim // n_heads
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention (n_kv_heads and head_dim unused)
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    router_scores: str = "softmax"
+    first_k_dense: int = 0
+    dense_ffn_dim: int = 0
 
     @property
     def attention_head_dim(self) -> int:
         return self.head_dim or self.dim // self.n_heads
 
+    @property
+    def latent_attention(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def attention_kind(self) -> str:
+        return "MLA" if self.latent_attention else "GQA"
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Each head's query/key width: what the scores are a dot product over."""
+        return (
+            self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.latent_attention
+            else self.attention_head_dim
+        )
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim if self.latent_attention else self.attention_head_dim
+
+    @property
+    def moe_layers(self) -> int:
+        """The blocks with routed experts (the first ``first_k_dense`` are dense)."""
+        return self.n_layers - self.first_k_dense
+
+    def attention_parameters(self) -> int:
+        """One block's attention. Grouped-query: ``2 d q + 2 d kv`` (q = heads x head width, kv = key/value heads x
+        head width). Latent (MLA), with h heads, r_q = q_lora_rank, r_kv = kv_lora_rank and the head widths
+        nope, rope, v: queries ``d r_q + r_q + r_q h (nope + rope)`` (a norm between two projections; ``d h (nope +
+        rope)`` without a query latent), keys and values ``d (r_kv + rope) + r_kv + r_kv h (nope + v)``, output
+        ``h v d``."""
+        d, h = self.dim, self.n_heads
+        if not self.latent_attention:
+            q = h * self.attention_head_dim
+            kv = self.n_kv_heads * self.attention_head_dim
+            return 2 * d * q + 2 * d * kv
+        qk, r_q, r_kv = self.qk_head_dim, self.q_lora_rank, self.kv_lora_rank
+        query = d * r_q + r_q + r_q * h * qk if r_q else d * h * qk
+        key_value = (
+            d * (r_kv + self.qk_rope_head_dim) + r_kv + r_kv * h * (self.qk_nope_head_dim + self.v_head_dim)
+        )
+        return query + key_value + h * self.v_head_dim * d
+
     def _layer(self, experts: int) -> int:
-        """A block's parameters with ``experts`` routed experts counted."""
-        q = self.n_heads * self.attention_head_dim
-        kv = self.n_kv_heads * self.attention_head_dim
-        attention = 2 * self.dim * q + 2 * self.dim * kv
+        """A block with routed experts, ``experts`` of them counted: attention, router, experts, shared expert,
+        two norms."""
         expert = 3 * self.dim * self.ffn_dim
-        return attention + self.dim * self.n_experts + (experts + self.shared_experts) * expert + 2 * self.dim
+        return (
+            self.attention_parameters()
+            + self.dim * self.n_experts
+            + (experts + self.shared_experts) * expert
+            + 2 * self.dim
+        )
+
+    def _dense_layer(self) -> int:
+        """One of the first ``first_k_dense`` blocks: attention, a SwiGLU of ``dense_ffn_dim``, two norms."""
+        return self.attention_parameters() + 3 * self.dim * self.dense_ffn_dim + 2 * self.dim
+
+    def _layers(self, experts: int) -> int:
+        return self.first_k_dense * self._dense_layer() + self.moe_layers * self._layer(experts)
 
     def parameters(self, vocab_size: int) -> int:
         """Every parameter, all experts included (what memory holds)."""
-        return self.n_layers * self._layer(self.n_experts) + self.dim + 2 * vocab_size * self.dim
+        return self._layers(self.n_experts) + self.dim + 2 * vocab_size * self.dim
 
     def expert_parameters(self) -> int:
         """The routed experts' parameters, all layers (what expert parallelism shards)."""
-        return self.n_layers * self.n_experts * 3 * self.dim * self.ffn_dim
+        return self.moe_layers * self.n_experts * 3 * self.dim * self.ffn_dim
 
     def active_parameters(self, vocab_size: int) -> int:
         """The parameters one token is computed with: top-k experts of each layer, the embedding row included."""
-        return self.n_layers * self._layer(self.top_k) + self.dim + 2 * vocab_size * self.dim
+        return self._layers(self.top_k) + self.dim + 2 * vocab_size * self.dim
 
     def active_non_embedding_parameters(self, vocab_size: int) -> int:
         """N_active of the FLOPs formula: the active parameters without the token embedding (a lookup)."""
         return self.active_parameters(vocab_size) - vocab_size * self.dim
 
     def flops_per_token(self, vocab_size: int, seq_len: int) -> float:
-        """6*N_active + 12*L*q*s: training FLOPs per token, causal attention counted whole."""
-        q = self.n_heads * self.attention_head_dim
-        return 6.0 * self.active_non_embedding_parameters(vocab_size) + 12.0 * self.n_layers * q * seq_len
+        """6*N_active + 6*L*s*h*(qk + v): training FLOPs per token, causal attention counted whole (the scores
+        ``q k^T`` over qk = the query/key head width, their product with the values over v = the value head width;
+        for grouped-query attention qk = v = the head width, so ``12*L*q*s``)."""
+        attention = 6.0 * self.n_layers * seq_len * self.n_heads * (self.qk_head_dim + self.value_head_dim)
+        return 6.0 * self.active_non_embedding_parameters(vocab_size) + attention
 
 
 MODEL_SIZES: dict[str, MoEShape] = {
@@ -126,8 +204,60 @@ MODEL_SIZES: dict[str, MoEShape] = {
     "mixtral-8x7b": MoEShape(32, 4_096, 32, 8, 14_336, 8, 2, 0, 32_000, 32_768, 1_000_000.0),
     # OpenAI's gpt-oss-20b (config.json): 64 heads of 64 on a width of 2,880
     "gpt-oss-20b": MoEShape(24, 2_880, 64, 8, 2_880, 32, 4, 0, 201_088, 4_096, 150_000.0, head_dim=64),
+    # DeepSeek-V3 in miniature for CPUs: latent attention, sigmoid routing, 1 shared + 8 routed experts top-2, the
+    # first block dense
+    "deepseek-tiny": MoEShape(
+        n_layers=3,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=4,
+        ffn_dim=64,
+        n_experts=8,
+        top_k=2,
+        shared_experts=1,
+        vocab_size=SMALL_VOCAB,
+        max_seq_len=2_048,
+        rope_theta=10_000.0,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        router_scores="sigmoid",
+        first_k_dense=1,
+        dense_ffn_dim=192,
+    ),
+    # DeepSeek-AI's DeepSeek-V3 (config.json), without its multi-token-prediction module; context: its 4,096-token
+    # pretraining length (163,840 after YaRN, not modelled)
+    "deepseek-v3": MoEShape(
+        n_layers=61,
+        dim=7_168,
+        n_heads=128,
+        n_kv_heads=128,
+        ffn_dim=2_048,  # moe_intermediate_size
+        n_experts=256,  # n_routed_experts
+        top_k=8,  # num_experts_per_tok
+        shared_experts=1,  # n_shared_experts
+        vocab_size=129_280,
+        max_seq_len=4_096,
+        rope_theta=10_000.0,
+        kv_lora_rank=512,
+        q_lora_rank=1_536,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        router_scores="sigmoid",  # scoring_func
+        first_k_dense=3,  # first_k_dense_replace
+        dense_ffn_dim=18_432,  # intermediate_size
+    ),
 }
 
+MLA_FLOPS_FORMULA = (
+    "6*N_active + 6*L*s*h*(qk + v) per token, multi-head latent attention (N_active = parameters one token is "
+    "computed with, without the token embedding: latent attention, router, top-k routed experts, shared expert, "
+    "dense first blocks, norms, untied head; h heads, qk = qk_nope_head_dim + qk_rope_head_dim, v = v_head_dim; "
+    "attention over the whole s x s scores, not halved for the causal mask)"
+)
 FLOPS_FORMULA = (
     "6*N_active + 12*L*q*s per token (N_active = parameters one token is computed with, without the token "
     "embedding: attention, router, top-k routed experts, shared expert, norms, untied head; q = heads x head "
@@ -136,8 +266,8 @@ FLOPS_FORMULA = (
 
 OPTIONS = (
     RunOption(name="seq_len", type="int", default=256, gt=1, le=32_768,
-              help="tokens per sequence (at most the size's context: 2,048 for moe-tiny/-mini, 4,096 for "
-              "gpt-oss-20b, 32,768 for mixtral-8x7b)", workload="moe"),
+              help="tokens per sequence (at most the size's context: 2,048 for moe-tiny/-mini and deepseek-tiny, "
+              "4,096 for gpt-oss-20b and deepseek-v3, 32,768 for mixtral-8x7b)", workload="moe"),
     RunOption(name="vocab_size", type="int", ge=MIN_VOCAB, le=MAX_VOCAB,
               help="the model's vocabulary, and the tokens the byte-level BPE is trained for (default: the size's)",
               workload="moe"),
@@ -332,7 +462,8 @@ class MoEWorkload:
 
     name = "moe"
     description = (
-        "mixture-of-experts decoder (Llama attention, top-k routed SwiGLU experts, shared expert, balance loss); "
+        "mixture-of-experts decoder (grouped-query attention, or multi-head latent attention (MLA), sigmoid routing "
+        "and dense first blocks for the deepseek sizes; top-k routed SwiGLU experts, shared expert, balance loss); "
         "expert parallelism with --mesh ep=N"
     )
 
@@ -398,6 +529,14 @@ class MoEWorkload:
             aux_loss_coef=coef,
             attention_head_dim=shape.head_dim,
             experts_kernel=experts_kernel_option(config),
+            kv_lora_rank=shape.kv_lora_rank,
+            q_lora_rank=shape.q_lora_rank,
+            qk_nope_head_dim=shape.qk_nope_head_dim,
+            qk_rope_head_dim=shape.qk_rope_head_dim,
+            v_head_dim=shape.v_head_dim,
+            router_scores=shape.router_scores,
+            first_k_dense=shape.first_k_dense,
+            dense_ffn_dim=shape.dense_ffn_dim,
         )
         model = MoE(cfg)
         lr = config.learning_rate
@@ -412,14 +551,26 @@ class MoEWorkload:
             "vocab_size": vocab,
             "n_kv_heads": shape.n_kv_heads,
             "ffn_dim": shape.ffn_dim,
-            "head_dim": shape.attention_head_dim,
+            "head_dim": shape.qk_head_dim,  # MLA: the query/key width, qk_nope_head_dim + qk_rope_head_dim
             "rope_theta": shape.rope_theta,
             "n_experts": shape.n_experts,
             "top_k": shape.top_k,
             "shared_experts": shape.shared_experts,
+            "moe_layers": shape.moe_layers,
+            "first_k_dense": shape.first_k_dense,
+            "dense_ffn_dim": shape.dense_ffn_dim,
+            "router_scores": f"{shape.router_scores}, top-{shape.top_k} gates renormalised to sum to 1",
+            "attention_kind": shape.attention_kind,
+            **latent_attention_summary(shape),
             "aux_loss_coef": coef,
             "aux_loss": "Switch's E * sum_i f_i * P_i per sequence, averaged over the batch (DeepSeek-V3's "
-            "sequence-wise form), added to the cross-entropy times aux_loss_coef",
+            "sequence-wise form), added to the cross-entropy times aux_loss_coef"
+            + (
+                "; DeepSeek-V3 balances by per-expert score biases instead (aux-loss-free, not modelled) with "
+                "this loss at 0.0001"
+                if shape.router_scores == "sigmoid"
+                else ""
+            ),
             "tokenizer_vocab": corpus.vocab_size,
             "dropout": 0.0,
             "parameters": model.num_parameters(),
@@ -429,7 +580,8 @@ class MoEWorkload:
             "expert_parameters": shape.expert_parameters(),
             "flops_per_token": per_token,
             "flops_count": "active parameters (top-k routed experts + shared expert + attention + router + head)",
-            "attention": "torch scaled_dot_product_attention (causal, grouped-query)",
+            "attention": "torch scaled_dot_product_attention (causal, "
+            + ("multi-head latent attention)" if shape.latent_attention else "grouped-query)"),
             # what was asked; the record's experts_kernel (RoutingCounts.summarise) says what ran
             "experts_kernel_option": experts_kernel_option(config),
             "tied_embedding_head": False,
@@ -440,13 +592,26 @@ class MoEWorkload:
             validation=validation,
             make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
             flops_per_sample=per_token * seq_len,
-            flops_formula=FLOPS_FORMULA,
+            flops_formula=MLA_FLOPS_FORMULA if shape.latent_attention else FLOPS_FORMULA,
             tokens_per_sample=seq_len,
             units=moe_units(shape, seq_len),
             grad_clip_norm=1.0,
             summary=summary,
             step_counts=RoutingCounts(model, shape.top_k),
         )
+
+
+def latent_attention_summary(shape: MoEShape) -> dict[str, Any]:
+    """The record's multi-head latent attention dimensions (none for grouped-query attention)."""
+    if not shape.latent_attention:
+        return {}
+    return {
+        "kv_lora_rank": shape.kv_lora_rank,
+        "q_lora_rank": shape.q_lora_rank,
+        "qk_nope_head_dim": shape.qk_nope_head_dim,
+        "qk_rope_head_dim": shape.qk_rope_head_dim,
+        "v_head_dim": shape.v_head_dim,
+    }
 
 
 def moe_units(shape: MoEShape, seq_len: int | None = None) -> ModelUnits:

@@ -28,9 +28,15 @@ experts; every rank routes its own tokens, sends each to the rank holding its ex
 the deprecated ``torch.distributed.nn.functional.all_to_all_single``, and torchtitan uses; differentiable: its
 backward is the reverse exchange).
 
-Not modelled: GPT-OSS's attention sinks, sliding-window layers and biases; DeepSeek-V3's multi-head latent attention,
-its bias-based (aux-loss-free) balancing and its dense first layers; token dropping by capacity (every token is
-computed: nothing is dropped, so the load is exactly the routing's).
+DeepSeek-V3's shape (``kv_lora_rank`` > 0, see :class:`MoEConfig`): multi-head latent attention
+(:class:`LatentAttention`) in place of grouped-query attention, sigmoid router scores (:class:`SigmoidRouter`) and
+the first ``first_k_dense`` blocks with a dense SwiGLU feed-forward of ``dense_ffn_dim`` instead of experts.
+
+Not modelled: GPT-OSS's attention sinks, sliding-window layers and biases; DeepSeek-V3's bias-based
+(aux-loss-free) balancing (the Switch-style loss above balances instead), its node-limited routing (experts chosen
+within 4 of 8 groups), its routed-output scale (2.5, a constant: no compute), its multi-token-prediction module and
+YaRN's long-context attention scale; token dropping by capacity (every token is computed: nothing is dropped, so the
+load is exactly the routing's).
 """
 
 from __future__ import annotations
@@ -43,14 +49,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accelbench.workloads.llama.model import Attention, FeedForward, LlamaConfig, configure_adamw
+from accelbench.workloads.llama.model import (
+    Attention,
+    FeedForward,
+    LlamaConfig,
+    configure_adamw,
+    rope_angles,
+    rotate,
+)
 
 __all__ = [
     "EXPERTS_KERNELS",
+    "DeepSeekFeedForward",
     "GroupedExperts",
+    "LatentAttention",
     "MoE",
     "MoEConfig",
     "MoEFeedForward",
+    "SigmoidRouter",
     "configure_adamw",
     "grouped_mm_support",
     "padded_groups",
@@ -67,10 +83,105 @@ class MoEConfig(LlamaConfig):
     aux_loss_coef: float = 0.01
     attention_head_dim: int = 0  # 0: dim // n_heads (GPT-OSS's heads are 64 wide on a 2,880 width)
     experts_kernel: str = "auto"  # how GroupedExperts runs: auto, grouped (torch._grouped_mm) or loop
+    # DeepSeek-V3's multi-head latent attention, on when kv_lora_rank > 0 (n_kv_heads is then unused)
+    kv_lora_rank: int = 0  # the compressed key/value latent every head's keys and values are expanded from
+    q_lora_rank: int = 0  # 0: queries projected directly from the input; > 0: through a latent this wide
+    qk_nope_head_dim: int = 0  # each head's query/key part without rotary embedding
+    # each head's rotary query part; its rotary key part is one key shared by all heads
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0  # each head's value width
+    # DeepSeek-V3's routing and dense first blocks
+    router_scores: str = "softmax"  # "softmax" (Mixtral's, GPT-OSS's) or "sigmoid" (DeepSeek-V3's)
+    first_k_dense: int = 0  # the first blocks with a dense SwiGLU of dense_ffn_dim instead of experts
+    dense_ffn_dim: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.dim // self.n_heads
+
+    @property
+    def latent_attention(self) -> bool:
+        return self.kv_lora_rank > 0
+
+
+def check_config(cfg: MoEConfig) -> None:
+    """Refuse a configuration the model cannot be built with, saying what would work."""
+    if cfg.top_k > cfg.n_experts:
+        raise ValueError(f"top-{cfg.top_k} routing needs at least {cfg.top_k} experts, not {cfg.n_experts}")
+    if cfg.router_scores not in ("softmax", "sigmoid"):
+        raise ValueError(f"router scores {cfg.router_scores!r}: use 'softmax' or 'sigmoid'")
+    if not 0 <= cfg.first_k_dense <= cfg.n_layers or (cfg.first_k_dense and cfg.dense_ffn_dim <= 0):
+        raise ValueError(
+            f"{cfg.first_k_dense} dense first blocks of width {cfg.dense_ffn_dim}: use 0 to {cfg.n_layers} "
+            "(the layers) dense blocks, each with a positive dense_ffn_dim"
+        )
+    if cfg.latent_attention:
+        if min(cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) <= 0 or cfg.q_lora_rank < 0:
+            raise ValueError(
+                "multi-head latent attention needs positive qk_nope_head_dim, qk_rope_head_dim and v_head_dim "
+                f"(got {cfg.qk_nope_head_dim}, {cfg.qk_rope_head_dim}, {cfg.v_head_dim}) and q_lora_rank >= 0"
+            )
+        if cfg.qk_rope_head_dim % 2:
+            raise ValueError(
+                f"rotary embeddings turn pairs: qk_rope_head_dim {cfg.qk_rope_head_dim} must be even"
+            )
+    elif cfg.q_lora_rank or cfg.qk_nope_head_dim or cfg.qk_rope_head_dim or cfg.v_head_dim:
+        raise ValueError(
+            "q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim shape multi-head latent attention: "
+            "give a kv_lora_rank > 0 with them, or leave them 0 for grouped-query attention"
+        )
+
+
+class LatentAttention(nn.Module):
+    """DeepSeek-V2/V3's multi-head latent attention (MLA), trained with one fused causal
+    ``scaled_dot_product_attention``.
+
+    Keys and values come from a small latent: ``wkv_a`` projects each token to ``kv_lora_rank`` values (RMS-normed)
+    plus one ``qk_rope_head_dim`` rotary key shared by every head; ``wkv_b`` expands the latent into each head's
+    non-rotary key (``qk_nope_head_dim``) and value (``v_head_dim``). Queries likewise, through a ``q_lora_rank``
+    latent when it is > 0 (``wq_a``, ``q_norm``, ``wq_b``), else directly (``wq``); each head's query is its
+    non-rotary part then its rotary part. Rotary embeddings are decoupled: only the rotary parts are turned, so the
+    latent itself carries no position (what lets an inference cache keep the latent alone). The scores are scaled
+    by 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), the query's width."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.n_heads, self.rope_theta = cfg.n_heads, cfg.rope_theta
+        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_lora_rank = cfg.kv_lora_rank
+        qk = self.nope + self.rope
+        self.wq: nn.Linear | None = None
+        if cfg.q_lora_rank:
+            self.wq_a = nn.Linear(cfg.dim, cfg.q_lora_rank, bias=False)
+            self.q_norm = nn.RMSNorm(cfg.q_lora_rank, eps=cfg.norm_eps)
+            self.wq_b = nn.Linear(cfg.q_lora_rank, cfg.n_heads * qk, bias=False)
+        else:
+            self.wq = nn.Linear(cfg.dim, cfg.n_heads * qk, bias=False)
+        self.wkv_a = nn.Linear(cfg.dim, cfg.kv_lora_rank + self.rope, bias=False)
+        self.kv_norm = nn.RMSNorm(cfg.kv_lora_rank, eps=cfg.norm_eps)
+        self.wkv_b = nn.Linear(cfg.kv_lora_rank, cfg.n_heads * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(cfg.n_heads * self.v_dim, cfg.dim, bias=False)
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """Every head's query, (batch, time, heads * (nope + rope))."""
+        return self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.n_heads
+        q_nope, q_rope = self.query(x).view(b, t, h, -1).split([self.nope, self.rope], dim=-1)
+        latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope], dim=-1)
+        k_nope, v = self.wkv_b(self.kv_norm(latent)).view(b, t, h, -1).split([self.nope, self.v_dim], dim=-1)
+        cos, sin = rope_angles(t, self.rope, self.rope_theta, x.device)
+        q_rope = rotate(q_rope, cos, sin)
+        # one rotary key for every head: a broadcast view, no copies until the concatenation
+        k_rope = rotate(k_rope.unsqueeze(2), cos, sin).expand(b, t, h, self.rope)
+        q = torch.cat((q_nope, q_rope), dim=-1).transpose(1, 2)  # (batch, heads, time, nope + rope)
+        k = torch.cat((k_nope, k_rope), dim=-1).transpose(1, 2)
+        # one fused causal kernel. The values are narrower than the queries and keys (v_head_dim): PyTorch's flash
+        # kernel needs all three widths equal, so on CUDA SDPA picks another fused one (memory-efficient or cuDNN)
+        y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, h * self.v_dim))
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -309,15 +420,44 @@ def _llama_fields(cfg: MoEConfig) -> dict[str, Any]:
     return {f: getattr(cfg, f) for f in LlamaConfig.__dataclass_fields__}
 
 
-class MoEBlock(nn.Module):
-    """The Llama's pre-norm block, Meta's names, with the routed feed-forward."""
+class SigmoidRouter(nn.Linear):
+    """DeepSeek-V3's router scores on :class:`MoEFeedForward`'s softmax: returns ``logsigmoid(x W)``, so the
+    feed-forward's softmax over them is ``sigmoid(s_i) / sum_j sigmoid(s_j)``. Its top-k are the top-k sigmoid
+    scores (the normalisation keeps the order), and their gates, renormalised over the chosen, are DeepSeek-V3's
+    ``sigmoid(s_i) / sum_chosen sigmoid(s_j)``; the balance loss's mean probabilities are then the sigmoid scores
+    normalised over all experts, as DeepSeek-V3's sequence-wise balance loss has them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(super().forward(x).float())
+
+
+class DeepSeekFeedForward(MoEFeedForward):
+    """:class:`MoEFeedForward` routed by sigmoid scores (:class:`SigmoidRouter`), DeepSeek-V3's."""
 
     def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__(cfg)
+        self.router = SigmoidRouter(cfg.dim, cfg.n_experts, bias=False)
+
+
+class MoEBlock(nn.Module):
+    """The Llama's pre-norm block, Meta's names, with the routed feed-forward; block ``layer`` of the model, whose
+    attention is latent (:class:`LatentAttention`) where ``kv_lora_rank`` > 0 and whose feed-forward is dense
+    among the first ``first_k_dense`` blocks."""
+
+    def __init__(self, cfg: MoEConfig, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention: nn.Module = LatentAttention(cfg) if cfg.latent_attention else Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.feed_forward = MoEFeedForward(cfg)
+        self.feed_forward: nn.Module
+        if layer < cfg.first_k_dense:
+            self.feed_forward = FeedForward(
+                LlamaConfig(**{**_llama_fields(cfg), "ffn_dim": cfg.dense_ffn_dim})
+            )
+        elif cfg.router_scores == "sigmoid":
+            self.feed_forward = DeepSeekFeedForward(cfg)
+        else:
+            self.feed_forward = MoEFeedForward(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -330,13 +470,10 @@ class MoE(nn.Module):
 
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
-        if cfg.top_k > cfg.n_experts:
-            raise ValueError(
-                f"top-{cfg.top_k} routing needs at least {cfg.top_k} experts, not {cfg.n_experts}"
-            )
+        check_config(cfg)
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(MoEBlock(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(MoEBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         for module in self.modules():
