@@ -104,6 +104,8 @@ def test_the_allocation_comes_from_the_scheduler(tmp_path: Path) -> None:
     assert find_allocation({}, "auto", None, None) is None
     assert find_allocation({}, "srun", None, None) is None
     assert find_allocation({}, "mpirun", None, None) == Allocation("mpirun", None, None)  # mpirun's own hosts
+    in_slurm = {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "16"}
+    assert find_allocation(in_slurm, "mpirun", None, None) == Allocation("mpirun", 16, "9")
 
 
 @pytest.fixture

@@ -97,8 +97,11 @@ def find_allocation(
     hosts = _hosts(named) if named is not None else None
     if nodes is not None and hosts is not None and nodes > len(hosts):
         raise ConfigError(f"--nodes {nodes}, but {named} names {len(hosts)} node(s)")
-    job = next((env[v] for v in ("PBS_JOBID", "LSB_JOBID", "JOB_ID") if env.get(v)), None)
-    return Allocation("mpirun", nodes or (len(hosts) if hosts is not None else None), job, named)
+    size = len(hosts) if hosts is not None else None  # else mpirun's own: a Slurm allocation's, or this host
+    if size is None and (env.get("SLURM_JOB_NUM_NODES") or "").isdigit():
+        size = int(env["SLURM_JOB_NUM_NODES"])
+    job = next((env[v] for v in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID") if env.get(v)), None)
+    return Allocation("mpirun", nodes or size, job, named)
 
 
 def _hosts(path: Path) -> list[str]:
@@ -133,14 +136,9 @@ def node_command(allocation: Allocation, options: Sequence[str], python: str = s
     return [*command, *node]
 
 
-def no_allocation_message(argv: Sequence[str], launcher: str) -> str:
+def no_allocation_message(argv: Sequence[str]) -> str:
     """What to type instead, outside an allocation: the same command under sbatch (or salloc)."""
     command = shlex.join(["accelbench", *argv])
-    if launcher == "mpirun":
-        return (
-            "accelbench fleet --launcher mpirun found no host file: give --hostfile FILE (one node per line), or "
-            f"run it inside a PBS, LSF or SGE allocation; under Slurm: sbatch --nodes=4 --wrap {shlex.quote(command)}"
-        )
     return (
         "accelbench fleet runs inside an allocation and starts one run per node through its launcher; there is "
         f"none here. Submit it: sbatch --nodes=4 --exclusive --wrap {shlex.quote(command)}   (or, interactively: "
@@ -171,7 +169,7 @@ def fleet_command(args: argparse.Namespace, err: Console) -> int:
         raise ConfigError(f"--nodes {args.nodes}: give 1 or more")
     allocation = find_allocation(os.environ, args.launcher, args.nodes, args.hostfile)
     if allocation is None:
-        raise ConfigError(no_allocation_message(args.argv, args.launcher))
+        raise ConfigError(no_allocation_message(args.argv))
     if shutil.which(allocation.launcher) is None and not args.dry_run:
         raise ConfigError(f"{allocation.launcher} is not on PATH here; load the module that provides it")
     folder = _fleet_folder(args, config.output_dir, allocation).resolve()
