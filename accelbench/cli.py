@@ -70,6 +70,21 @@ def build_parser(
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display or summary")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
 
+    fleet = sub.add_parser(
+        "fleet",
+        help="inside an allocation: the same run on every node (one record each), then compare --fleet",
+        allow_abbrev=False,  # its own options are taken out of the command line by their exact names
+        epilog="run it in an sbatch script or a salloc shell; it starts one task per node through srun (or mpirun)",
+    )
+    fleet.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE",
+                       help="start from a run configuration (JSON) or a result record; flags override it")  # fmt: skip
+    add_config_arguments(fleet, listed)
+    _add_declared(fleet, workload_options, _WORKLOAD, "workload options")
+    _add_declared(fleet, backend_options, _BACKEND, "backend options (from plugins)")
+    from accelbench.commands.fleet import add_fleet_arguments
+
+    add_fleet_arguments(fleet)
+
     info = sub.add_parser("info", help="the system as accelbench sees it (what goes into result records)")
     info.add_argument("--json", action="store_true")
     plugins = sub.add_parser("plugins", help="installed plugins: status, hooks, devices detected")
@@ -286,7 +301,8 @@ def _main(argv: Sequence[str] | None) -> int:
         backend_options: list[RunOption] = []
         workload_options: list[RunOption] = []
         listed: dict[str, str] = {}
-        if argv[:1] in (["run"], ["estimate"]):  # only these have plugin-made options: load plugins for them
+        # only these have plugin-made options: load plugins for them
+        if argv[:1] in (["run"], ["estimate"], ["fleet"]):
             from accelbench.plugins import get_host
 
             host = get_host()
@@ -347,6 +363,7 @@ COMMANDS = {
     "estimate": ("accelbench.estimate.command", "estimate_command"),
     "comm": ("accelbench.comm.command", "comm_command"),
     "plan": ("accelbench.plan.command", "plan_command"),
+    "fleet": ("accelbench.commands.fleet", "fleet_command"),
 }
 
 

@@ -115,6 +115,27 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
     return LaunchEnv("none")
 
 
+# What makes a process one rank of a launcher's job: the variables :func:`detect_launch` reads, and those other
+# libraries adopt a job from (Lightning's SLURMEnvironment reads SLURM_NTASKS, DeepSpeed's MPI discovery OMPI_COMM_*).
+# The job's identity (SLURM_JOB_ID, SLURM_JOB_NODELIST) is not among them: a record still names its job.
+LAUNCHER_VARIABLES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "TORCHELASTIC_*",
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_*", "SLURM_STEPID",
+    "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_GTIDS", "SLURM_TASK_PID", "SLURM_SRUN_COMM_*",
+    "OMPI_COMM_WORLD_*", "OMPI_MCA_ess_base_*", "OMPI_UNIVERSE_SIZE", "PMIX_RANK", "PMIX_NAMESPACE", "PMI_*",
+    "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+)  # fmt: skip
+
+
+def without_launcher(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less :data:`LAUNCHER_VARIABLES`: a process started as one task of a job that is to run on its own
+    (``accelbench fleet``'s run on each node) is then a process the user started, not a rank of a multi-node job."""
+    import fnmatch
+
+    return {k: v for k, v in env.items() if not any(fnmatch.fnmatchcase(k, p) for p in LAUNCHER_VARIABLES)}
+
+
 def _checked(env: LaunchEnv, variables: str) -> LaunchEnv:
     """A launcher's description that adds up, or a ConfigError naming the variables that do not."""
     problems = []

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,8 +124,12 @@ def _start_munge(daemons: Daemons) -> None:
         time.sleep(0.2)
 
 
-def slurm_conf(folder: Path, node: str, cpus: int) -> str:
-    """A minimal one-node configuration without cgroups (CLUSTER.md's), everything under ``folder``, on free ports."""
+def slurm_conf(folder: Path, node: str, cpus: int, nodes: Sequence[str] = ()) -> str:
+    """A minimal one-node configuration without cgroups (CLUSTER.md's), everything under ``folder``, on free ports.
+    With ``nodes``, several Slurm nodes of ``cpus`` each on this one host (``node``): a slurmd each (``slurmd -N
+    name``), on its own port, with its own spool folder, pid file and log (``%n``, the node's name)."""
+    if nodes:
+        return _several_nodes(slurm_conf(folder, node, cpus), folder, node, cpus, nodes)
     return "\n".join([
         "ClusterName=accelbench-test",
         f"SlurmctldHost={node}(127.0.0.1)",
@@ -151,6 +156,27 @@ def slurm_conf(folder: Path, node: str, cpus: int) -> str:
     ])  # fmt: skip
 
 
+def _several_nodes(conf: str, folder: Path, host: str, cpus: int, nodes: Sequence[str]) -> str:
+    per_node = (
+        "SlurmdPort=",
+        "SlurmdSpoolDir=",
+        "SlurmdPidFile=",
+        "SlurmdLogFile=",
+        "NodeName=",
+        "PartitionName=",
+    )
+    lines = [line for line in conf.splitlines() if line and not line.startswith(per_node)]
+    lines += [f"SlurmdSpoolDir={folder / 'spool-%n'}", f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
+              f"SlurmdLogFile={folder / 'slurmd-%n.log'}"]  # fmt: skip
+    lines += [
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} State=UNKNOWN"
+        for name in nodes
+    ]
+    return "\n".join(
+        [*lines, f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP", ""]
+    )
+
+
 @dataclass
 class SlurmCluster:
     """A running one-node Slurm: its configuration folder and the environment every Slurm command needs."""
@@ -158,6 +184,7 @@ class SlurmCluster:
     folder: Path
     node: str
     daemons: Daemons
+    nodes: list[str] = field(default_factory=list)  # the Slurm nodes on this host, where there are several
 
     @property
     def env(self) -> dict[str, str]:
@@ -169,8 +196,12 @@ class SlurmCluster:
         )
 
     def node_state(self) -> str:
+        """``idle`` when every node is (one state per node otherwise, as sinfo lists them)."""
         out = self.command("sinfo", "-h", "-N", "-o", "%T", timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else f"sinfo failed: {out.stderr.strip()}"
+        if out.returncode != 0:
+            return f"sinfo failed: {out.stderr.strip()}"
+        states = out.stdout.split()
+        return "idle" if states and set(states) == {"idle"} else " ".join(states)
 
     def srun(self, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -218,16 +249,21 @@ class SlurmCluster:
             self.daemons.stop()
 
     def logs(self) -> str:
+        names = ("slurmctld.log", "slurmd.log", *(f"slurmd-{n}.log" for n in self.nodes))
         return "\n".join(
             f"--- {name}\n" + (self.folder / name).read_text(errors="replace")[-3000:]
-            for name in ("slurmctld.log", "slurmd.log")
+            for name in names
             if (self.folder / name).exists()
         )
 
 
-def start_slurm(folder: Path) -> SlurmCluster:
+def start_slurm(folder: Path, nodes: int = 1) -> SlurmCluster:
     """munge, then slurmctld and slurmd in the foreground (``-D``, so their ids are the processes started here),
-    then wait until ``sinfo`` shows the node idle. Raises :class:`ClusterUnavailable` saying why not."""
+    then wait until ``sinfo`` shows the node idle. Raises :class:`ClusterUnavailable` saying why not.
+
+    ``nodes`` > 1: that many Slurm nodes on this host, of one CPU each, a slurmd each (``slurmd -N name``; Debian's
+    build runs several on one host, each on its own port); a job on 2 of them is a real 2-node job to Slurm, whose
+    tasks share this host's name."""
     missing = [name for name in SLURM_BINARIES if _binary(name) is None]
     if missing:
         raise ClusterUnavailable(
@@ -241,18 +277,20 @@ def start_slurm(folder: Path) -> SlurmCluster:
     if cpus < 2:
         raise ClusterUnavailable(f"a 2-rank job needs 2 CPUs; this host has {cpus}")
     node = socket.gethostname().split(".")[0]
+    names = [f"{node}-{i}" for i in range(1, nodes + 1)] if nodes > 1 else []
     daemons = Daemons()
-    cluster = SlurmCluster(folder, node, daemons)
+    cluster = SlurmCluster(folder, node, daemons, names)
     try:
         _start_munge(daemons)
-        for sub in ("state", "spool"):
+        for sub in ("state", "spool", *(f"spool-{n}" for n in names)):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        (folder / "slurm.conf").write_text(slurm_conf(folder, node, 2))
+        (folder / "slurm.conf").write_text(slurm_conf(folder, node, 1 if names else 2, names))
         env = cluster.env
-        for daemon in ("slurmctld", "slurmd"):
+        slurmds = [("slurmd", f"slurmd-{n}", ["-N", n]) for n in names] or [("slurmd", "slurmd", [])]
+        for daemon, label, extra in [("slurmctld", "slurmctld", []), *slurmds]:
             daemons.procs.append(subprocess.Popen(
-                [str(_binary(daemon)), "-D", "-f", str(folder / "slurm.conf")], env=env,
-                stdout=subprocess.DEVNULL, stderr=(folder / f"{daemon}.stderr").open("wb"),
+                [str(_binary(daemon)), "-D", *extra, "-f", str(folder / "slurm.conf")], env=env,
+                stdout=subprocess.DEVNULL, stderr=(folder / f"{label}.stderr").open("wb"),
             ))  # fmt: skip
             time.sleep(0.5 if daemon == "slurmctld" else 0)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -260,7 +298,8 @@ def start_slurm(folder: Path) -> SlurmCluster:
         while time.monotonic() < deadline:
             for proc in daemons.procs:
                 if proc.poll() is not None:
-                    name = Path(str(proc.args[0])).name  # type: ignore[index]
+                    args = [str(a) for a in proc.args]  # type: ignore[union-attr]
+                    name = Path(args[0]).name + (f"-{args[args.index('-N') + 1]}" if "-N" in args else "")
                     stderr = (folder / f"{name}.stderr").read_text(errors="replace")[-1000:]
                     raise ClusterUnavailable(
                         f"{name} exited with code {proc.returncode}: {stderr}\n{cluster.logs()}"

@@ -80,3 +80,16 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Two Slurm nodes on this host (a slurmd each, ``slurmd -N``), for a real 2-node job; skipped as ``slurm``."""
+    try:
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm2"), nodes=2)
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no real 2-node Slurm here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1] / "accelbench"
 LAYERS: list[tuple[str, ...]] = [
     ("accelbench", "accelbench.errors", "accelbench.exitcodes"),
     ("accelbench.contract",),
-    ("accelbench.devices", "accelbench.parallel_dims", "accelbench.config", "accelbench.hostinfo"),
+    ("accelbench.devices", "accelbench.parallel_dims", "accelbench.config", "accelbench.hostinfo",
+     "accelbench.ipmi"),
     ("accelbench.system", "accelbench.results", "accelbench.comm.collectives", "accelbench.comm.records",
      "accelbench.references",
      "accelbench.plan.schema"),  # a plan file's schema: data, as a record's, which the report reads

@@ -487,7 +487,7 @@ def measure(
 
             steps = job.data.steps(shard.index, shard.count)
             plan, walls = result.plan, result.walls
-            trackers = epoch_trackers(backend, device, executor)
+            trackers = epoch_trackers(backend, device, executor, world.rank)
             readings = trackers[0]
             checks = result.checks = QualityChecks(config, job, executor, backend, device, shard)
             for epoch in range(plan.limit):

@@ -3,7 +3,7 @@ stops just after it, and writes what it saw into the rank's log. The runner's lo
 else; what else an epoch is measured by is the list :func:`epoch_trackers` returns.
 
 - :class:`BackendReadings`: the backend's own epoch readings (``Backend.epoch_start``/``epoch_end``): peak memory,
-  energy from the device's counter, telemetry.
+  energy from the device's counter, telemetry; on rank 0, the node's power from its BMC (:mod:`accelbench.ipmi`).
 - :class:`HostLoad`: this process's CPU seconds, its threads' waits for a core and the host's load, which say
   whether the host was contended while the epoch ran.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from accelbench.hostinfo import CpuUsage, cpu_usage
+from accelbench.ipmi import NodePowerReader
 
 if TYPE_CHECKING:
     import torch
@@ -47,18 +48,23 @@ class BackendReadings:
     with the reserved peak as the headline where the executor replays graphs), the energy its device counter saw,
     its telemetry."""
 
-    def __init__(self, backend: Backend, device: torch.device, executor: Executor) -> None:
+    def __init__(self, backend: Backend, device: torch.device, executor: Executor, rank: int = 0) -> None:
         self.backend, self.device, self.executor = backend, device, executor
         self.memory: MemoryStats | None = None
+        # the node's BMC (IPMI DCMI), read by rank 0 beside its telemetry (the record keeps rank 0's alone)
+        self.node_power = NodePowerReader() if rank == 0 else None
 
     def start(self) -> None:
         self.backend.epoch_start(self.device)
+        if self.node_power is not None:
+            self.node_power.begin()
 
     def stop(self, log: RankLog) -> None:
         readings = self.backend.epoch_end(self.device)
         self.memory = memory_seen(readings.memory, self.executor)
         log.epoch_peak_bytes.append(self.memory.peak_bytes)
-        log.epoch_telemetry.append(dict(readings.telemetry))
+        node = self.node_power.end() if self.node_power is not None else {}
+        log.epoch_telemetry.append({**readings.telemetry, **node})
         log.epoch_energy_j.append(readings.energy.joules if readings.energy else None)
         if readings.energy:
             log.energy_domain, log.energy_source = readings.energy.domain, readings.energy.source
@@ -87,10 +93,10 @@ class HostLoad:
 
 
 def epoch_trackers(
-    backend: Backend, device: torch.device, executor: Executor
+    backend: Backend, device: torch.device, executor: Executor, rank: int = 0
 ) -> tuple[BackendReadings, HostLoad]:
-    """The side measurements of every timed epoch, in the order they start."""
-    return BackendReadings(backend, device, executor), HostLoad()
+    """The side measurements of every timed epoch of global rank ``rank``, in the order they start."""
+    return BackendReadings(backend, device, executor, rank), HostLoad()
 
 
 def memory_seen(memory: MemoryStats, executor: Executor) -> MemoryStats:
