@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
 import sys
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from accelbench.errors import ConfigError
 
@@ -195,6 +196,63 @@ def first_host(nodelist: str) -> str:
         return prefix
     first = ranges.split(",")[0].split("-")[0]
     return prefix + first
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return True
+
+
+def node_addr_from_scontrol(shown: str) -> str | None:
+    """The ``NodeAddr`` of ``scontrol -o show node NAME``'s line (None when it names none)."""
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", shown)
+    return match.group(1) if match and match.group(1) not in ("(null)", "") else None
+
+
+def _scontrol_node_addr(node: str) -> str | None:
+    try:
+        shown = subprocess.run(
+            ["scontrol", "-o", "show", "node", node], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return node_addr_from_scontrol(shown.stdout) if shown.returncode == 0 else None
+
+
+def slurm_node_address(
+    node: str,
+    resolves: Callable[[str], bool] = _resolves,
+    node_addr: Callable[[str], str | None] = _scontrol_node_addr,
+) -> str:
+    """An address the ranks can reach Slurm node ``node`` at. A Slurm node's name need not be a host name: slurm.conf
+    may give the node another host and address (``NodeName=gpu-a NodeHostname=h17 NodeAddr=10.1.0.17``), or run
+    several Slurm nodes on one host (``slurmd -N``). Its name where the name resolves (the usual cluster, and no
+    question to slurmctld from every rank); else its ``NodeAddr``, the address Slurm itself reaches it at."""
+    if resolves(node):
+        return node
+    addr = node_addr(node)
+    if addr:
+        return addr
+    raise ConfigError(
+        f"the step's first Slurm node {node!r} (rank 0's) is not a host name this node resolves, and "
+        f"`scontrol show node {node}` gives no NodeAddr; export MASTER_ADDR=<its address> for every rank"
+    )
+
+
+def with_reachable_master(
+    env: LaunchEnv,
+    exported_addr: bool,
+    address: Callable[[str], str] = slurm_node_address,
+) -> LaunchEnv:
+    """``env`` with the rendezvous host of a Slurm step across nodes made an address (:func:`slurm_node_address`):
+    without, a rank whose first node's name does not resolve retries the connection until the store's timeout
+    (10 minutes) instead of failing. An exported MASTER_ADDR is the user's and is kept as it is."""
+    if env.launcher != "slurm" or env.nnodes == 1 or exported_addr or not env.master_addr:
+        return env
+    return replace(env, master_addr=address(env.master_addr))
 
 
 def check_launch(env: LaunchEnv, devices: int | None, nnodes: int | None) -> None:

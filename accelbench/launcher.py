@@ -27,6 +27,7 @@ from accelbench.launch import (
     check_rendezvous_port,
     detect_launch,
     launch_workers,
+    with_reachable_master,
 )
 from accelbench.results import fallback_dir
 
@@ -70,6 +71,7 @@ class Launcher:
         if self.env.launcher == "none":
             return False
         check_launch(self.env, devices, nnodes)
+        self.env = with_reachable_master(self.env, exported_addr=bool(os.environ.get("MASTER_ADDR")))
         return True
 
     def launch(

@@ -20,7 +20,16 @@ from cluster_support import REPO, ClusterUnavailable, SlurmCluster, check_mpirun
 
 from accelbench.comm.records import read_comm_record
 from accelbench.errors import ConfigError
-from accelbench.launch import LaunchEnv, binding_note, check_launch, check_rendezvous_port, detect_launch
+from accelbench.launch import (
+    LaunchEnv,
+    binding_note,
+    check_launch,
+    check_rendezvous_port,
+    detect_launch,
+    node_addr_from_scontrol,
+    slurm_node_address,
+    with_reachable_master,
+)
 from accelbench.results import read_record
 
 # gpt-nano, 1 epoch of 3 steps: a real DDP run of two ranks in a few seconds
@@ -72,6 +81,41 @@ def test_srun_on_one_node_uses_the_loopback_and_the_job_port() -> None:
     env = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
            "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "vm", "SLURM_JOB_ID": "7"}  # fmt: skip
     assert detect_launch(env) == LaunchEnv("slurm", 1, 1, 2, 2, 1, "127.0.0.1", 10007)
+
+
+SRUN_TWO_NODES = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "2",
+                  "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+                  "SLURM_STEP_NODELIST": "vm-[1-2]", "SLURM_JOB_ID": "7"}  # fmt: skip
+SCONTROL_NODE = ("NodeName=vm-1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 CPUTot=1 NodeAddr=127.0.0.1 "
+                 "NodeHostName=vm Version=22.05.8 OS=Linux State=ALLOCATED Partitions=debug")  # fmt: skip
+
+
+def test_srun_across_nodes_rendezvous_at_the_first_nodes_address() -> None:
+    """A 2-node step whose node names are not host names (two ``slurmd -N`` on one host; or slurm.conf's
+    ``NodeName=gpu-a NodeAddr=10.1.0.17``): before the fix every rank connected to ``vm-1``, which does not resolve,
+    and retried for the store's 10 minutes. Now the name where it resolves, else the node's NodeAddr, else a
+    ConfigError naming MASTER_ADDR; an exported MASTER_ADDR and a one-node step are left alone."""
+    launch = detect_launch(SRUN_TWO_NODES)
+    assert launch == LaunchEnv("slurm", 1, 0, 2, 1, 2, "vm-1", 10007)
+    asked: list[str] = []
+
+    def address(node: str) -> str:
+        asked.append(node)
+        return slurm_node_address(node, resolves=lambda n: False, node_addr=lambda n: "127.0.0.1")
+
+    assert with_reachable_master(launch, exported_addr=False, address=address).master_addr == "127.0.0.1"
+    assert asked == ["vm-1"]
+    assert slurm_node_address("gpu003", resolves=lambda n: True, node_addr=lambda n: "unused") == "gpu003"
+    with pytest.raises(ConfigError, match=r"'vm-1' .* no NodeAddr; export MASTER_ADDR=<its address>"):
+        slurm_node_address("vm-1", resolves=lambda n: False, node_addr=lambda n: None)
+    exported = detect_launch({**SRUN_TWO_NODES, "MASTER_ADDR": "10.0.0.1"})
+    one_node = detect_launch({**SRUN_TWO_NODES, "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "2",
+                              "SLURM_LOCALID": "1"})  # fmt: skip
+    for kept, flag in ((exported, True), (one_node, False)):
+        assert with_reachable_master(kept, exported_addr=flag, address=address) == kept
+    assert asked == ["vm-1"]  # neither asked
+    assert node_addr_from_scontrol(SCONTROL_NODE) == "127.0.0.1"
+    assert node_addr_from_scontrol("NodeName=vm-1 NodeAddr=(null) State=DOWN") is None
 
 
 def test_a_busy_rendezvous_port_is_refused_on_rank_0_before_anything_runs() -> None:
@@ -283,4 +327,85 @@ def test_the_documented_batch_script_runs_through_sbatch(slurm: SlurmCluster, tm
     assert state == "COMPLETED", f"{state}\n{output}\n{slurm.logs()}"
     record = read_record(_only(tmp_path / "results" / "slurm"))
     assert (record.launcher, record.world_size, record.outcome.status) == ("slurm", 2, "ok")
+    assert record.system.job_id == job
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# one job across two Slurm nodes (two slurmd on this host: a real 2-node job to Slurm, one host to the network)
+
+TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+
+
+def _epoch_losses(path: Path) -> list[float]:
+    metrics = read_record(path).metrics
+    assert metrics is not None
+    return [e.loss for e in metrics.epochs if e.loss is not None]
+
+
+@pytest.mark.slow
+def test_srun_trains_one_ddp_job_across_two_nodes(slurm_two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    """``srun --nodes=2 --ntasks-per-node=1``: each node's one task adopts its Slurm rank, both meet at the first
+    node's address, and rank 0 writes the one record of a 2-node job; its losses are those of the same run as two
+    workers on one node (the same ranks and data shards; only the threads per rank differ)."""
+    run = [*RUN[: RUN.index("--epochs") + 1], "2", *RUN[RUN.index("--epochs") + 2 :]]
+    proc = slurm_two_nodes.srun(
+        *TWO_NODES, *MODULE, *run, "--output-dir", str(tmp_path / "slurm"), cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + slurm_two_nodes.logs()
+    path = _only(tmp_path / "slurm")
+    record = read_record(path)
+    assert record.outcome.status == "ok", record.outcome
+    assert (record.launcher, record.world_size, record.nodes) == ("slurm", 2, 2)
+    assert record.system.scheduler == "slurm" and record.system.job_id
+    assert record.metrics is not None
+    # both ranks' logs; each "node" is this host, so both name it (Slurm's node names, vm-1/vm-2, are not recorded)
+    assert [(r.rank, r.host) for r in record.metrics.ranks] == [
+        (0, record.system.host),
+        (1, record.system.host),
+    ]
+    assert [e.samples for e in record.metrics.epochs] == [2 * 3 * 4] * 2
+    local = subprocess.run(
+        [*MODULE, *run, "--devices", "2", "--output-dir", str(tmp_path / "local")], capture_output=True, text=True,
+        env=job_env(), cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    reference = read_record(_only(tmp_path / "local"))
+    assert (reference.launcher, reference.world_size, reference.nodes) == ("torchrun", 2, 1)
+    assert _epoch_losses(path) == pytest.approx(_epoch_losses(_only(tmp_path / "local")), abs=1e-5)
+    assert len(_epoch_losses(path)) == 2
+
+
+@pytest.mark.slow
+def test_srun_measures_collectives_across_two_nodes(slurm_two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    comm = ["comm", "--backend", "cpu", "--ops", "all_reduce", "--sizes", "64KiB", "--warmup", "1", "--iters", "3",
+            "-q"]  # fmt: skip
+    proc = slurm_two_nodes.srun(*TWO_NODES, *MODULE, *comm, "--output-dir", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:] + slurm_two_nodes.logs()
+    record = read_comm_record(_only(tmp_path))
+    assert record.outcome.status == "ok", record.outcome
+    assert (record.launcher, record.world_size, record.nodes) == ("slurm", 2, 2)
+    assert [(m.op, m.size_bytes) for m in record.measurements] == [("all_reduce", 64 * 1024)]
+
+
+def documented_two_node_script() -> str:
+    """The batch script docs/workflow.md shows for a job across nodes (``--nodes=2``)."""
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
+    (script,) = [b for b in blocks if b.startswith("#!/bin/bash") and "--nodes=2 --ntasks-per-node=1" in b]
+    return script
+
+
+@pytest.mark.slow
+def test_the_documented_two_node_batch_script_runs_through_sbatch(
+    slurm_two_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    """The docs' 2-node script as written: one record, of 2 nodes and 2 ranks, under results/slurm-2node."""
+    script = tmp_path / "ddp-2node.sbatch"
+    script.write_text(documented_two_node_script())
+    job = slurm_two_nodes.sbatch(script, cwd=tmp_path)
+    state = slurm_two_nodes.wait_for_job(job, timeout=300)
+    log = tmp_path / f"accelbench-{job}.out"
+    output = log.read_text() if log.exists() else "(no job output)"
+    assert state == "COMPLETED", f"{state}\n{output}\n{slurm_two_nodes.logs()}"
+    record = read_record(_only(tmp_path / "results" / "slurm-2node"))
+    assert (record.launcher, record.world_size, record.nodes, record.outcome.status) == ("slurm", 2, 2, "ok")
     assert record.system.job_id == job
