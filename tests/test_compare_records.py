@@ -109,6 +109,48 @@ def test_runs_share_their_key_system_and_environment(record_file: Path, tmp_path
     assert len({id(r.system) for r in records}) == 2
 
 
+def test_records_read_by_several_processes_are_those_one_process_reads(
+    record_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From PARALLEL_FROM files, forked readers share the reading: the same summaries in the same order, the same
+    duplicates (the first copy in path order wins), malformed and older files handled as one process does, and what
+    runs share still kept once."""
+    from accelbench.compare import records as module
+
+    record = json.loads(record_file.read_text())
+    for i in range(40):
+        (tmp_path / f"{i:02d}.json").write_text(json.dumps(derived(record, system__host=f"node{i % 2}")))
+    (tmp_path / "05-copy.json").write_text((tmp_path / "05.json").read_text())  # the same run twice
+    (tmp_path / "17-bad.json").write_text(json.dumps(derived(record, metrics="fast")))
+    v1 = derived(record, schema_version=1)
+    v1["config"].update(v1["config"].pop("workload_options"))
+    del v1["workload_identity"]
+    for index, epoch in enumerate(v1["metrics"]["epochs"]):
+        epoch["epoch"] = index
+    v1["metrics"]["warmup"]["epoch"] = 0
+    (tmp_path / "30-v1.json").write_text(json.dumps(v1))
+
+    read = module._read_in_parallel(
+        module.result_files([tmp_path]), 2
+    )  # the readers summarise all but the bad one
+    assert len(read) == 43 and [i for i, summary in enumerate(read) if summary is None] == [18]
+    alone = load_records([tmp_path])
+    monkeypatch.setattr(module, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(module, "_readers", lambda: 2)
+    shared = load_records([tmp_path])
+    assert [r.run_id for r in shared.records] == [r.run_id for r in alone.records] and len(
+        alone.records
+    ) == 41
+    assert shared.records == alone.records
+    assert shared.duplicates == alone.duplicates == [tmp_path / "05.json"]  # 05-copy.json sorts first
+    assert shared.skipped == alone.skipped and [p.name for p, _ in shared.skipped] == ["17-bad.json"]
+    for field in ("key", "system", "environment", "node_facts"):  # one copy of each distinct value, as alone
+        values = [getattr(r, field) for r in shared.records]
+        assert len({id(v) for v in values}) == len(set(values)), field
+    with pytest.raises(ResultFileError, match="17-bad.json: invalid result record"):
+        load_records([tmp_path], strict=True)
+
+
 @pytest.mark.parametrize("command", ["compare", "report"])
 @pytest.mark.slow
 def test_compare_and_report_never_import_torch(record_file: Path, tmp_path: Path, command: str) -> None:
