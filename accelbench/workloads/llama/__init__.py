@@ -130,6 +130,20 @@ FLOPS_FORMULA = (
     "Megatron paper's and PaLM's; halved, as current Megatron-LM code counts: 6N + 6*L*d*s)"
 )
 
+
+def custom_shape_options(workload: str) -> tuple[RunOption, ...]:
+    """A custom decoder size's --layers, --heads and --embd (the GPT's flags), declared for ``workload`` (llama and
+    moe)."""
+    return (
+        RunOption(name="n_layer", flag="layers", type="int", gt=0, le=MAX_LAYERS,
+                  help="custom size: transformer layers (with --model custom)", workload=workload),
+        RunOption(name="n_head", flag="heads", type="int", gt=0, le=MAX_HEADS,
+                  help="custom size: attention (query) heads", workload=workload),
+        RunOption(name="n_embd", flag="embd", type="int", gt=0, le=MAX_WIDTH,
+                  help="custom size: width", workload=workload),
+    )  # fmt: skip
+
+
 OPTIONS = (
     RunOption(name="seq_len", type="int", default=256, gt=1, le=LLAMA3_CONTEXT,
               help="tokens per sequence (at most the size's context: 2,048 for llama-tiny/-mini, 4,096 for "
@@ -140,12 +154,7 @@ OPTIONS = (
     RunOption(name="rope_theta", type="float", gt=0.0,
               help="RoPE base (default: the size's, 500,000 as Llama 3)", workload="llama"),
     # a custom size (--model custom): the GPT's --layers/--heads/--embd, plus the key/value heads and feed-forward
-    RunOption(name="n_layer", flag="layers", type="int", gt=0, le=MAX_LAYERS,
-              help="custom size: transformer layers (with --model custom)", workload="llama"),
-    RunOption(name="n_head", flag="heads", type="int", gt=0, le=MAX_HEADS,
-              help="custom size: attention (query) heads", workload="llama"),
-    RunOption(name="n_embd", flag="embd", type="int", gt=0, le=MAX_WIDTH,
-              help="custom size: width", workload="llama"),
+    *custom_shape_options("llama"),
     RunOption(name="n_kv_heads", flag="kv-heads", type="int", gt=0, le=MAX_HEADS,
               help="custom size: key/value heads, each shared by heads / kv-heads query heads (default: --heads, "
               "plain multi-head attention)", workload="llama"),

@@ -67,7 +67,13 @@ from accelbench.config import RunConfig
 from accelbench.contract import RunOption, Scalar
 from accelbench.errors import ConfigError
 from accelbench.workloads import ModelUnits
-from accelbench.workloads.llama import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, MIN_VOCAB, SMALL_VOCAB
+from accelbench.workloads.llama import (
+    MAX_HEADS,
+    MAX_WIDTH,
+    MIN_VOCAB,
+    SMALL_VOCAB,
+    custom_shape_options,
+)
 
 if TYPE_CHECKING:
     from accelbench.workloads import TrainingJob
@@ -280,12 +286,7 @@ OPTIONS = (
               "CUDA sm90+ in bf16, or CPU, widths a multiple of 16 bytes), loop (one SwiGLU per expert), or auto "
               "(grouped where it can run, else the loop; default)", workload="moe"),
     # a custom size (--model custom): the Llama's shape options, each expert's width, and the experts'
-    RunOption(name="n_layer", flag="layers", type="int", gt=0, le=MAX_LAYERS,
-              help="custom size: transformer layers (with --model custom)", workload="moe"),
-    RunOption(name="n_head", flag="heads", type="int", gt=0, le=MAX_HEADS,
-              help="custom size: attention (query) heads", workload="moe"),
-    RunOption(name="n_embd", flag="embd", type="int", gt=0, le=MAX_WIDTH,
-              help="custom size: width", workload="moe"),
+    *custom_shape_options("moe"),
     RunOption(name="n_kv_heads", flag="kv-heads", type="int", gt=0, le=MAX_HEADS,
               help="custom size: key/value heads (default: --heads)", workload="moe"),
     RunOption(name="ffn_dim", flag="ffn-dim", type="int", gt=0, le=4 * MAX_WIDTH,
