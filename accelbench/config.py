@@ -206,6 +206,12 @@ class RunConfig(BaseModel):
         "window) under torch's MemTracker, which measures the tensors the prediction compares with; it costs one "
         "step run a few times slower, never a timed epoch",
     )
+    no_calibration: bool = Field(
+        default=False,
+        description="where this device has no cached calibration for the run's matmul dtype and threads, do not "
+        "measure one after the timed epochs (seconds, once, cached; never inside a timed epoch): the stored "
+        "prediction's step time then comes from the peak at a fixed efficiency",
+    )
     eval_batches: int = Field(
         default=DEFAULT_EVAL_BATCHES,
         ge=0,

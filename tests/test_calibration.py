@@ -73,6 +73,8 @@ def test_mixed_precision_is_traced_under_autocast_and_the_trace_is_cached() -> N
 def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path) -> None:
     first = tiny_calibration(tmp_path)
     assert first.dispatch_s > 0 and first.autograd_dispatch_s > 0
+    # an operator within a step (module calls, autograd's engine between operators) costs more than alone
+    assert first.step_dispatch_s is not None and first.step_dispatch_s > first.dispatch_s
     assert len(first.matmul) == 8 and all(
         p.best_flops_per_s >= p.median_flops_per_s > 0 for p in first.matmul
     )
@@ -365,3 +367,26 @@ def test_scale_to_from_a_measured_step_says_so(tmp_path: Path) -> None:
     measured = predict_scaling(config, facts, 4, measured_step_s=0.5, device_type="cpu", bandwidth=bandwidth,
                                calibration=calibration, operators=ops)  # fmt: skip
     assert measured.time_model == "measured step (--measured)" and measured.step_s_from == 0.5
+
+
+def test_the_step_dispatch_is_counted_once_per_forward_and_backward_operator() -> None:
+    """Where the calibration measured an operator's cost within a step, every forward and backward operator pays
+    it (views too: a step's operators are counted as its tracer counts them), the optimizer's the bare one."""
+    from accelbench.estimate.notes import Notes
+    from accelbench.estimate.predictor import run_shape
+    from accelbench.estimate.step_time import calibrated_times
+
+    config, ops = traced("gpt-nano", batch_size=2)
+    layout = run_shape(config)
+    base = _grid_calibration()
+    without = calibrated_times(ops, base, layout, Notes())
+    with_step = calibrated_times(ops, base.model_copy(update={"step_dispatch_s": 1e-3}), layout, Notes())
+    forward = len(ops.phase("forward"))
+    backward = len(ops.phase("backward"))
+    autograd = sum(1 for op in ops.phase("forward") if op.autograd)
+    plain_forward = (forward - autograd) * base.dispatch_s + autograd * base.autograd_dispatch_s
+    assert with_step.forward_s - without.forward_s == pytest.approx(forward * 1e-3 - plain_forward, rel=1e-6)
+    assert with_step.backward_s - without.backward_s == pytest.approx(
+        backward * (1e-3 - base.dispatch_s), rel=1e-9
+    )
+    assert with_step.optimizer_s == without.optimizer_s

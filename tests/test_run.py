@@ -479,3 +479,36 @@ def test_a_loss_that_is_not_finite_ends_the_run_as_diverged_naming_the_step(
     assert main(["compare", str(tmp_path), "--format", "json"]) == 0
     ((cell,),) = [group["cells"] for group in json.loads(capsys.readouterr().out)["groups"]]
     assert cell["outcomes"] == {"diverged": 1} and cell["epoch_s"] is None
+
+
+@pytest.mark.slow  # three runs and a calibration
+def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No calibration cached: the run measures one after its timed epochs, so its own prediction is already the
+    calibrated one, and caches it; ``--no-calibration`` predicts from the peak instead and measures nothing."""
+    from accelbench.estimate.calibration import CACHE_FILE
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(cache))
+    argv = ["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--no-tensor-peak", "-q"]
+    assert main([*argv, "--no-calibration", "--output-dir", str(tmp_path / "plain")]) == 0
+    plain = only_record(tmp_path / "plain").prediction
+    assert plain is not None and plain.time_model and plain.time_model.startswith("efficiency")
+    assert not (cache / CACHE_FILE).exists()
+    assert main([*argv, "--output-dir", str(tmp_path / "first")]) == 0
+    assert "measuring one for the prediction" in capsys.readouterr().err
+    first = only_record(tmp_path / "first")
+    assert (
+        first.prediction
+        and first.prediction.time_model
+        and first.prediction.time_model.startswith("calibrated")
+    )
+    stored = json.loads((cache / CACHE_FILE).read_text())
+    assert len(stored) == 1
+    # measured after the record's epochs: the record was stamped when the run began
+    (measured_at,) = [entry["measured_at"] for entry in stored.values()]
+    assert measured_at >= first.created_at.isoformat(timespec="seconds")
+    assert main([*argv, "--output-dir", str(tmp_path / "second")]) == 0
+    assert "measuring one" not in capsys.readouterr().err  # cached: measured once
+    assert json.loads((cache / CACHE_FILE).read_text()) == stored

@@ -1,7 +1,9 @@
 """The built-in CPU backend. Registered through the ``accelbench`` entry-point group like any vendor plugin: this module
 is the plugin, :class:`CpuBackend` its backend.
 
-One device = the CPU cores this process may run on (its affinity mask), with torch's intra-op threads.
+One device = the CPU cores this process may run on (its affinity mask), with torch's intra-op threads. Its
+tensors come from glibc's malloc, told at device setup to keep freed memory for reuse (:mod:`host_malloc`;
+``--cpu-malloc default`` does not), so a step writes reused pages as a tuned CPU loop does, not fresh ones.
 Peak memory is the process's resident-set high-water mark (VmHWM), reset at each epoch's start through
 ``/proc/self/clear_refs``; CPU tensors have no allocator peak counter in torch. Energy comes from Linux RAPL
 (``/sys/class/powercap/intel-rapl:N/energy_uj``, the CPU packages) where it is readable, which often needs root;
@@ -25,6 +27,7 @@ from accelbench.contract import (
     EpochReadings,
     MemoryStats,
     PrecisionPlan,
+    RunOption,
     Scalar,
     World,
     hookimpl,
@@ -85,9 +88,28 @@ class CpuBackend(Backend):
         self._peak_resettable = False
         self._rapl_start: dict[str, int] = {}
         self._packages: list[CounterFile] | None = None
+        self._malloc: str | None = None  # the host allocator's settings in force (setup_device)
+
+    def run_options(self) -> list[RunOption]:
+        from accelbench.backends.host_malloc import MODES
+
+        return [
+            RunOption(
+                name="cpu_malloc",
+                type="str",
+                choices=MODES,
+                help="host allocator: 'reuse' (default) has glibc's malloc keep freed memory, as tuned CPU "
+                "training does with jemalloc or TCMalloc, so a step does not fault in fresh pages; 'default' "
+                "leaves glibc's settings. A preloaded allocator or MALLOC_*_ settings are left as they are",
+                backend="cpu",
+            )
+        ]
 
     def recorded_environment(self) -> list[str]:
         return [
+            "LD_PRELOAD",
+            "MALLOC_*",
+            "GLIBC_TUNABLES",
             "OMP_NUM_THREADS",
             "MKL_NUM_THREADS",
             "OMP_PROC_BIND",
@@ -127,6 +149,8 @@ class CpuBackend(Backend):
         get = getattr(torch.backends.cpu, "get_cpu_capability", None)  # torch >= 2.1
         if get is not None:
             versions["cpu_capability"] = str(get())  # the kernels torch dispatches to
+        if self._malloc is not None:
+            versions["host_malloc"] = self._malloc
         return versions
 
     def supported_precisions(self, device: torch.device) -> list[str]:
@@ -148,7 +172,10 @@ class CpuBackend(Backend):
     def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
         import torch
 
+        from accelbench.backends.host_malloc import keep_freed_memory
+
         self._reads_node = world.local_rank == 0
+        self._malloc = keep_freed_memory(str(options.get("cpu_malloc", "reuse")))
         return torch.device("cpu")
 
     def synchronize(self, device: torch.device) -> None:

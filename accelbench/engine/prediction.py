@@ -9,16 +9,19 @@ reports MFU against, and, with ``--comm-records``, the collectives' bus bandwidt
 
 The peak it is against is the one MFU is against: :func:`accelbench.engine.metrics.peak_for`.
 
-The step time is the calibrated one (:mod:`accelbench.estimate.calibration`) when this device has a cached
-calibration for the run's matmul dtype and thread count (made by ``accelbench estimate --calibrate``): the step's
-operators are traced (a few seconds, after every epoch is timed) and timed at its rates. A run never measures a
-calibration itself: that takes seconds on a quiet device, and a run's prediction must not cost its timings. Without
-one, the compute is the peak at the default efficiency, as before; ``time_model`` says which.
+The step time is the calibrated one (:mod:`accelbench.estimate.calibration`): the step's operators are traced (a
+few seconds) and timed at the device's rates for the run's matmul dtype and thread count. Where none is cached
+(``accelbench estimate --calibrate`` makes one too), rank 0 measures it once, after every epoch is timed and the
+record's measurements are drafted (seconds; cached for every later run), so that a first run on a device already
+shows the calibrated prediction; ``--no-calibration`` skips that, and the compute is then the peak at the default
+efficiency; ``time_model`` says which.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from accelbench.errors import AccelbenchError, ConfigError
@@ -50,22 +53,37 @@ class CalibratedRun:
 def cached_calibration(
     config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
 ) -> tuple[Calibration, StepOperators] | None:
-    """This device's cached calibration and the run's traced step, or None where no calibration is cached for it
-    (or the device is fed from the host, whose timings say nothing of it)."""
+    """This device's calibration and the run's traced step: the cached one, else measured now unless
+    ``--no-calibration``; None without one (or where the device is fed from the host, whose timings say nothing
+    of it)."""
     from accelbench.estimate.calibration import calibrate
     from accelbench.estimate.operators import step_operators
-    from accelbench.estimate.peak import matmul_dtype
+    from accelbench.estimate.peak import cache_dir, matmul_dtype
 
     if run.device.type != run.backend.info.device_type:
         return None
-    calibration = calibrate(
-        run.device,
-        run.backend.synchronize,
-        backend=run.backend.name,
-        device_name=device.name if device is not None else run.backend.name,
-        dtype=matmul_dtype(run.plan),
-        cached_only=True,
-    )
+    dtype = matmul_dtype(run.plan)
+
+    def calibration_of_device(cached_only: bool) -> Calibration | None:
+        return calibrate(
+            run.device,
+            run.backend.synchronize,
+            backend=run.backend.name,
+            device_name=device.name if device is not None else run.backend.name,
+            dtype=dtype,
+            cached_only=cached_only,
+        )
+
+    calibration = calibration_of_device(cached_only=True)  # a busy host's cached one is used as it is
+    if calibration is None and not config.no_calibration:
+        print(
+            f"[accelbench {datetime.now().strftime('%H:%M:%S')}] no calibration of this device for {dtype} is "
+            f"cached: measuring one for the prediction (seconds, once; cached in {cache_dir()}; "
+            "--no-calibration skips it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        calibration = calibration_of_device(cached_only=False)
     if calibration is None:
         return None
     kernels = run.backend.optimizer_implementation(run.device)

@@ -13,7 +13,11 @@ CPU) thread count:
   memory, as a step's backward reads forward's activations), interpolated in log(bytes);
 - the rate (elements/s) of elementwise work that its arithmetic bounds on a CPU, not its memory traffic: random
   numbers (dropout's ``bernoulli_``), softmax, exp-like activations (:data:`ELEMENTWISE_KINDS`);
-- the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd.
+- the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd; and what an
+  operator costs inside a training step beyond its work (:func:`_time_step_dispatch`): a two-block transformer on
+  tensors of a few elements, forward and backward through modules and autograd's engine, timed and divided by the
+  operators the step's tracer counts in it (module calls, hooks and the engine between operators included, which a
+  loop of one operator leaves out).
 
 Each is timed between the backend's synchronisations, best and median of repeats kept. A call's dispatch is taken
 out of the timed matmuls and streams (that of a 1x1 matmul, of a one-element ``add``), so that
@@ -32,7 +36,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
     import torch
 
 CACHE_FILE = "calibration.json"
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 # Matmul grid: each of m, n, k from these (27 shapes). 32: a head's width, a tiny batch; 256: a small model's
 # width; 2048: a micro-batch's tokens, a large model's width. Beyond the grid the rate at its edge is used.
 MATMUL_SIZES = (32, 256, 2048)
@@ -113,6 +117,9 @@ class Calibration(_Model):
     elementwise: dict[str, float] = {}  # elements/s by kind (ELEMENTWISE_KINDS), dispatch taken out
     dispatch_s: float
     autograd_dispatch_s: float
+    # seconds per operator of a training step whose operators do no work (:func:`_time_step_dispatch`); what the
+    # step time counts per forward and backward operator, where measured
+    step_dispatch_s: float | None = None
     measured_at: str
     seconds: float
     contended: bool = False
@@ -164,8 +171,13 @@ class Calibration(_Model):
         return (
             f"{self.dtype} matmul {small / 1e9:.3g} to {square / 1e9:.3g} GFLOP/s ({MATMUL_SIZES[0]}^3 to "
             f"{MATMUL_SIZES[-1]}^3), elementwise up to {stream / 1e9:.3g} GB/s ({kinds} Gelem/s), dispatch "
-            f"{self.dispatch_s * 1e6:.2g} us/op ({self.autograd_dispatch_s * 1e6:.2g} us recorded by autograd); "
-            f"measured {self.measured_at} on {self.key}{busy}"
+            f"{self.dispatch_s * 1e6:.2g} us/op ({self.autograd_dispatch_s * 1e6:.2g} us recorded by autograd"
+            + (
+                f", {self.step_dispatch_s * 1e6:.2g} us within a training step"
+                if self.step_dispatch_s is not None
+                else ""
+            )
+            + f"); measured {self.measured_at} on {self.key}{busy}"
         )
 
 
@@ -236,6 +248,7 @@ def calibrate(
     before = cpu_usage()
     dispatch = _time_dispatch(device, synchronize, autograd=False)
     autograd_dispatch = _time_dispatch(device, synchronize, autograd=True)
+    step_dispatch = _time_step_dispatch(device, synchronize)
     dtypes = [dtype] if dtype == "float32" else [dtype, "float32"]
     matmul = []
     for d in dtypes:
@@ -270,6 +283,7 @@ def calibrate(
         elementwise=elementwise,
         dispatch_s=dispatch,
         autograd_dispatch_s=autograd_dispatch,
+        step_dispatch_s=step_dispatch,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=time.perf_counter() - started,
         contended=waiting is not None and waiting >= CONTENDED_WAITING,
@@ -329,6 +343,9 @@ def _faster(now: Calibration, earlier: Calibration) -> Calibration:
             "elementwise": {k: max(v, earlier.elementwise.get(k, 0.0)) for k, v in now.elementwise.items()},
             "dispatch_s": min(now.dispatch_s, earlier.dispatch_s),
             "autograd_dispatch_s": min(now.autograd_dispatch_s, earlier.autograd_dispatch_s),
+            "step_dispatch_s": min(
+                (d for d in (now.step_dispatch_s, earlier.step_dispatch_s) if d is not None), default=None
+            ),
         }
     )
 
@@ -372,6 +389,74 @@ def _time_dispatch(
     return median
 
 
+def _time_step_dispatch(device: torch.device, synchronize: Callable[[torch.device], None]) -> float:
+    """Median seconds per operator of a training step that does no work: two pre-norm transformer blocks (explicit
+    causal attention with dropout, a GELU MLP) and a head, on a batch of 2 sequences of 4 tokens 8 wide, forward,
+    cross-entropy and backward, timed as a whole and divided by the operators the tracer
+    (:mod:`accelbench.estimate.operators`) records in the same step, views and all. The per-operator cost of a
+    step's module calls, autograd's engine and the allocator, which a loop of one operator does not pay."""
+    import torch
+
+    from accelbench.estimate.operators import count_operators
+
+    generator = torch.Generator().manual_seed(0)
+    width, tokens, vocab = 8, 4, 16
+    model = _TinyTransformer(width, vocab).to(device).train()
+    inputs = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+    targets = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+
+    def step() -> None:
+        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    operators = count_operators(step)
+    _, median = _repeat(step, lambda: synchronize(device))
+    return median / max(operators, 1)
+
+
+def _tiny_transformer_class() -> type[torch.nn.Module]:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+            self.drop = nn.Dropout(0.1)
+            self.heads = 2
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
+            q, k, v = (y.view(b, t, self.heads, c // self.heads).transpose(1, 2) for y in (q, k, v))
+            scores = (q @ k.transpose(-2, -1)) / (c // self.heads) ** 0.5
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            attention = self.drop(scores.masked_fill(~mask, float("-inf")).softmax(-1))
+            y = (attention @ v).transpose(1, 2).contiguous().view(b, t, c)
+            x = x + self.drop(self.proj(y))
+            return x + self.drop(self.down(nn.functional.gelu(self.up(self.norm2(x)))))
+
+    class TinyTransformer(nn.Module):
+        def __init__(self, width: int, vocab: int) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.blocks = nn.Sequential(Block(width), Block(width))
+            self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.head(self.norm(self.blocks(self.embed(tokens))))
+
+    return TinyTransformer
+
+
+def _TinyTransformer(width: int, vocab: int) -> torch.nn.Module:  # noqa: N802 - torch imported on first use
+    return _tiny_transformer_class()(width, vocab)
+
+
 def _time_matmul(
     device: torch.device,
     synchronize: Callable[[torch.device], None],
@@ -381,14 +466,20 @@ def _time_matmul(
     k: int,
     dispatch: float,
 ) -> MatmulPoint:
+    """``a @ b -> out``, each call on the next of several operand sets (:func:`_cold_sets`): a step's products read
+    activations and weights last touched many operators before, and write where another tensor lay."""
     import torch
 
     kind = getattr(torch, dtype)
-    a = torch.randn(m, k, device=device).to(kind)
-    b = torch.randn(k, n, device=device).to(kind)
+    turn = _cold_sets(device, kind, (m, k), (k, n), (m, n))
+
+    def product() -> None:
+        a, b, out = next(turn)
+        torch.mm(a, b, out=out)
+
     flops = 2.0 * m * n * k
     calls = max(1, min(DISPATCH_CALLS, int(2e6 // (m * n * k))))  # tiny products: several per timed repeat
-    best, median = _repeat(lambda: torch.mm(a, b), lambda: synchronize(device), calls)
+    best, median = _repeat(product, lambda: synchronize(device), calls)
     return MatmulPoint(
         dtype=dtype,
         m=m,
@@ -397,6 +488,22 @@ def _time_matmul(
         best_flops_per_s=flops / _work_time(best, dispatch),
         median_flops_per_s=flops / _work_time(median, dispatch),
     )
+
+
+def _cold_sets(
+    device: torch.device, dtype: torch.dtype, *shapes: tuple[int, ...]
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Sets of tensors of ``shapes`` (inputs, then the output), cycled through: :data:`COLD_BYTES` in all, at most
+    :data:`MAX_BUFFER_SETS` sets, so that each call finds its tensors out of the cache the previous calls warmed,
+    as an operator in a step finds its own. Filled with small values (no denormals, no overflow)."""
+    import torch
+
+    size = sum(math.prod(shape) for shape in shapes) * torch.empty((), dtype=dtype).element_size()
+    sets = max(1, min(MAX_BUFFER_SETS, COLD_BYTES // max(size, 1)))
+    pool = [
+        tuple(torch.full(shape, 0.5, device=device, dtype=dtype) for shape in shapes) for _ in range(sets)
+    ]
+    return itertools.cycle(pool)
 
 
 def _time_stream(
@@ -436,21 +543,27 @@ def _time_stream(
 def _time_elementwise(
     device: torch.device, synchronize: Callable[[torch.device], None], operator: str, dispatch: float
 ) -> float:
-    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values (rows of 128 for softmax)."""
+    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values (rows of 128 for softmax), each call
+    on the next of several sets of input and output (:func:`_cold_sets`), as in a step."""
     import torch
 
-    x = torch.rand(ELEMENTWISE_ELEMENTS, device=device)
-    run: Callable[[], object]
-    if operator == "bernoulli_":
-        run = lambda: x.bernoulli_(0.9)  # noqa: E731 - dropout's keep probability
-    elif operator == "gelu_backward":
-        grad = torch.rand(ELEMENTWISE_ELEMENTS, device=device)
-        run = lambda: torch.ops.aten.gelu_backward(grad, x)  # noqa: E731
-    elif operator == "softmax":
-        rows = x.view(-1, 128)
-        run = lambda: torch.softmax(rows, -1)  # noqa: E731
+    shape = (ELEMENTWISE_ELEMENTS // 128, 128)
+    if operator == "bernoulli_":  # in place: the mask overwrites its input
+        masks = _cold_sets(device, torch.float32, shape)
+        run: Callable[[], object] = lambda: next(masks)[0].bernoulli_(0.9)  # noqa: E731 - dropout's keep probability
     else:
-        run = lambda: getattr(torch.nn.functional, operator)(x)  # noqa: E731
+        sets = _cold_sets(device, torch.float32, shape, shape, shape)
+        aten = torch.ops.aten
+
+        def run() -> None:
+            x, grad, out = next(sets)
+            if operator == "gelu_backward":
+                aten.gelu_backward.grad_input(grad, x, grad_input=out)
+            elif operator == "softmax":
+                aten._softmax.out(x, -1, False, out=out)
+            else:
+                getattr(aten, operator).out(x, out=out)
+
     best, _ = _repeat(run, lambda: synchronize(device))
     return ELEMENTWISE_ELEMENTS / _work_time(best, dispatch)
 

@@ -167,6 +167,15 @@ def _trace(
     return StepOperators(tuple(recorder.operators), micro, config.grad_accum, device_type, kernels)
 
 
+def count_operators(step: Callable[[], object]) -> int:
+    """How many aten operators one call of ``step`` dispatches, as :func:`step_operators` counts them (below
+    autograd: forward, backward and what ``step`` runs besides). ``step`` runs once, for real."""
+    recorder = _Recorder()
+    with recorder:
+        step()
+    return len(recorder.operators)
+
+
 # Operators whose time is the caller's, not the device's: shape queries, and what only moves a tensor's metadata.
 _FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like", "_unsafe_view"})
 

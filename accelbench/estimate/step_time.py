@@ -139,7 +139,8 @@ class CalibratedTimes:
 def calibrated_times(
     operators: StepOperators, calibration: Calibration, layout: RunShape, notes: Notes
 ) -> CalibratedTimes:
-    """Each operator's roofline time at the calibrated rates plus its dispatch, summed by phase: a matrix multiply
+    """Each operator's roofline time at the calibrated rates plus its dispatch (in forward and backward, the cost of
+    an operator within a training step, where the calibration measured it), summed by phase: a matrix multiply
     takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``, random numbers, softmax and exp-like
     activations ``max(elements / their rate, bytes / bandwidth)``, other work ``bytes / bandwidth`` (elementwise
     and normalisation work is bound by memory), a view only its dispatch; forward and backward count
@@ -165,7 +166,10 @@ def calibrated_times(
                 else calibration.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1], op.dtype)
             )
             work = max(work, op.flops / rate)
-        dispatch = calibration.autograd_dispatch_s if op.autograd else calibration.dispatch_s
+        if calibration.step_dispatch_s is not None and op.phase != "optimizer":
+            dispatch = calibration.step_dispatch_s  # an operator's cost within a step, beyond its work
+        else:
+            dispatch = calibration.autograd_dispatch_s if op.autograd else calibration.dispatch_s
         repeat = operators.micro_batches if op.phase != "optimizer" else 1
         times.append((op, (work + dispatch) * repeat, dispatch * repeat))
         if op.name in measured and op.phase != "optimizer":
