@@ -1163,23 +1163,30 @@ def test_deepseek_tiny_trains_with_expert_biases_and_records_them(
     assert all(b / 0.25 == round(b / 0.25) for layer in biases for b in layer)
 
 
+def biased_two_process_run(corpus_dir: Path, out: Path, *parallel: str) -> ResultRecord:
+    """deepseek-tiny on two gloo processes, --balance bias with biases moving 0.05 a step, no tensor-peak
+    measurement (its extra step after the epochs would move the biases once more)."""
+    data = ["--data", str(corpus_dir / "text.txt")]
+    args = ["--workload", "moe", "--model", "deepseek-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
+            "--epochs", "2", "--steps-per-epoch", "3", "-q", *parallel, "--devices", "2", "--batch-size", "4",
+            "--balance", "bias", "--bias-update-speed", "0.05", "--no-tensor-peak"]  # fmt: skip
+    proc = accelbench("run", *args, *data, "--output-dir", str(out), env=env_of(corpus_dir), timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(next(out.glob("*.json")))
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.workload_identity["balance"] == "bias"
+    return record
+
+
 @pytest.mark.slow
 def test_expert_biases_under_expert_parallelism_are_one_process_training(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """deepseek-tiny on --mesh ep=2, biases moving 0.05 a step: each rank routes its own tokens by its own biases,
-    so only biases updated from the loads of both ranks together (the all-reduce) keep the ranks' routing that of
-    one process on the global batch: the losses and the final biases are the one process's (no tensor-peak
-    measurement: its extra step after the epochs would move the biases once more)."""
-    data = ["--data", str(corpus_dir / "text.txt")]
-    args = ["--workload", "moe", "--model", "deepseek-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
-            "--epochs", "2", "--steps-per-epoch", "3", "-q", "--mesh", "ep=2", "--devices", "2", "--batch-size", "4",
-            "--balance", "bias", "--bias-update-speed", "0.05", "--no-tensor-peak"]  # fmt: skip
-    proc = accelbench("run", *args, *data, "--output-dir", str(tmp_path), env=env_of(corpus_dir), timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = read_record(next(tmp_path.glob("*.json")))
-    assert record.outcome.status == "ok", record.outcome.message
-    assert record.workload_identity["balance"] == "bias"
+    """--mesh ep=2: each rank routes its own tokens by its own biases (nothing else makes them agree: no DDP
+    buffer broadcast), so only biases updated from the loads of both ranks together (the all-reduce) keep the
+    ranks' routing that of one process on the global batch: the losses and the final biases are the one
+    process's."""
+    record = biased_two_process_run(corpus_dir, tmp_path, "--mesh", "ep=2")
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
     expected, model = one_process_run(record)
     assert losses(record) == pytest.approx(expected, abs=1e-5, rel=0)
@@ -1188,6 +1195,18 @@ def test_expert_biases_under_expert_parallelism_are_one_process_training(
         [b for m in model.moe_layers() for b in m.expert_bias.tolist()], abs=1e-6
     )
     assert any(b != 0 for b in recorded)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.slow
+def test_expert_biases_train_under_ddp_and_fsdp(corpus_dir: Path, tmp_path: Path, strategy: str) -> None:
+    """DDP (which broadcasts buffers) and FSDP2 (which leaves them whole) train with the biases: they moved, by
+    whole steps of 0.05."""
+    biases = biased_two_process_run(corpus_dir, tmp_path, "--strategy", strategy).workload[
+        "expert_bias_by_layer"
+    ]
+    assert len(biases) == 2 and any(b != 0 for layer in biases for b in layer)
+    assert all(abs(b / 0.05 - round(b / 0.05)) < 1e-4 for layer in biases for b in layer)
 
 
 # ---------------------------------------------------------------------------------------------------------------
