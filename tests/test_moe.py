@@ -442,6 +442,11 @@ def test_moe_trains_data_parallel_on_two_processes(corpus_dir: Path, tmp_path: P
 def one_process_losses(record: ResultRecord) -> list[float]:
     """The epoch losses of one process training the same model (same seed) on the global batch: every rank's
     share of each step concatenated, the step a single device takes (clip to 1.0, the workload's AdamW)."""
+    return one_process_run(record)[0]
+
+
+def one_process_run(record: ResultRecord) -> tuple[list[float], torch.nn.Module]:
+    """:func:`one_process_losses`, and the model trained."""
     host = get_host()
     config = record.config
     job = host.workload("moe").build(config)
@@ -460,7 +465,7 @@ def one_process_losses(record: ResultRecord) -> list[float]:
             optimizer.zero_grad(set_to_none=True)
             steps.append(loss.item())
         out.append(sum(steps) / len(steps))
-    return out
+    return out, model
 
 
 @pytest.mark.parametrize(
@@ -948,3 +953,359 @@ def test_deepseek_tiny_expert_parallel_is_one_process_training(
     assert record.executor["expert_parallel"]["experts_per_rank"] == 4
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
     assert losses(record) == pytest.approx(one_process_losses(record), abs=1e-5, rel=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSeek-V3's auxiliary-loss-free balancing: per-expert biases on the scores the top-k is chosen by
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def imbalanced(model: MoE) -> None:
+    """Every MoE layer's router made to prefer experts 0 and 1 whatever the token: a router with a bias of +1.5 for
+    them and -1.5 for the others (sigmoid 0.82 against 0.18), its weights small."""
+    for layer in model.moe_layers():
+        router = SigmoidRouter(layer.router.in_features, layer.n_experts, bias=True)
+        torch.nn.init.normal_(router.weight, std=0.1)
+        with torch.no_grad():
+            router.bias.copy_(torch.tensor([1.5, 1.5, -1.5, -1.5]))
+        layer.router = router
+
+
+def train_steps(model: MoE, cfg: MoEConfig, steps: int) -> list[float]:
+    """``steps`` real training steps (AdamW, the workload's recipe, with the bias hook where the config has biases)
+    on random tokens; returns each step's load imbalance (max / mean tokens per expert, first MoE layer)."""
+    from accelbench.workloads.moe.model import balance_by_expert_biases, configure_adamw
+
+    optimizer = configure_adamw(model, "foreach", 1e-3)
+    if cfg.expert_biases:
+        balance_by_expert_biases(optimizer, model, cfg)
+    generator = torch.Generator().manual_seed(7)
+    imbalance = []
+    for _ in range(steps):
+        tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=generator)
+        first = model.moe_layers()[0]
+        first.routed = None
+        model(tokens, tokens).backward()
+        assert first.routed is not None
+        imbalance.append(float(first.routed.max() / first.routed.float().mean()))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return imbalance
+
+
+def test_the_expert_bias_moves_an_imbalanced_router_toward_balance_and_gets_no_gradient() -> None:
+    """A router sending every token to experts 0 and 1 (imbalance 2: half the experts idle), one dense block and one
+    MoE block: with biases moving 0.03 a step the overloaded experts' biases fall, the idle ones' rise, and after 10
+    steps the load is near even (the sign update then keeps it within a step of balance); the same model without
+    biases stays at 2. The bias is a buffer, never a parameter, and never gets a gradient."""
+    shape = {"n_layers": 2, "experts_kernel": "loop", "aux_loss_coef": 0.0}
+    cfg = deepseek_config(balance="bias", bias_update_speed=0.03, **shape)
+    torch.manual_seed(8)
+    model = MoE(cfg)
+    imbalanced(model)
+    plain = MoE(deepseek_config(**shape))
+    imbalanced(plain)
+    plain.load_state_dict(model.state_dict(), strict=False)  # the same weights, no biases
+    imbalance = train_steps(model, cfg, 16)
+    assert imbalance[0] == 2.0 and max(imbalance[-6:]) < 1.7 and sum(imbalance[-6:]) / 6 < 1.5, imbalance
+    assert min(train_steps(plain, deepseek_config(**shape), 16)) > 1.9
+    for layer in model.moe_layers():
+        bias = layer.expert_bias
+        assert bias is not None and bias.grad is None and not bias.requires_grad
+        assert bias[:2].max() < 0 < bias[2:].min(), bias
+        assert all(p is not bias for p in model.parameters())
+    assert list(dict(model.named_buffers())) == ["layers.1.feed_forward.expert_bias"]
+
+
+def test_the_bias_update_is_minus_speed_times_the_sign_of_load_minus_its_mean() -> None:
+    """Loads (10, 2, 4, 0), mean 4: the biases move by -speed x (1, -1, 0, -1); the loads are then forgotten."""
+    from accelbench.workloads.moe.model import update_expert_biases
+
+    cfg = deepseek_config(balance="bias", bias_update_speed=0.25)
+    model = MoE(cfg)
+    first, second = model.moe_layers()
+    first.load = torch.tensor([10, 2, 4, 0])
+    update_expert_biases(model, cfg.n_layers, cfg.n_experts, cfg.bias_update_speed)
+    assert first.expert_bias is not None and second.expert_bias is not None
+    assert first.expert_bias.tolist() == [-0.25, 0.25, 0.0, 0.25]
+    assert second.expert_bias.tolist() == [0.0] * 4  # no load counted: no move
+    assert first.load is None
+
+
+def test_forwards_no_step_follows_leave_the_biases_alone() -> None:
+    """A gradient-norm probe (zero_grad, forward, backward, zero_grad: no step) before a training step: the step
+    moves the biases by its own loads only, as it would without the probe."""
+    from accelbench.workloads.moe.model import balance_by_expert_biases, configure_adamw
+
+    cfg = deepseek_config(balance="bias", bias_update_speed=0.5)
+    torch.manual_seed(10)
+    probed, plain = MoE(cfg), MoE(cfg)
+    plain.load_state_dict(probed.state_dict())
+    step, probe = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    for model in (probed, plain):
+        optimizer = configure_adamw(model, "foreach", 1e-3)
+        balance_by_expert_biases(optimizer, model, cfg)
+        if model is probed:
+            optimizer.zero_grad(set_to_none=True)
+            model(probe, probe).backward()
+            optimizer.zero_grad(set_to_none=True)
+        model(step, step).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for a, b in zip(probed.moe_layers(), plain.moe_layers(), strict=True):
+        assert a.expert_bias is not None and b.expert_bias is not None
+        assert a.expert_bias.abs().sum() > 0
+        torch.testing.assert_close(a.expert_bias, b.expert_bias, rtol=0, atol=0)
+
+
+def test_the_biased_choice_is_gated_by_the_unbiased_sigmoid_scores() -> None:
+    """Biases of +5 on experts 2 and 3 choose them for every token (sigmoid scores are below 1); their gates are
+    the sigmoid scores of 2 and 3 renormalised over the two, the bias in none of them."""
+    torch.manual_seed(9)
+    cfg = deepseek_config(balance="bias")
+    layer = MoE(cfg).layers[1].feed_forward
+    assert isinstance(layer, DeepSeekFeedForward) and layer.expert_bias is not None
+    for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3):
+        torch.nn.init.normal_(w, std=0.1)
+    layer.expert_bias.copy_(torch.tensor([0.0, 0.0, 5.0, 5.0]))
+    x = torch.randn(2, 3, cfg.dim)
+    y = layer(x)
+    assert layer.shared_expert is not None
+    for token, out in zip(x.reshape(-1, cfg.dim), y.reshape(-1, cfg.dim), strict=True):
+        scores = torch.sigmoid(token @ layer.router.weight.T)
+        expected = layer.shared_expert(token)
+        for e in (2, 3):
+            gate = scores[e] / scores[2:].sum()
+            expected = expected + gate * swiglu(token[None], layer.experts.w1[e], layer.experts.w3[e],
+                                                layer.experts.w2[e])[0]  # fmt: skip
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_expert_bias_stays_float32_when_the_model_is_cast() -> None:
+    """A bf16 model keeps its biases in float32: steps of 0.001 would round away in bf16 beside a bias of 0.25."""
+    model = MoE(deepseek_config(balance="both", aux_loss_coef=1e-4)).to(torch.bfloat16)
+    layer = model.moe_layers()[0]
+    assert layer.router.weight.dtype == torch.bfloat16
+    assert layer.expert_bias is not None and layer.expert_bias.dtype == torch.float32
+
+
+def moe_config(model: str, **options: object) -> RunConfig:
+    config = get_host().resolve(RunConfig(workload="moe", model=model, workload_options=options))  # type: ignore[arg-type]
+    get_host().workload("moe").check(config)
+    return config
+
+
+def test_the_deepseek_sizes_balance_as_deepseek_v3_and_the_identity_says_how() -> None:
+    """deepseek-tiny (and -v3): the biases at 0.001 and the sequence-wise loss at 0.0001 unless told otherwise;
+    moe-tiny: the balance loss alone at 0.01, its identity as before the option existed."""
+    workload = get_host().workload("moe")
+    assert workload.identity(moe_config("deepseek-tiny")) == {
+        "model": "deepseek-tiny", "seq_len": 256, "vocab_size": 8_192, "aux_loss_coef": 0.0001,
+        "balance": "both", "bias_update_speed": 0.001,
+    }  # fmt: skip
+    bias_only = workload.identity(moe_config("deepseek-v3", balance="bias", bias_update_speed=0.01))
+    assert (bias_only["aux_loss_coef"], bias_only["bias_update_speed"]) == (0.0, 0.01)
+    assert workload.identity(moe_config("moe-tiny")) == {
+        "model": "moe-tiny", "seq_len": 256, "vocab_size": 8_192, "aux_loss_coef": 0.01,
+    }  # fmt: skip
+    assert workload.identity(moe_config("moe-tiny", balance="bias"))["balance"] == "bias"
+    assert workload.identity(moe_config("deepseek-tiny", balance="aux-loss")) == {
+        "model": "deepseek-tiny", "seq_len": 256, "vocab_size": 8_192, "aux_loss_coef": 0.01,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"balance": "loss"}, "--balance"),
+        ({"balance": "bias", "bias_update_speed": 0}, "--bias-update-speed: Input should be greater than 0"),
+        ({"balance": "bias", "bias_update_speed": 2}, "--bias-update-speed: Input should be less than or equal to 1"),
+        ({"balance": "aux-loss", "bias_update_speed": 0.01}, "with --balance aux-loss there are none: add --balance bias"),
+        ({"balance": "bias", "aux_loss_coef": 0.01}, "would add the balance loss too; use --balance both"),
+        ({"balance": "both", "aux_loss_coef": 0.0}, "--aux-loss-coef 0 leaves no loss; use --balance bias"),
+    ],
+)  # fmt: skip
+def test_bad_balance_options_are_refused(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        moe_config("deepseek-tiny", **options)
+
+
+def test_a_bad_balance_is_refused_by_the_model() -> None:
+    with pytest.raises(ValueError, match="balance 'none': use one of 'aux-loss', 'bias', 'both'"):
+        MoE(tiny_config(balance="none"))
+    with pytest.raises(ValueError, match=r"bias update speed 0.0: use a value in \(0, 1\]"):
+        MoE(tiny_config(balance="bias", bias_update_speed=0.0))
+
+
+def test_deepseek_tiny_trains_with_expert_biases_and_records_them(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's optimizer (the workload's recipe, through the engine) moves the biases after each step: the
+    record says which balancing ran and holds the biases at the end, each a multiple of the update speed."""
+    from accelbench.engine.runner import run as run_in_process
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    config = host.resolve(
+        RunConfig(workload="moe", model="deepseek-tiny", backend="cpu", batch_size=4, epochs=1, steps_per_epoch=3,
+                  data=corpus_dir / "text.txt", output_dir=tmp_path, no_tensor_peak=True, peak_tflops=1.0,
+                  workload_options={"seq_len": 16, "vocab_size": VOCAB, "bias_update_speed": 0.25})
+    )  # fmt: skip
+    host.workload("moe").check(config)
+    record, _, status = run_in_process(config, host)
+    assert status == "ok" and record is not None, record and record.outcome
+    w = record.workload
+    assert (w["balance"], w["bias_update_speed"], w["aux_loss_coef"]) == ("both", 0.25, 0.0001)
+    assert record.workload_identity["balance"] == "both"
+    biases = w["expert_bias_by_layer"]
+    assert len(biases) == 2 and all(len(layer) == 8 for layer in biases)
+    assert any(b != 0 for layer in biases for b in layer)
+    assert all(b / 0.25 == round(b / 0.25) for layer in biases for b in layer)
+
+
+def biased_two_process_run(corpus_dir: Path, out: Path, *parallel: str) -> ResultRecord:
+    """deepseek-tiny on two gloo processes, --balance bias with biases moving 0.05 a step, no tensor-peak
+    measurement (its extra step after the epochs would move the biases once more)."""
+    data = ["--data", str(corpus_dir / "text.txt")]
+    args = ["--workload", "moe", "--model", "deepseek-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
+            "--epochs", "2", "--steps-per-epoch", "3", "-q", *parallel, "--devices", "2", "--batch-size", "4",
+            "--balance", "bias", "--bias-update-speed", "0.05", "--no-tensor-peak"]  # fmt: skip
+    proc = accelbench("run", *args, *data, "--output-dir", str(out), env=env_of(corpus_dir), timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(next(out.glob("*.json")))
+    assert record.outcome.status == "ok", record.outcome.message
+    assert record.workload_identity["balance"] == "bias"
+    return record
+
+
+@pytest.mark.slow
+def test_expert_biases_under_expert_parallelism_are_one_process_training(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--mesh ep=2: each rank routes its own tokens by its own biases (nothing else makes them agree: no DDP
+    buffer broadcast), so only biases updated from the loads of both ranks together (the all-reduce) keep the
+    ranks' routing that of one process on the global batch: the losses and the final biases are the one
+    process's."""
+    record = biased_two_process_run(corpus_dir, tmp_path, "--mesh", "ep=2")
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    expected, model = one_process_run(record)
+    assert losses(record) == pytest.approx(expected, abs=1e-5, rel=0)
+    recorded = [b for layer in record.workload["expert_bias_by_layer"] for b in layer]
+    assert recorded == pytest.approx(
+        [b for m in model.moe_layers() for b in m.expert_bias.tolist()], abs=1e-6
+    )
+    assert any(b != 0 for b in recorded)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.slow
+def test_expert_biases_train_under_ddp_and_fsdp(corpus_dir: Path, tmp_path: Path, strategy: str) -> None:
+    """DDP (which broadcasts buffers) and FSDP2 (which leaves them whole) train with the biases: they moved, by
+    whole steps of 0.05."""
+    biases = biased_two_process_run(corpus_dir, tmp_path, "--strategy", strategy).workload[
+        "expert_bias_by_layer"
+    ]
+    assert len(biases) == 2 and any(b != 0 for layer in biases for b in layer)
+    assert all(abs(b / 0.05 - round(b / 0.05)) < 1e-4 for layer in biases for b in layer)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a custom size with multi-head latent attention (--attention-kind mla)
+# ---------------------------------------------------------------------------------------------------------------
+
+CUSTOM_MLA = {**CUSTOM, "n_layer": 2, "n_head": 4, "n_embd": 64, "ffn_dim": 48, "n_experts": 4, "top_k": 2,
+              "attention_kind": "mla", "kv_lora_rank": 24, "qk_nope_head_dim": 12, "qk_rope_head_dim": 6,
+              "v_head_dim": 10}  # fmt: skip
+
+
+def model_config_of(shape: MoEShape, vocab: int, seq_len: int) -> MoEConfig:
+    return MoEConfig(n_layers=shape.n_layers, dim=shape.dim, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads,
+                     ffn_dim=shape.ffn_dim, vocab_size=vocab, seq_len=seq_len, n_experts=shape.n_experts,
+                     top_k=shape.top_k, shared_experts=shape.shared_experts, experts_kernel="loop",
+                     kv_lora_rank=shape.kv_lora_rank, q_lora_rank=shape.q_lora_rank,
+                     qk_nope_head_dim=shape.qk_nope_head_dim, qk_rope_head_dim=shape.qk_rope_head_dim,
+                     v_head_dim=shape.v_head_dim)  # fmt: skip
+
+
+def test_a_custom_mla_size_has_its_options_widths_and_deepseeks_proportions_by_default() -> None:
+    from accelbench.workloads.moe import label, shape_of
+
+    config = moe_config("custom", **CUSTOM_MLA)
+    s = shape_of(config)
+    assert latent_widths(s) == (24, 0, 12, 6, 10)
+    assert s.attention_kind == "MLA" and s.router_scores == "softmax"
+    assert label(config, s) == "custom 2L/4H/MLA kv24 q0 qk12+6 v10/64E/48F/4x top-2 +shared"
+    given = {k: v for k, v in CUSTOM_MLA.items() if k not in ("kv_lora_rank", "qk_nope_head_dim",
+                                                              "qk_rope_head_dim", "v_head_dim")}  # fmt: skip
+    # heads of 16: DeepSeek-V3's 512/128/64/128 for heads of 128, scaled
+    assert latent_widths(shape_of(moe_config("custom", **given, q_lora_rank=32))) == (64, 32, 16, 8, 16)
+
+
+def latent_widths(s: MoEShape) -> tuple[int, ...]:
+    return (s.kv_lora_rank, s.q_lora_rank, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim)
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 32], ids=["direct-query", "query-latent"])
+def test_a_custom_mla_sizes_parameters_and_flops_are_what_torch_counts(q_lora_rank: int) -> None:
+    """The custom MLA shape's parameters are the closed form's and the model's; its FLOPs (6*N_active +
+    6*L*s*h*(qk + v)) torch's counter times 3 plus 6 x the norms' weights."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from accelbench.workloads.moe import shape_of
+
+    shape = shape_of(moe_config("custom", **CUSTOM_MLA, q_lora_rank=q_lora_rank))
+    model = MoE(model_config_of(shape, 500, 64))
+    shape_args = (2, 0, 64, 4, q_lora_rank, 24, 12, 6, 10, 0, 48, 4)
+    assert model.num_parameters() == shape.parameters(500) == mla_closed_form(*shape_args, 4, 1, 500)
+    assert shape.active_parameters(500) == mla_closed_form(*shape_args, 2, 1, 500)
+    tokens = torch.randint(0, 500, (2, 64))
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        model(tokens, tokens)
+    per_token = 3 * counter.get_total_flops() / (2 * 64)
+    norms = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.RMSNorm))
+    assert shape.flops_per_token(500, 64) == pytest.approx(per_token + 6 * norms, rel=0.002)
+
+
+def test_the_estimate_counts_a_custom_mla_size_by_the_closed_form(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    config = host.resolve(
+        RunConfig(workload="moe", model="custom", batch_size=2, data=corpus_dir / "text.txt",
+                  workload_options={**CUSTOM_MLA, "seq_len": 32})  # type: ignore[arg-type]
+    )  # fmt: skip
+    facts = meta_facts(host.workload("moe"), config)
+    total = mla_closed_form(2, 0, 64, 4, 0, 24, 12, 6, 10, 0, 48, 4, 4, 1, VOCAB)
+    active = mla_closed_form(2, 0, 64, 4, 0, 24, 12, 6, 10, 0, 48, 4, 2, 1, VOCAB)
+    assert facts.parameters == total == host.workload("moe").parameters(config)
+    assert facts.active_parameters == active and facts.flops_formula == MLA_FLOPS_FORMULA
+    assert facts.flops_per_sample == (6 * (active - VOCAB * 64) + 6 * 2 * 32 * 4 * (18 + 10)) * 32
+
+
+@pytest.mark.parametrize(
+    "model, options, message",
+    [
+        ("custom", {"attention_kind": None}, "--kv-lora-rank, --qk-nope-head-dim, --qk-rope-head-dim, --v-head-dim shape multi-head latent attention: add --attention-kind mla"),
+        ("custom", {"n_kv_heads": 2}, "--kv-heads is grouped-query attention's"),
+        ("custom", {"qk_rope_head_dim": 5}, r"the rotary head width 5 \(--qk-rope-head-dim\) must be even"),
+        ("custom", {"qk_rope_head_dim": None, "n_embd": 40}, r"the rotary head width 5 \(half the head width --embd / --heads\) must be even"),
+        ("custom", {"v_head_dim": None, "n_embd": 66}, r"--v-head-dim default from the head width --embd / --heads, and 66 / 4 is not a whole number"),
+        ("custom", {"kv_lora_rank": 0}, "--kv-lora-rank: Input should be greater than 0"),
+        ("custom", {"q_lora_rank": -1}, "--q-lora-rank: Input should be greater than or equal to 0"),
+        ("custom", {"attention_kind": "mha"}, "--attention-kind"),
+        ("moe-tiny", {"attention_kind": "mla", "kv_lora_rank": 24}, "--attention-kind, --kv-lora-rank describe a custom size: use them with --model custom"),
+    ],
+)  # fmt: skip
+def test_bad_custom_latent_attention_is_refused_saying_what_would_work(
+    model: str, options: dict[str, object], message: str
+) -> None:
+    given = {k: v for k, v in {**CUSTOM_MLA, **options}.items() if v is not None}
+    if model != "custom":
+        given = options
+    with pytest.raises(ConfigError, match=message):
+        moe_config(model, **given)

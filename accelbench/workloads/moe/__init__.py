@@ -21,18 +21,29 @@ Sizes: ``moe-tiny`` and ``moe-mini`` for CPUs and quick runs, and two published 
   latent 1,536, head widths 128 (no rotary) + 64 (rotary) for queries and keys and 128 for values; 256 experts of
   2,048, top-8 by sigmoid scores renormalised over the chosen, 1 shared; vocabulary 129,280, RoPE base 10,000,
   context 4,096 (its pretraining length): 671.0B parameters without its multi-token-prediction module (published
-  671B), 37.6B active with both embedding matrices (36.6B without the input embedding, as published). Its
-  balancing differs: DeepSeek-V3 balances by per-expert score biases (aux-loss-free) with a 0.0001 sequence-wise
-  loss, this model by the Switch loss at ``--aux-loss-coef``; node-limited routing, the routed output's 2.5 scale
-  and YaRN are not modelled;
+  671B), 37.6B active with both embedding matrices (36.6B without the input embedding, as published); balanced as
+  DeepSeek-V3 is (``--balance both``, below); node-limited routing, the routed output's 2.5 scale and YaRN are not
+  modelled;
 - ``deepseek-tiny``: the same architecture for CPUs (3 layers, the first dense, width 64, 4 heads, 8 experts of 64
   top-2 plus a shared one).
 
 Or ``custom``: the Llama workload's ``--layers --heads --embd`` (``--kv-heads``, ``--ffn-dim`` optional, ``--ffn-dim``
 each expert's hidden width) and the experts' ``--experts`` (default 8), ``--top-k`` (default 2) and
 ``--shared-expert``/``--no-shared-expert`` (default off: one shared expert of the routed experts' width); vocabulary
-8,192 and RoPE base 500,000 unless given, context 32,768. Comparisons name it by its dimensions
-(``custom 2L/4H/2KV/64E/128F/8x top-2 +shared``).
+8,192 and RoPE base 500,000 unless given, context 32,768. ``--attention-kind mla`` gives it multi-head latent attention
+instead of grouped-query: ``--kv-lora-rank`` (default 4 x the head width ``--embd / --heads``), ``--q-lora-rank``
+(0, the default: queries projected directly, as DeepSeek-V2-Lite), ``--qk-nope-head-dim`` (default: the head
+width), ``--qk-rope-head-dim`` (even; default: half the head width) and ``--v-head-dim`` (default: the head width),
+DeepSeek-V3's proportions. Comparisons name it by its dimensions (``custom 2L/4H/2KV/64E/128F/8x top-2 +shared``, or with
+``MLA kv64 q0 qk16+8 v16`` in place of ``2KV``).
+
+Load balancing (``--balance``): ``aux-loss`` (the balance loss alone, the default but for the deepseek sizes), ``bias``
+(DeepSeek-V3's auxiliary-loss-free balancing, arXiv 2412.19437 section 2.1.2: a per-expert bias on the router's
+affinity scores for the top-k choice only, the gates unbiased, moved by ``-gamma * sign(load - mean load)`` after each
+optimizer step; ``--bias-update-speed`` gamma, default 0.001, DeepSeek-V3's) or ``both`` (the biases and the loss at
+``--aux-loss-coef``, default 0.0001: DeepSeek-V3's, and the deepseek sizes' default). The loads are summed over every
+rank before the sign, so every rank keeps the same biases. The identity records ``balance`` and
+``bias_update_speed`` where biases ran; the summary ``balance`` and the final ``expert_bias_by_layer``.
 
 FLOPs per token count the **active** parameters (what one token is multiplied by), training = 3 x forward::
 
@@ -84,6 +95,13 @@ MAX_VOCAB = 2**20
 MAX_EXPERTS = 1024  # far above any published mixture (DeepSeek-V3 routes over 256), so a typo is refused
 CUSTOM_CONTEXT = 32_768  # the longest --seq-len the workload takes
 CUSTOM_ROPE_THETA = 500_000.0
+BALANCES = ("aux-loss", "bias", "both")  # accelbench.workloads.moe.model.BALANCES, without importing torch
+BIAS_UPDATE_SPEED = 0.001  # DeepSeek-V3's gamma for all but its last 500B tokens
+AUX_LOSS_COEF = {
+    "aux-loss": 0.01,
+    "bias": 0.0,
+    "both": 0.0001,
+}  # Switch's and GShard's; none; DeepSeek-V3's alpha
 
 
 @dataclass(frozen=True)
@@ -277,9 +295,17 @@ OPTIONS = (
     RunOption(name="vocab_size", type="int", ge=MIN_VOCAB, le=MAX_VOCAB,
               help="the model's vocabulary, and the tokens the byte-level BPE is trained for (default: the size's)",
               workload="moe"),
-    RunOption(name="aux_loss_coef", type="float", default=0.01, ge=0.0, le=1.0,
+    RunOption(name="aux_loss_coef", type="float", ge=0.0, le=1.0,
               help="weight of the load-balancing loss (Switch's E * sum f_i P_i per sequence) added to the "
-              "cross-entropy; 0 turns it off (default 0.01, Switch's and GShard's)", workload="moe"),
+              "cross-entropy; 0 turns it off (default 0.01, Switch's and GShard's, with --balance aux-loss; "
+              "0.0001, DeepSeek-V3's, with --balance both)", workload="moe"),
+    RunOption(name="balance", type="str", choices=BALANCES,
+              help="how the experts' load is balanced: aux-loss (the balance loss at --aux-loss-coef), bias "
+              "(DeepSeek-V3's auxiliary-loss-free per-expert score biases) or both (the biases and the loss; "
+              "default for deepseek-v3 and deepseek-tiny, aux-loss for the others)", workload="moe"),
+    RunOption(name="bias_update_speed", flag="bias-update-speed", type="float", gt=0.0, le=1.0,
+              help="with --balance bias or both: how far each expert bias moves per step, toward balance "
+              f"(default {BIAS_UPDATE_SPEED}, DeepSeek-V3's gamma)", workload="moe"),
     RunOption(name="experts_kernel", flag="experts-kernel", type="str", default="auto",
               choices=("auto", "grouped", "loop"),
               help="how the routed experts run: grouped (torch._grouped_mm over all experts at once, as torchtitan; "
@@ -299,8 +325,30 @@ OPTIONS = (
     RunOption(name="shared_expert", flag="shared-expert", type="bool",
               help="custom size: a shared expert every token passes, as wide as a routed one (default: off)",
               workload="moe"),
+    # a custom size's multi-head latent attention (--attention-kind mla), DeepSeek-V2/V3's
+    RunOption(name="attention_kind", flag="attention-kind", type="str", choices=("gqa", "mla"),
+              help="custom size: grouped-query attention (gqa, default) or DeepSeek's multi-head latent attention "
+              "(mla, shaped by --kv-lora-rank, --q-lora-rank and the head widths)", workload="moe"),
+    RunOption(name="kv_lora_rank", flag="kv-lora-rank", type="int", gt=0, le=MAX_WIDTH,
+              help="custom size, mla: the key/value latent's width (default: 4 x the head width --embd / --heads, "
+              "DeepSeek-V3's 512 for heads of 128)", workload="moe"),
+    RunOption(name="q_lora_rank", flag="q-lora-rank", type="int", ge=0, le=MAX_WIDTH,
+              help="custom size, mla: the query latent's width; 0 projects queries directly, as DeepSeek-V2-Lite "
+              "(default 0)", workload="moe"),
+    RunOption(name="qk_nope_head_dim", flag="qk-nope-head-dim", type="int", gt=0, le=MAX_WIDTH,
+              help="custom size, mla: each head's query/key width without rotary embedding (default: the head "
+              "width --embd / --heads)", workload="moe"),
+    RunOption(name="qk_rope_head_dim", flag="qk-rope-head-dim", type="int", gt=0, le=MAX_WIDTH,
+              help="custom size, mla: each head's rotary query/key width, even (default: half the head width)",
+              workload="moe"),
+    RunOption(name="v_head_dim", flag="v-head-dim", type="int", gt=0, le=MAX_WIDTH,
+              help="custom size, mla: each head's value width (default: the head width)", workload="moe"),
 )  # fmt: skip
-CUSTOM = ("n_layer", "n_head", "n_embd", "n_kv_heads", "ffn_dim", "n_experts", "top_k", "shared_expert")
+MLA_OPTIONS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+CUSTOM = (
+    "n_layer", "n_head", "n_embd", "n_kv_heads", "ffn_dim", "n_experts", "top_k", "shared_expert", "attention_kind",
+    *MLA_OPTIONS,
+)  # fmt: skip
 
 
 def shape_of(config: RunConfig) -> MoEShape:
@@ -310,11 +358,12 @@ def shape_of(config: RunConfig) -> MoEShape:
         dim, heads = int(options["n_embd"]), int(options["n_head"])
         kv, ffn = options.get("n_kv_heads"), options.get("ffn_dim")
         experts, top_k = options.get("n_experts"), options.get("top_k")
+        mla = latent_attention_of(options, dim, heads) if options.get("attention_kind") == "mla" else {}
         return MoEShape(
             n_layers=int(options["n_layer"]),
             dim=dim,
             n_heads=heads,
-            n_kv_heads=int(kv) if kv is not None else heads,
+            n_kv_heads=int(kv) if kv is not None and not mla else heads,
             ffn_dim=int(ffn) if ffn is not None else -(-8 * dim // (3 * 64)) * 64,
             n_experts=int(experts) if experts is not None else 8,
             top_k=int(top_k) if top_k is not None else 2,
@@ -322,10 +371,34 @@ def shape_of(config: RunConfig) -> MoEShape:
             vocab_size=SMALL_VOCAB,
             max_seq_len=CUSTOM_CONTEXT,
             rope_theta=CUSTOM_ROPE_THETA,
+            kv_lora_rank=mla.get("kv_lora_rank", 0),
+            q_lora_rank=mla.get("q_lora_rank", 0),
+            qk_nope_head_dim=mla.get("qk_nope_head_dim", 0),
+            qk_rope_head_dim=mla.get("qk_rope_head_dim", 0),
+            v_head_dim=mla.get("v_head_dim", 0),
         )
     if config.model not in MODEL_SIZES:
         raise ConfigError(f"unknown model {config.model!r}; choose one of: {', '.join(MODEL_SIZES)}, custom")
     return MODEL_SIZES[config.model]
+
+
+def latent_attention_of(options: dict[str, Any], dim: int, heads: int) -> dict[str, int]:
+    """A custom size's latent attention (``--attention-kind mla``): the widths given, else DeepSeek-V3's in proportion
+    to the head width ``dim // heads`` (its 128-wide heads: latent 512, no-rope 128, rope 64, values 128), and no
+    query latent (DeepSeek-V2-Lite's). Checked by :func:`check_custom`."""
+    head = dim // heads
+
+    def given(name: str, default: int) -> int:
+        value = options.get(name)
+        return int(value) if value is not None else default
+
+    return {
+        "kv_lora_rank": given("kv_lora_rank", 4 * head),
+        "q_lora_rank": given("q_lora_rank", 0),
+        "qk_nope_head_dim": given("qk_nope_head_dim", head),
+        "qk_rope_head_dim": given("qk_rope_head_dim", head // 2),
+        "v_head_dim": given("v_head_dim", head),
+    }
 
 
 def label(config: RunConfig, shape: MoEShape) -> str:
@@ -334,8 +407,13 @@ def label(config: RunConfig, shape: MoEShape) -> str:
         return config.model
     s = shape
     shared = " +shared" if s.shared_experts else ""
+    attention = (
+        f"MLA kv{s.kv_lora_rank} q{s.q_lora_rank} qk{s.qk_nope_head_dim}+{s.qk_rope_head_dim} v{s.v_head_dim}"
+        if s.latent_attention
+        else f"{s.n_kv_heads}KV"
+    )
     return (
-        f"custom {s.n_layers}L/{s.n_heads}H/{s.n_kv_heads}KV/{s.dim}E/{s.ffn_dim}F/{s.n_experts}x top-{s.top_k}"
+        f"custom {s.n_layers}L/{s.n_heads}H/{attention}/{s.dim}E/{s.ffn_dim}F/{s.n_experts}x top-{s.top_k}"
         f"{shared}"
     )
 
@@ -355,14 +433,25 @@ def check_custom(config: RunConfig) -> None:
     if missing:
         raise ConfigError(
             f"model 'custom' needs all of --layers, --heads and --embd (missing {', '.join(_flags(missing))}; "
-            "--kv-heads, --ffn-dim, --experts, --top-k, --shared-expert: optional)"
+            "--kv-heads, --ffn-dim, --experts, --top-k, --shared-expert, --attention-kind: optional)"
         )
+    if options.get("attention_kind") == "mla":
+        check_latent_attention(options)
+    else:
+        mla = [name for name in MLA_OPTIONS if options.get(name) is not None]
+        if mla:
+            raise ConfigError(
+                f"{', '.join(_flags(mla))} shape multi-head latent attention: add --attention-kind mla, or leave them "
+                "out for grouped-query attention"
+            )
     s = shape_of(config)
     if s.top_k > s.n_experts:
         raise ConfigError(
             f"--top-k {s.top_k} is more than the {s.n_experts} experts a token can be routed to: use --top-k "
             f"1 to {s.n_experts}, or more --experts"
         )
+    if s.latent_attention:
+        return  # checked by check_latent_attention: the head widths are their own, not --embd / --heads
     if s.dim % s.n_heads:
         raise ConfigError(
             f"width {s.dim} is not divisible by heads {s.n_heads}: use --heads that divides --embd"
@@ -375,6 +464,32 @@ def check_custom(config: RunConfig) -> None:
     if s.attention_head_dim % 2:
         raise ConfigError(
             f"rotary embeddings turn pairs: the head size {s.attention_head_dim} (--embd / --heads) must be even"
+        )
+
+
+def check_latent_attention(options: dict[str, Any]) -> None:
+    """Refuse a custom latent attention the model cannot be built with: --kv-heads (latent attention has no
+    key/value heads), head widths defaulted from a head width --embd / --heads that is not whole or too narrow, an
+    odd rotary width."""
+    if options.get("n_kv_heads") is not None:
+        raise ConfigError(
+            "--kv-heads is grouped-query attention's: multi-head latent attention expands every head's keys and "
+            "values from one --kv-lora-rank latent; leave --kv-heads out with --attention-kind mla"
+        )
+    dim, heads = int(options["n_embd"]), int(options["n_head"])
+    defaulted = [name for name in ("kv_lora_rank", *MLA_OPTIONS[2:]) if options.get(name) is None]
+    if defaulted and (dim % heads or dim // heads < 2):
+        raise ConfigError(
+            f"{', '.join(_flags(defaulted))} default from the head width --embd / --heads, and {dim} / {heads} is "
+            "not a whole number of 2 or more: give them, or --heads that divides --embd"
+        )
+    rope = latent_attention_of(options, dim, heads)["qk_rope_head_dim"]
+    if rope % 2:
+        given = options.get("qk_rope_head_dim") is not None
+        raise ConfigError(
+            f"rotary embeddings turn pairs: the rotary head width {rope} "
+            + ("(--qk-rope-head-dim)" if given else "(half the head width --embd / --heads)")
+            + " must be even; give an even --qk-rope-head-dim"
         )
 
 
@@ -392,8 +507,48 @@ def resolved(config: RunConfig) -> tuple[MoEShape, int, int, float]:
         shape,
         int(options.get("seq_len") or 256),
         int(vocab) if vocab is not None else shape.vocab_size,
-        float(coef) if coef is not None else 0.01,
+        float(coef) if coef is not None else AUX_LOSS_COEF[balance_of(config)],
     )
+
+
+def balance_of(config: RunConfig) -> str:
+    """``--balance``: given, else the size's own: DeepSeek-V3's (both, the biases and a tiny sequence-wise loss)
+    for the sigmoid-routed sizes, the balance loss alone for the others."""
+    given = config.workload_options.get("balance")
+    if given is not None:
+        return str(given)
+    return (
+        "both"
+        if config.model in MODEL_SIZES and MODEL_SIZES[config.model].router_scores == "sigmoid"
+        else "aux-loss"
+    )
+
+
+def bias_update_speed_of(config: RunConfig) -> float:
+    """``--bias-update-speed``: given, else DeepSeek-V3's 0.001."""
+    speed = config.workload_options.get("bias_update_speed")
+    return float(speed) if speed is not None else BIAS_UPDATE_SPEED
+
+
+def check_balance(config: RunConfig) -> None:
+    """Refuse balancing options that contradict each other, saying which would do what was asked."""
+    options, balance = config.workload_options, balance_of(config)
+    coef, speed = options.get("aux_loss_coef"), options.get("bias_update_speed")
+    if balance == "aux-loss" and speed is not None:
+        raise ConfigError(
+            "--bias-update-speed moves the per-expert biases of --balance bias or both; with --balance aux-loss "
+            "there are none: add --balance bias (or both), or leave --bias-update-speed out"
+        )
+    if balance == "bias" and coef:
+        raise ConfigError(
+            f"--balance bias balances by the expert biases alone: --aux-loss-coef {coef} would add the balance "
+            "loss too; use --balance both for the biases and the loss, or leave --aux-loss-coef out"
+        )
+    if balance == "both" and coef is not None and not coef:
+        raise ConfigError(
+            "--balance both adds the balance loss to the expert biases: --aux-loss-coef 0 leaves no loss; use "
+            "--balance bias for the biases alone, or a positive --aux-loss-coef (DeepSeek-V3's: 0.0001)"
+        )
 
 
 def experts_kernel_option(config: RunConfig) -> str:
@@ -443,7 +598,18 @@ class RoutingCounts:
         return out
 
     def summarise(self, counts: list[list[int]]) -> dict[str, Any]:
-        return {"routing": routing_balance(counts, self.top_k), **experts_kernel_ran(self.model)}
+        return {
+            "routing": routing_balance(counts, self.top_k),
+            **experts_kernel_ran(self.model),
+            **expert_biases(self.model),
+        }
+
+
+def expert_biases(model: Any) -> dict[str, Any]:
+    """The record's ``expert_bias_by_layer``: each MoE layer's expert biases at the end (this rank's; every rank
+    keeps the same), where the run balanced by them."""
+    biases = [layer.expert_bias for layer in model.moe_layers() if layer.expert_bias is not None]
+    return {"expert_bias_by_layer": [[float(b) for b in bias.tolist()] for bias in biases]} if biases else {}
 
 
 def experts_kernel_ran(model: Any) -> dict[str, Any]:
@@ -488,6 +654,7 @@ class MoEWorkload:
         from accelbench.workloads.llama.tokenizer import require_tokenizers
 
         check_custom(config)
+        check_balance(config)
         shape, seq_len, _, _ = resolved(config)
         if seq_len > shape.max_seq_len:
             raise ConfigError(
@@ -497,7 +664,16 @@ class MoEWorkload:
 
     def identity(self, config: RunConfig) -> dict[str, Scalar]:
         shape, seq_len, vocab, coef = resolved(config)
-        return {"model": label(config, shape), "seq_len": seq_len, "vocab_size": vocab, "aux_loss_coef": coef}
+        identity: dict[str, Scalar] = {
+            "model": label(config, shape),
+            "seq_len": seq_len,
+            "vocab_size": vocab,
+            "aux_loss_coef": coef,
+        }
+        balance = balance_of(config)
+        if balance != "aux-loss":  # left out for the balance loss alone, so records from before compare
+            identity.update(balance=balance, bias_update_speed=bias_update_speed_of(config))
+        return identity
 
     def units(self, config: RunConfig) -> ModelUnits:
         shape, seq_len, _, _ = resolved(config)
@@ -508,7 +684,7 @@ class MoEWorkload:
 
         from accelbench.workloads import TrainingJob
         from accelbench.workloads.llama.data import token_sources
-        from accelbench.workloads.moe.model import MoE, MoEConfig, configure_adamw
+        from accelbench.workloads.moe.model import MoE, MoEConfig, balance_by_expert_biases, configure_adamw
 
         shape, seq_len, vocab, coef = resolved(config)
         corpus, data, validation = token_sources(
@@ -538,9 +714,19 @@ class MoEWorkload:
             router_scores=shape.router_scores,
             first_k_dense=shape.first_k_dense,
             dense_ffn_dim=shape.dense_ffn_dim,
+            balance=balance_of(config),
+            bias_update_speed=bias_update_speed_of(config),
         )
         model = MoE(cfg)
         lr = config.learning_rate
+
+        def make_optimizer(m: torch.nn.Module, device: torch.device, kernels: str) -> torch.optim.Optimizer:
+            """The AdamW, and where the experts carry biases, their update after each of its steps."""
+            optimizer = configure_adamw(m, kernels, lr)
+            if cfg.expert_biases:
+                balance_by_expert_biases(optimizer, m, cfg)
+            return optimizer
+
         per_token = shape.flops_per_token(vocab, seq_len)
         summary: dict[str, Any] = {
             "name": label(config, shape),
@@ -565,13 +751,8 @@ class MoEWorkload:
             **latent_attention_summary(shape),
             "aux_loss_coef": coef,
             "aux_loss": "Switch's E * sum_i f_i * P_i per sequence, averaged over the batch (DeepSeek-V3's "
-            "sequence-wise form), added to the cross-entropy times aux_loss_coef"
-            + (
-                "; DeepSeek-V3 balances by per-expert score biases instead (aux-loss-free, not modelled) with "
-                "this loss at 0.0001"
-                if shape.router_scores == "sigmoid"
-                else ""
-            ),
+            "sequence-wise form), added to the cross-entropy times aux_loss_coef",
+            **balance_summary(cfg.balance, cfg.bias_update_speed),
             "tokenizer_vocab": corpus.vocab_size,
             "dropout": 0.0,
             "parameters": model.num_parameters(),
@@ -591,7 +772,7 @@ class MoEWorkload:
             model=model,
             data=data,
             validation=validation,
-            make_optimizer=lambda m, device, kernels: configure_adamw(m, kernels, lr),
+            make_optimizer=make_optimizer,
             flops_per_sample=per_token * seq_len,
             flops_formula=MLA_FLOPS_FORMULA if shape.latent_attention else FLOPS_FORMULA,
             tokens_per_sample=seq_len,
@@ -600,6 +781,21 @@ class MoEWorkload:
             summary=summary,
             step_counts=RoutingCounts(model, shape.top_k),
         )
+
+
+def balance_summary(balance: str, speed: float) -> dict[str, Any]:
+    """The record's load balancing: which ran and how."""
+    how = {
+        "aux-loss": "the balance loss alone, at aux_loss_coef",
+        "bias": "DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias on the router's affinity scores "
+        "for the top-k choice only (gates unbiased), moved by -bias_update_speed * sign(load - mean load) after "
+        "each optimizer step, the loads summed over every rank",
+    }
+    how["both"] = how["bias"] + ", and the balance loss at aux_loss_coef"
+    summary: dict[str, Any] = {"balance": balance, "balance_how": how[balance]}
+    if balance != "aux-loss":
+        summary["bias_update_speed"] = speed
+    return summary
 
 
 def latent_attention_summary(shape: MoEShape) -> dict[str, Any]:

@@ -32,11 +32,17 @@ DeepSeek-V3's shape (``kv_lora_rank`` > 0, see :class:`MoEConfig`): multi-head l
 (:class:`LatentAttention`) in place of grouped-query attention, sigmoid router scores (:class:`SigmoidRouter`) and
 the first ``first_k_dense`` blocks with a dense SwiGLU feed-forward of ``dense_ffn_dim`` instead of experts.
 
-Not modelled: GPT-OSS's attention sinks, sliding-window layers and biases; DeepSeek-V3's bias-based
-(aux-loss-free) balancing (the Switch-style loss above balances instead), its node-limited routing (experts chosen
-within 4 of 8 groups), its routed-output scale (2.5, a constant: no compute), its multi-token-prediction module and
-YaRN's long-context attention scale; token dropping by capacity (every token is computed: nothing is dropped, so the
-load is exactly the routing's).
+DeepSeek-V3's auxiliary-loss-free balancing (``balance`` "bias" or "both", see :class:`MoEConfig`; arXiv 2412.19437
+section 2.1.2): each MoE layer keeps a per-expert bias (:attr:`MoEFeedForward.expert_bias`, a float32 buffer, never
+a parameter) added to the router's affinity scores for the top-k choice only; the gates are the unbiased scores
+renormalised over the chosen. After each optimizer step, :func:`update_expert_biases` moves every bias by
+``-speed * sign(load_i - mean load)`` from the step's tokens per expert, summed over every rank first so that all
+ranks keep the same biases. "both" adds the sequence-wise balance loss as well (DeepSeek-V3's, at a tiny weight).
+
+Not modelled: GPT-OSS's attention sinks, sliding-window layers and biases; DeepSeek-V3's node-limited routing
+(experts chosen within 4 of 8 groups), its routed-output scale (2.5, a constant: no compute), its
+multi-token-prediction module and YaRN's long-context attention scale; token dropping by capacity (every token is
+computed: nothing is dropped, so the load is exactly the routing's).
 """
 
 from __future__ import annotations
@@ -68,8 +74,10 @@ __all__ = [
     "MoEFeedForward",
     "SigmoidRouter",
     "configure_adamw",
+    "balance_by_expert_biases",
     "grouped_mm_support",
     "padded_groups",
+    "update_expert_biases",
 ]
 
 
@@ -94,6 +102,14 @@ class MoEConfig(LlamaConfig):
     router_scores: str = "softmax"  # "softmax" (Mixtral's, GPT-OSS's) or "sigmoid" (DeepSeek-V3's)
     first_k_dense: int = 0  # the first blocks with a dense SwiGLU of dense_ffn_dim instead of experts
     dense_ffn_dim: int = 0
+    # load balancing: "aux-loss" (the balance loss alone, at aux_loss_coef), "bias" (DeepSeek-V3's
+    # auxiliary-loss-free per-expert score biases) or "both" (the biases and the loss)
+    balance: str = "aux-loss"
+    bias_update_speed: float = 0.001  # DeepSeek-V3's gamma: each bias moves by this much per step
+
+    @property
+    def expert_biases(self) -> bool:
+        return self.balance in ("bias", "both")
 
     @property
     def head_dim(self) -> int:
@@ -104,10 +120,19 @@ class MoEConfig(LlamaConfig):
         return self.kv_lora_rank > 0
 
 
+BALANCES = ("aux-loss", "bias", "both")
+
+
 def check_config(cfg: MoEConfig) -> None:
     """Refuse a configuration the model cannot be built with, saying what would work."""
     if cfg.top_k > cfg.n_experts:
         raise ValueError(f"top-{cfg.top_k} routing needs at least {cfg.top_k} experts, not {cfg.n_experts}")
+    if cfg.balance not in BALANCES:
+        raise ValueError(f"balance {cfg.balance!r}: use one of {', '.join(map(repr, BALANCES))}")
+    if cfg.expert_biases and not 0 < cfg.bias_update_speed <= 1:
+        raise ValueError(
+            f"bias update speed {cfg.bias_update_speed}: use a value in (0, 1] (DeepSeek-V3's: 0.001)"
+        )
     if cfg.router_scores not in ("softmax", "sigmoid"):
         raise ValueError(f"router scores {cfg.router_scores!r}: use 'softmax' or 'sigmoid'")
     if not 0 <= cfg.first_k_dense <= cfg.n_layers or (cfg.first_k_dense and cfg.dense_ffn_dim <= 0):
@@ -318,9 +343,10 @@ class MoEFeedForward(nn.Module):
     """Top-k routed SwiGLU experts (:class:`GroupedExperts`), an optional shared expert, the balance loss (:attr:`aux_loss`, set by each forward) and the
     tokens each expert got (:attr:`routed`)."""
 
-    def __init__(self, cfg: MoEConfig) -> None:
+    def __init__(self, cfg: MoEConfig, layer: int = 0) -> None:
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
+        self.layer = layer  # the block's index in the whole model: its row in update_expert_biases' exchange
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.ffn_dim, cfg.experts_kernel)
         self.shared_expert = (
@@ -335,6 +361,26 @@ class MoEFeedForward(nn.Module):
         # tokens routed to each expert by training forwards since the last reset: a plain attribute, not a
         # buffer, so that DDP's buffer broadcast leaves each rank's own count
         self.routed: torch.Tensor | None = None
+        # auxiliary-loss-free balancing: the per-expert bias on the scores the top-k is chosen by (a buffer: it
+        # moves with the model, gets no gradient and is kept float32 by _apply), and the tokens routed to each
+        # expert since the last update (a plain attribute, as routed)
+        self.expert_bias: torch.Tensor | None
+        self.register_buffer("expert_bias", torch.zeros(cfg.n_experts) if cfg.expert_biases else None)
+        self.load: torch.Tensor | None = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MoEFeedForward:
+        """Module._apply, but the expert bias keeps float32 when the model is cast (to bf16, say): its steps of
+        0.001 would round away in bf16 beside a bias of 0.25."""
+        bias = self.expert_bias
+        super()._apply(fn, recurse)
+        moved = self.expert_bias
+        if bias is not None and moved is not None and moved.dtype != bias.dtype and not bias.is_meta:
+            self.expert_bias = bias.to(moved.device)
+        return self
+
+    def affinities(self, scores: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """The scores the expert bias is added to for the choice: the softmax probabilities here."""
+        return probs
 
     @property
     def local_experts(self) -> int:
@@ -358,8 +404,13 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         tokens = x.reshape(-1, d)
-        probs = self.router(tokens).float().softmax(dim=-1)  # (tokens, experts)
-        gates, chosen = probs.topk(self.top_k, dim=-1)  # (tokens, k)
+        scores = self.router(tokens).float()
+        probs = scores.softmax(dim=-1)  # (tokens, experts)
+        if self.expert_bias is None:
+            gates, chosen = probs.topk(self.top_k, dim=-1)  # (tokens, k)
+        else:  # chosen by the biased scores, gated by the unbiased ones
+            chosen = (self.affinities(scores, probs) + self.expert_bias).topk(self.top_k, dim=-1).indices
+            gates = probs.gather(-1, chosen)
         gates = (gates / gates.sum(dim=-1, keepdim=True)).type_as(x)
         # the top-k choices sorted by expert: rows of the same expert are contiguous
         choices = chosen.flatten()
@@ -380,6 +431,8 @@ class MoEFeedForward(nn.Module):
         if self.training and torch.is_grad_enabled():
             done = counts.detach()
             self.routed = done if self.routed is None else self.routed + done
+            if self.expert_bias is not None:
+                self.load = done if self.load is None else self.load + done
         return y.view(b, t, d)
 
     def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -434,9 +487,13 @@ class SigmoidRouter(nn.Linear):
 class DeepSeekFeedForward(MoEFeedForward):
     """:class:`MoEFeedForward` routed by sigmoid scores (:class:`SigmoidRouter`), DeepSeek-V3's."""
 
-    def __init__(self, cfg: MoEConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: MoEConfig, layer: int = 0) -> None:
+        super().__init__(cfg, layer)
         self.router = SigmoidRouter(cfg.dim, cfg.n_experts, bias=False)
+
+    def affinities(self, scores: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """DeepSeek-V3's expert bias is added to the sigmoid affinities: exp of the router's logsigmoid."""
+        return scores.exp()
 
 
 class MoEBlock(nn.Module):
@@ -455,9 +512,9 @@ class MoEBlock(nn.Module):
                 LlamaConfig(**{**_llama_fields(cfg), "ffn_dim": cfg.dense_ffn_dim})
             )
         elif cfg.router_scores == "sigmoid":
-            self.feed_forward = DeepSeekFeedForward(cfg)
+            self.feed_forward = DeepSeekFeedForward(cfg, layer)
         else:
-            self.feed_forward = MoEFeedForward(cfg)
+            self.feed_forward = MoEFeedForward(cfg, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -505,3 +562,59 @@ class MoE(nn.Module):
         """Parameters held by this process (all experts' on one device, its share under expert parallelism)."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.tok_embeddings.weight.numel() if non_embedding else n
+
+
+@torch.no_grad()
+def update_expert_biases(model: nn.Module, n_layers: int, n_experts: int, speed: float) -> None:
+    """DeepSeek-V3's bias update, after an optimizer step: each MoE layer's expert bias moves by ``-speed *
+    sign(load_i - mean load)``, the load being the tokens routed to each expert since the last update; the
+    overloaded experts' scores go down, the underloaded's up. The loads are summed over every rank first (one
+    all-reduce of an (n_layers, n_experts) table, each layer in its own row: under pipeline parallelism a rank holds
+    only some layers), so that every rank, each routing its own tokens, keeps the same biases: those one device
+    would have on the whole batch. ``model`` may be wrapped (DDP, FSDP); every rank must call this at each step."""
+    import torch.distributed as dist
+
+    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward) and m.expert_bias is not None]
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not layers and not distributed:
+        return
+    device = layers[0].expert_bias.device if layers else _device_of(model)  # type: ignore[union-attr]
+    load = torch.zeros(n_layers, n_experts, device=device)
+    for layer in layers:
+        if layer.load is not None:
+            load[layer.layer] = layer.load.float()
+    if distributed:
+        dist.all_reduce(load)
+    for layer in layers:
+        row = load[layer.layer]
+        assert layer.expert_bias is not None
+        layer.expert_bias.sub_(speed * torch.sign(row - row.mean()))
+        layer.load = None
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def balance_by_expert_biases(optimizer: torch.optim.Optimizer, model: nn.Module, cfg: MoEConfig) -> None:
+    """Make ``optimizer`` (the workload's optimizer recipe calls this, so every executor's optimizer does it) run
+    :func:`update_expert_biases` on ``model`` after each of its steps, and forget the loads counted when it clears
+    the gradients: the forwards a step never follows (the gradient-norm probe between epochs, a compile warm-up,
+    each ending in ``zero_grad``) must not move the biases, or a run with probes would train otherwise than one
+    without. A training step clears its gradients after its step, once the loads are spent."""
+
+    def update(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        update_expert_biases(model, cfg.n_layers, cfg.n_experts, cfg.bias_update_speed)
+
+    optimizer.register_step_post_hook(update)
+    zero_grad = optimizer.zero_grad
+
+    def zero_grad_and_forget_loads(set_to_none: bool = True) -> None:
+        for layer in model.modules():
+            if isinstance(layer, MoEFeedForward):
+                layer.load = None
+        zero_grad(set_to_none)
+
+    optimizer.zero_grad = zero_grad_and_forget_loads  # type: ignore[method-assign]
