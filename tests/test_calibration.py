@@ -390,3 +390,31 @@ def test_the_step_dispatch_is_counted_once_per_forward_and_backward_operator() -
         backward * (1e-3 - base.dispatch_s), rel=1e-9
     )
     assert with_step.optimizer_s == without.optimizer_s
+
+
+def test_attention_softmax_is_traced_as_the_four_passes_a_cpu_runs() -> None:
+    """``_safe_softmax`` reaches a dispatch mode as one operator but runs as softmax, isneginf, all and where (four
+    passes over the scores): the trace records the passes, each with its own bytes."""
+    _, ops = traced("gpt-nano", batch_size=2)
+    names = [op.name for op in ops.phase("forward")]
+    assert "_safe_softmax" not in names
+    first = names.index("_softmax")
+    assert names[first : first + 4] == ["_softmax", "isneginf", "all", "where"]
+    softmax, isneginf, every, where = ops.phase("forward")[first : first + 4]
+    scores = softmax.elements
+    assert softmax.bytes_moved == 8 * scores  # fp32 in, fp32 out
+    assert isneginf.bytes_moved == 5 * scores  # fp32 in, a bool per score out
+    assert every.bytes_moved == scores + every.elements  # a bool per score in, one per row out
+    assert where.elements == scores
+
+
+def test_a_batched_product_is_timed_at_the_rate_of_each_of_its_products() -> None:
+    from accelbench.estimate.operators import MatmulShape, Operator
+    from accelbench.estimate.step_time import operator_seconds
+
+    c = _grid_calibration()  # rate = m n k on its grid
+    shape = MatmulShape(m=100, n=100, k=10, batch=64)
+    flops = 2.0 * 64 * 100 * 100 * 10
+    op = Operator(name="bmm", phase="forward", dtype="float32", flops=flops, bytes_moved=0.0, matmul=shape)
+    work, _ = operator_seconds(op, c, "cpu")
+    assert work == pytest.approx(flops / (100 * 100 * 10))  # not the rate of one 6400 x 100 x 10 product

@@ -204,12 +204,40 @@ def _recorder_class() -> type[Any]:
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
         ) -> Any:
             kwargs = kwargs or {}
+            if self.recording and func.overloadpacket.__name__ in _COMPOSITE:
+                return _COMPOSITE[func.overloadpacket.__name__](self, args, kwargs)
             out = func(*args, **kwargs)
             if self.recording and func.namespace == "aten":  # not prim::device, the profiler's markers
                 self.operators.append(_operator(func, args, kwargs, out, self.phase))
             return out
 
+        def run(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+            """``func`` on ``args``, recorded as an operator of its own (a part of a composite kernel)."""
+            out = func(*args, **kwargs)
+            self.operators.append(_operator(func, args, kwargs, out, self.phase))
+            return out
+
     return Recorder
+
+
+def _safe_softmax(recorder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``_safe_softmax`` (attention's softmax that gives 0, not NaN, to a row masked whole) as a CPU runs it: four
+    passes over the scores (softmax, isneginf, all over the row, where), which reach a dispatch mode as one."""
+    import torch
+
+    aten = torch.ops.aten
+    x, dim = args[0], args[1]
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    if dtype is not None:
+        x = recorder.run(aten._to_copy.default, x, dtype=dtype)
+    out = recorder.run(aten._softmax.default, x, dim, False)
+    masked = recorder.run(aten.isneginf.default, x)
+    whole = recorder.run(aten.all.dim, masked, dim, True)
+    return recorder.run(aten.where.self, whole, torch.zeros((), dtype=out.dtype, device=out.device), out)
+
+
+# Kernels that reach a dispatch mode whole but run as several passes, recorded as those passes.
+_COMPOSITE: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {"_safe_softmax": _safe_softmax}
 
 
 def _Recorder() -> Any:  # noqa: N802 - a class made on first use, so that torch is imported lazily

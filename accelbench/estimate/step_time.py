@@ -15,7 +15,7 @@ from accelbench.estimate.calibration import MATMUL_SIZES, Calibration
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
-from accelbench.estimate.operators import PHASES, StepOperators
+from accelbench.estimate.operators import PHASES, Operator, StepOperators
 from accelbench.estimate.schema import CommOp
 from accelbench.estimate.shape import MODEL_PARALLEL, SHARDED_OPTIMIZER, RunShape
 from accelbench.estimate.state import StateBytes
@@ -124,6 +124,31 @@ def exposed_comm(
     return "backward: overlappable collectives hidden behind backward compute", comm_s - hidden
 
 
+def operator_seconds(op: Operator, calibration: Calibration, device_type: str) -> tuple[float, float]:
+    """One call of ``op`` at the calibrated rates: its work (the roofline) and its dispatch, in seconds."""
+    work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
+    elementwise = calibration.elementwise_rate(op.name)
+    if elementwise and op.elements:  # random numbers, exp: arithmetic, not memory, bounds them
+        work = max(work, op.elements / elementwise)
+    if op.flops:
+        shape = op.matmul
+        rate = (
+            calibration.matmul_rate(shape.m, shape.n, shape.k, op.dtype)
+            if shape is not None
+            else calibration.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1], op.dtype)
+        )
+        work = max(work, op.flops / rate)
+        if op.name == "addmm" and device_type == "cpu" and op.elements:
+            # the CPU's addmm first copies the broadcast bias into its output, then accumulates the product
+            # there: one more pass over the output, besides the product
+            work += op.elements * _itemsize(op.dtype) * 2 / calibration.stream_rate(op.elements * 8)
+    if calibration.step_dispatch_s is not None and op.phase != "optimizer":
+        dispatch = calibration.step_dispatch_s  # an operator's cost within a step, beyond its work
+    else:
+        dispatch = calibration.autograd_dispatch_s if op.autograd else calibration.dispatch_s
+    return work, dispatch
+
+
 @dataclass(frozen=True)
 class CalibratedTimes:
     """One step's compute by phase, from the calibrated rates (:func:`calibrated_times`), per device."""
@@ -144,7 +169,8 @@ def calibrated_times(
     takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``, random numbers, softmax and exp-like
     activations ``max(elements / their rate, bytes / bandwidth)``, other work ``bytes / bandwidth`` (elementwise
     and normalisation work is bound by memory), a view only its dispatch; forward and backward count
-    once per micro-batch. A batched product (attention's) is timed as one product of ``batch x m`` rows. For
+    once per micro-batch. A batched product (attention's) runs its products one by one, each at the rate of its own
+``m x n x k``; the CPU's ``addmm`` adds a pass writing the bias into its output. For
     tensor, pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
     phases = {phase: 0.0 for phase in PHASES}
     dispatch_total = 0.0
@@ -154,22 +180,7 @@ def calibrated_times(
     ] = {}  # calibrated seconds per step of the profiled operators, forward and backward
     times = []
     for op in operators.operators:
-        work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
-        elementwise = calibration.elementwise_rate(op.name)
-        if elementwise and op.elements:  # random numbers, exp: arithmetic, not memory, bounds them
-            work = max(work, op.elements / elementwise)
-        if op.flops:
-            shape = op.matmul
-            rate = (
-                calibration.matmul_rate(shape.m * shape.batch, shape.n, shape.k, op.dtype)
-                if shape is not None
-                else calibration.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1], op.dtype)
-            )
-            work = max(work, op.flops / rate)
-        if calibration.step_dispatch_s is not None and op.phase != "optimizer":
-            dispatch = calibration.step_dispatch_s  # an operator's cost within a step, beyond its work
-        else:
-            dispatch = calibration.autograd_dispatch_s if op.autograd else calibration.dispatch_s
+        work, dispatch = operator_seconds(op, calibration, operators.device_type)
         repeat = operators.micro_batches if op.phase != "optimizer" else 1
         times.append((op, (work + dispatch) * repeat, dispatch * repeat))
         if op.name in measured and op.phase != "optimizer":
@@ -211,3 +222,8 @@ def calibrated_times(
         operators=len(operators.operators),
         description=description,
     )
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes of one value of a dtype named as torch names it without its module (``float32``, ``bfloat16``)."""
+    return 8 if dtype in ("float64", "int64", "complex64") else 1 if "8" in dtype else 2 if "16" in dtype else 4
