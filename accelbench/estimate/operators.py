@@ -237,7 +237,9 @@ def _safe_softmax(recorder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 # Kernels that reach a dispatch mode whole but run as several passes, recorded as those passes.
-_COMPOSITE: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {"_safe_softmax": _safe_softmax}
+_COMPOSITE: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
+    "_safe_softmax": _safe_softmax
+}
 
 
 def _Recorder() -> Any:  # noqa: N802 - a class made on first use, so that torch is imported lazily

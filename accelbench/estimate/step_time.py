@@ -164,14 +164,14 @@ class CalibratedTimes:
 def calibrated_times(
     operators: StepOperators, calibration: Calibration, layout: RunShape, notes: Notes
 ) -> CalibratedTimes:
-    """Each operator's roofline time at the calibrated rates plus its dispatch (in forward and backward, the cost of
-    an operator within a training step, where the calibration measured it), summed by phase: a matrix multiply
-    takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``, random numbers, softmax and exp-like
-    activations ``max(elements / their rate, bytes / bandwidth)``, other work ``bytes / bandwidth`` (elementwise
-    and normalisation work is bound by memory), a view only its dispatch; forward and backward count
-    once per micro-batch. A batched product (attention's) runs its products one by one, each at the rate of its own
-``m x n x k``; the CPU's ``addmm`` adds a pass writing the bias into its output. For
-    tensor, pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
+    """Each operator's roofline time at the calibrated rates plus its dispatch (:func:`operator_seconds`; in
+    forward and backward the cost of an operator within a training step, where the calibration measured it),
+    summed by phase: a matrix multiply takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``,
+    random numbers, softmax and exp-like activations ``max(elements / their rate, bytes / bandwidth)``, other work
+    ``bytes / bandwidth`` (elementwise and normalisation work is bound by memory), a view only its dispatch; forward
+    and backward count once per micro-batch. A batched product (attention's) runs its products one by one, each at
+    the rate of its own ``m x n x k``; the CPU's ``addmm`` adds a pass writing the bias into its output. For tensor,
+    pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
     phases = {phase: 0.0 for phase in PHASES}
     dispatch_total = 0.0
     measured = dict(operators.measured_s)
@@ -226,4 +226,6 @@ def calibrated_times(
 
 def _itemsize(dtype: str) -> int:
     """Bytes of one value of a dtype named as torch names it without its module (``float32``, ``bfloat16``)."""
-    return 8 if dtype in ("float64", "int64", "complex64") else 1 if "8" in dtype else 2 if "16" in dtype else 4
+    return (
+        8 if dtype in ("float64", "int64", "complex64") else 1 if "8" in dtype else 2 if "16" in dtype else 4
+    )
