@@ -27,7 +27,11 @@ from accelbench.plugins import get_host
 
 
 def hand_written_epochs(config: RunConfig) -> list[float]:
-    """The reference: a plain loop over the workload's own model and batches."""
+    """The reference: a plain loop over the workload's own model and batches, with the host allocator the CPU
+    backend sets up (glibc keeping freed memory, as a tuned CPU script preloads jemalloc or TCMalloc for)."""
+    from accelbench.backends.host_malloc import keep_freed_memory
+
+    keep_freed_memory()
     torch.set_num_threads(config.threads or torch.get_num_threads())
     host = get_host()
     job = host.workload(config.workload).build(config)
