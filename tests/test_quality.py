@@ -16,10 +16,19 @@ from core_support import TINY, accelbench
 from accelbench.cli import main, make_config
 from accelbench.config import RunConfig
 from accelbench.engine.executor import TorchExecutor
-from accelbench.engine.runner import run
+from accelbench.engine.runner import identity_of, run
 from accelbench.errors import ConfigError
 from accelbench.plugins import get_host
-from accelbench.references import RECIPE, REFERENCE_DIR, SEEDS, WORKLOADS, Reference, data_parallel
+from accelbench.references import (
+    MODELS,
+    RECIPE,
+    REFERENCE_DIR,
+    REFERENCES,
+    SEEDS,
+    Reference,
+    data_parallel,
+    reference_for,
+)
 from accelbench.references import load as load_references
 from accelbench.results import QualityRecord, ResultRecord, read_record
 from accelbench.testing import tiny_config
@@ -250,8 +259,8 @@ def test_a_named_target_is_the_reference_band_after_that_epoch() -> None:
         ),
         ({"target": "best"}, "--target best: no such target for gpt-nano"),
         (
-            {"model": "gpt2", "target": "ref-epoch1"},
-            "--target ref-epoch1: the model gpt2 has no reference trajectory, so no named targets (models with "
+            {"model": "gpt2-medium", "target": "ref-epoch1"},
+            "--target ref-epoch1: the model gpt2-medium has no reference trajectory, so no named targets (models with "
             "one: ",
         ),
         (  # the workload's default size, not the GPT's gpt-nano, is what the name is looked up for
@@ -335,33 +344,101 @@ def test_two_gloo_ranks_agree_on_validation_and_the_target(tmp_path: Path) -> No
 
 
 def test_the_shipped_references_say_how_they_were_made() -> None:
-    """One file per workload of the recipe table, each saying how it was made; the GPT, Llama and BERT references
-    fall every epoch and name targets; the image reference stays at ln 8 (eval-mode batch norm after 80 steps)
-    and names none."""
+    """One file per entry of the recipe table, each saying how it was made and at which recipe (gpt2's a smaller
+    one, and why); the language models' references fall every epoch and name targets; the MobileNets' stay at ln 8
+    (eval-mode batch norm with momentum 0.01 after 80 steps) and name none."""
     references = load_references()
-    assert {r.workload for r in references.values()} == set(WORKLOADS)
-    assert set(references) == {model for models, _ in WORKLOADS.values() for model in models}
-    for workload, (models, options) in WORKLOADS.items():
-        raw = json.loads((REFERENCE_DIR / f"{workload}.json").read_text())
+    assert set(references) == set(MODELS) and len(MODELS) == len(set(MODELS))
+    assert {path.stem for path in REFERENCE_DIR.glob("*.json")} == set(REFERENCES)
+    for name, made_as in REFERENCES.items():
+        raw = json.loads((REFERENCE_DIR / f"{name}.json").read_text())
         assert raw["made"]["how"].startswith("python -m accelbench.references")
-        assert raw["made"]["recipe"] == {**RECIPE, "workload": workload} and raw["made"]["seeds"] == list(
-            SEEDS
-        )
-        assert set(raw["models"]) == set(models)
-        for model in models:
+        assert raw["made"]["recipe"] == made_as.fields and raw["made"]["seeds"] == list(SEEDS)
+        assert raw["made"].get("why", "") == made_as.why
+        assert set(raw["models"]) == set(made_as.models)
+        for model in made_as.models:
             identity = raw["models"][model]["identity"]
-            assert {k: identity[k] for k in options} == options  # made with the recipe's options
+            assert {k: identity[k] for k in made_as.options} == made_as.options  # made with its options
+            reference = references[model]
+            assert reference.recipe == made_as.fields and reference.workload == made_as.workload
+    assert REFERENCES["gpt2"].fields["batch_size"] != RECIPE["batch_size"] and REFERENCES["gpt2"].why
     for reference in references.values():
-        assert reference.epochs == RECIPE["epochs"] and set(reference.trajectories) == set(SEEDS)
+        assert reference.epochs == reference.recipe["epochs"] and set(reference.trajectories) == set(SEEDS)
         low, high = reference.band()
         assert low < statistics.fmean(t[-1] for t in reference.trajectories.values()) < high
-        if reference.workload == "mobilenet-v3-small":
+        if reference.workload.startswith("mobilenet"):
             assert not reference.falls and not reference.targets()
             assert all(abs(loss - np.log(8)) < 0.01 for t in reference.trajectories.values() for loss in t)
             continue
         assert reference.falls and list(reference.targets()) == [f"ref-epoch{n}" for n in range(1, 5)]
-        for losses in reference.trajectories.values():
-            assert losses == sorted(losses, reverse=True)  # held-out loss falls every epoch at this recipe
+        for losses in reference.trajectories.values():  # held-out loss falls every epoch at its recipe
+            assert losses == sorted(losses, reverse=True)
+
+
+def run_of(name: str, model: str, **changes: object) -> tuple[dict[str, object], dict[str, object]]:
+    """The configuration (as its record keeps it) and workload identity a run of ``model`` at the recipe of the
+    reference file ``name`` would have, with ``changes`` to its fields (workload options among them): known
+    without training, as the runner computes them."""
+    made_as = REFERENCES[name]
+    fields = {k: v for k, v in changes.items() if k in RunConfig.model_fields}
+    options = {**made_as.options, **{k: v for k, v in changes.items() if k not in fields}}
+    host = get_host()
+    config = host.resolve(
+        RunConfig(**{**made_as.fields, **fields}, model=model, seed=7, workload_options=options)
+    )
+    return config.model_dump(), dict(identity_of(host.workload(config.workload), config))
+
+
+@pytest.mark.parametrize(("name", "model"), [(n, m) for n, r in REFERENCES.items() for m in r.models])
+def test_a_run_at_its_references_recipe_has_its_identity_and_is_tested_against_it(
+    name: str, model: str
+) -> None:
+    """Each shipped reference was made by the run its recipe describes: a run of that size at that recipe (another
+    seed, its data workers as the user leaves them) has the identity the reference keeps, and compare tests it
+    against that reference."""
+    config, identity = run_of(name, model)
+    references = load_references()
+    unmatched = ("data_workers",)
+    assert {k: v for k, v in identity.items() if k not in unmatched} == {
+        k: v for k, v in references[model].identity.items() if k not in unmatched
+    }
+    assert reference_for(config, identity, 1, references) is references[model]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},  # the default recipe (batch 16 of 128-token windows, 20 steps): gpt-nano's, not gpt2's
+        {"block_size": 128},
+        {"batch_size": 16},
+        {"steps_per_epoch": 20},
+        {"learning_rate": 1e-3},
+        {"eval_batches": 8},
+    ],
+)
+def test_a_run_of_another_recipe_is_never_tested_against_a_reference(changes: dict[str, object]) -> None:
+    """gpt2's reference is made at a recipe of its own (batch 8 of 64-token windows, 10 steps an epoch): a gpt2
+    run that differs from it in any matched field or in its identity has no reference to be tested against, nor
+    does the default recipe's gpt2 run; and gpt-nano at gpt2's recipe is not tested against gpt-nano's."""
+    references = load_references()
+    if changes:
+        config, identity = run_of("gpt2", "gpt2", **changes)
+    else:
+        config, identity = run_of("gpt", "gpt2")
+    assert reference_for(config, identity, 1, references) is None
+    config, identity = run_of("gpt2", "gpt-nano")
+    assert reference_for(config, identity, 1, references) is None
+    # 2 ranks x 4: the global batch of 8
+    config, identity = run_of("gpt2", "gpt2", batch_size=4, strategy="ddp")
+    assert reference_for(config, identity, 2, references) is references["gpt2"]
+
+
+def test_a_model_with_a_reference_in_two_files_is_refused(tmp_path: Path) -> None:
+    """Two references of one model (two recipes) would leave its named targets ambiguous: loading says which."""
+    for name in ("gpt", "gpt-copy"):
+        (tmp_path / f"{name}.json").write_text((REFERENCE_DIR / "gpt.json").read_text())
+    with pytest.raises(ValueError, match="gpt-nano has a reference in another file"):
+        load_references(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -779,21 +856,20 @@ def test_bf16_true_trains_but_not_as_fp32_does(tmp_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["llama", "bert", "mobilenet-v3-small"])
+@pytest.mark.parametrize("name", ["llama", "bert", "mobilenet-v3-small", "gpt2"])
 def test_a_seed_the_reference_was_not_made_with_trains_within_each_workloads_reference(
-    workload: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llama-tiny, bert-tiny and mobilenet-v3-small at their recipes, seed 7, with the data workers as the user
-    leaves them (not the reference's 0 for the image model: they never change the numbers): compare finds each
-    run's reference and passes its trajectory."""
-    if workload == "mobilenet-v3-small" and importlib.util.find_spec("torchvision") is None:
+    """llama-tiny, bert-tiny, mobilenet-v3-small and gpt2 at their recipes (gpt2's its own: batch 8 of 64-character
+    windows, 10 steps an epoch), seed 7, with the data workers as the user leaves them (not the reference's 0 for
+    the image model: they never change the numbers): compare finds each run's reference and passes its trajectory."""
+    if name == "mobilenet-v3-small" and importlib.util.find_spec("torchvision") is None:
         pytest.skip("needs torchvision (pip install 'accelbench[vision]')")
-    (model,), options = WORKLOADS[workload]
-    recipe = {k: v for k, v in RECIPE.items() if k != "workload"}
+    made_as = REFERENCES[name]
+    (model,), options = made_as.models, made_as.options
     flags = {k: v for k, v in options.items() if k != "data_workers"}
     config = RunConfig(
-        **recipe,
-        workload=workload,
+        **made_as.fields,
         model=model,
         seed=7,
         threads=1,

@@ -1,10 +1,11 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
-For each workload of :data:`WORKLOADS` (gpt-nano and gpt-micro, llama-tiny, bert-tiny, mobilenet-v3-small at 32
-pixels, moe-tiny) at one fixed recipe (:data:`RECIPE`: fp32, one device, generated data, batch 16, 4 epochs of 20 steps, 4
-held-out batches, plus the workload's options in :data:`WORKLOADS`) and :data:`SEEDS`, the held-out loss after
-every epoch, shipped as ``<workload>.json`` with how it was made (accelbench and torch versions, host, date, the
-command). ``compare`` tests a run of the same recipe, whatever its precision, strategy or backend, against it
+For each file of :data:`REFERENCES` (gpt-nano and gpt-micro, gpt-mini, gpt2, llama-tiny, llama-mini, bert-tiny,
+bert-mini, moe-tiny, and the MobileNetV3s at 32 pixels) at a fixed recipe (:data:`RECIPE`: fp32, one device,
+generated data, batch 16, 4 epochs of 20 steps, 4 held-out batches, plus the workload's options; gpt2 at a smaller
+one of its own, :attr:`Recipe.changes`) and :data:`SEEDS`, the held-out loss after every epoch, shipped as
+``<name>.json`` with how it was made (the recipe, accelbench and torch versions, host, date, the command).
+``compare`` tests a run of the same recipe and identity, whatever its precision, strategy or backend, against it
 (:meth:`Reference.outside_epochs`): its held-out loss after every epoch must lie in that epoch's 99% prediction
 interval over the seeds,
 
@@ -16,8 +17,8 @@ seeds of a run are tested together by Welch's t-test (:meth:`Reference.seeds_tes
 differently from single-device fp32 and is marked so beside its speed. The same intervals give the named targets
 (``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (all workloads; name some to redo only those): about 16
-minutes on a shared 2-core VM, each run on one thread.
+Regenerate with ``python -m accelbench.references`` (every file; name some to redo only those): about 40 minutes
+on a shared 2-core VM, each run on one thread (each file's ``made.seconds`` and ``made.cpu_seconds``).
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ import itertools
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 REFERENCE_DIR = Path(__file__).parent
 REFERENCE_FILE = REFERENCE_DIR / "gpt.json"
 SEEDS = (0, 1, 2)
-# the recipe every reference is made at: run fields a run must share to be tested against it (batch: the global
-# batch, per-device batch x processes); the workload's own options are in WORKLOADS
+# the recipe a reference is made at unless its file's Recipe changes some fields: run fields a run must share to
+# be tested against it (batch: the global batch, per-device batch x processes); the workload's own options are in
+# each file's Recipe
 RECIPE: dict[str, Any] = {
     "workload": "gpt",
     "batch_size": 16,
@@ -45,19 +47,57 @@ RECIPE: dict[str, Any] = {
     "precision": "fp32",
     "strategy": "single",
 }
-# workload -> (models, workload options of the recipe). The options are part of the workload's identity, which a run
-# must share. llama and bert at 128 tokens keep a run under a minute on one core. The image model: 32 pixels and 8
-# classes, a number that divides the 64 synthetic JPEGs, so that each image always carries the same label and there
-# is something to learn (at 1000 classes the synthetic labels are noise); no data workers, as the reference runs in
-# one thread (augmentation is seeded per sample, so workers never change the numbers: data_workers is not matched).
-WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "gpt": (("gpt-nano", "gpt-micro"), {}),
-    "llama": (("llama-tiny",), {"seq_len": 128}),
-    "bert": (("bert-tiny",), {"seq_len": 128}),
-    "mobilenet-v3-small": (("mobilenet-v3-small",), {"image_size": 32, "num_classes": 8, "data_workers": 0}),
-    "moe": (("moe-tiny",), {"seq_len": 128}),
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one reference file is made: the workload, its models, the workload options (part of the identity a run
+    must share) and the fields of :data:`RECIPE` it changes, with why. A size too slow for one CPU core at
+    :data:`RECIPE` gets a smaller recipe of its own; a run is only tested against a reference of its own recipe."""
+
+    workload: str
+    models: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    changes: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The whole recipe: :data:`RECIPE` with this file's changes."""
+        return {**RECIPE, **self.changes, "workload": self.workload}
+
+
+# The image models: 32 pixels and 8 classes, a number that divides the 64 synthetic JPEGs, so that each image always
+# carries the same label and there is something to learn (at 1000 classes the synthetic labels are noise); no data
+# workers, as the reference runs in one thread (augmentation is seeded per sample, so workers never change the
+# numbers: data_workers is not matched).
+IMAGE = {"image_size": 32, "num_classes": 8, "data_workers": 0}
+# file name (<name>.json) -> how it is made. llama and bert at 128 tokens keep a run under a minute or two on one
+# core; gpt2 at RECIPE takes about 15 minutes a seed on one core (9.8 s a step), so its recipe is a quarter of the
+# tokens a step and half the steps (2.7 s a step).
+REFERENCES: dict[str, Recipe] = {
+    "gpt": Recipe("gpt", ("gpt-nano", "gpt-micro")),
+    "gpt-mini": Recipe("gpt", ("gpt-mini",)),
+    "gpt2": Recipe(
+        "gpt",
+        ("gpt2",),
+        {"block_size": 64},
+        {"batch_size": 8, "steps_per_epoch": 10},
+        "gpt2 (85M parameters) at batch 16 of 128-token windows takes 9.8 s a step on one core, 15 minutes a "
+        "seed; batch 8 of 64-token windows and 10 steps an epoch take 2.7 s a step, about 2.5 minutes a seed",
+    ),
+    "llama": Recipe("llama", ("llama-tiny",), {"seq_len": 128}),
+    "llama-mini": Recipe("llama", ("llama-mini",), {"seq_len": 128}),
+    "bert": Recipe("bert", ("bert-tiny",), {"seq_len": 128}),
+    "bert-mini": Recipe("bert", ("bert-mini",), {"seq_len": 128}),
+    "moe": Recipe("moe", ("moe-tiny",), {"seq_len": 128}),
+    "mobilenet-v3-small": Recipe("mobilenet-v3-small", ("mobilenet-v3-small",), IMAGE),
+    "mobilenet-v3-large": Recipe("mobilenet-v3-large", ("mobilenet-v3-large",), IMAGE),
 }
-MODELS = tuple(model for models, _ in WORKLOADS.values() for model in models)
+# Not shipped: efficientnet-b0 and resnet50 at the image recipe. Their held-out loss after an epoch jumps between
+# seeds and epochs (efficientnet-b0 after epoch 4: 11.1, 5.9 and 3.1 for seeds 0, 1, 2; likely their batch-norm
+# statistics, momentum 0.1, following the last batches): a band over three such seeds would pass anything.
+MODELS = tuple(model for recipe in REFERENCES.values() for model in recipe.models)
 UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
 # Student's t quantile 0.995 by degrees of freedom (n seeds - 1): a two-sided 99% interval
 T_995 = {
@@ -90,12 +130,14 @@ FLOOR = 0.01
 
 @dataclass(frozen=True)
 class Reference:
-    """One model's reference: every seed's held-out loss per epoch, and the identity a run must share."""
+    """One model's reference: every seed's held-out loss per epoch, and the identity and recipe (its file's
+    ``made.recipe``) a run must share."""
 
     model: str
     identity: dict[str, Any]
     trajectories: dict[int, list[float]]  # seed -> held-out loss after each epoch
     workload: str = "gpt"
+    recipe: dict[str, Any] = field(default_factory=lambda: dict(RECIPE))
 
     @property
     def epochs(self) -> int:
@@ -124,7 +166,7 @@ class Reference:
     def targets(self) -> dict[str, float]:
         """The named targets (``--target NAME``): ``ref-epochN`` is the upper end of the band after epoch N, the
         held-out loss a run that trains as the reference does reaches by its epoch N 99 times in 100. None where
-        the reference's loss does not fall (the image reference: see :data:`WORKLOADS`)."""
+        the reference's loss does not fall (the MobileNets': docs/quality.md)."""
         if not self.falls:
             return {}
         return {f"ref-epoch{epoch}": self.band(epoch)[1] for epoch in range(1, self.epochs + 1)}
@@ -172,16 +214,22 @@ class Reference:
 
 
 def load(folder: Path = REFERENCE_DIR) -> dict[str, Reference]:
-    """The shipped references by model name (every ``<workload>.json`` in ``folder``; none where there is none)."""
+    """The shipped references by model name (every ``<name>.json`` in ``folder``, each with the recipe it was made
+    at; none where there is none). A model is in one file only: two recipes of one model would leave a run's
+    named targets ambiguous, so a second one is refused."""
     references: dict[str, Reference] = {}
     for path in sorted(folder.glob("*.json")):
         raw = json.loads(path.read_text())
-        workload = str(raw["made"]["recipe"]["workload"])
+        recipe = dict(raw["made"]["recipe"])
         for model, entry in raw["models"].items():
+            if model in references:
+                raise ValueError(f"{path}: {model} has a reference in another file of {folder} too; keep one")
             trajectories = {
                 int(seed): [float(v) for v in losses] for seed, losses in entry["trajectories"].items()
             }
-            references[model] = Reference(model, entry["identity"], trajectories, workload)
+            references[model] = Reference(
+                model, entry["identity"], trajectories, str(recipe["workload"]), recipe
+            )
     return references
 
 
@@ -231,8 +279,9 @@ def reference_for(
     config: dict[str, Any], identity: dict[str, Any], world_size: int, references: dict[str, Reference]
 ) -> Reference | None:
     """The reference a run of ``config`` (its record's, as a dict) is tested against: the same workload, model,
-    identity (its data workers aside), global batch, steps, learning rate and held-out batches on generated data;
-    precision, strategy and backend may differ (that is what the test is for)."""
+    identity (its data workers aside), and the reference's own recipe's global batch, steps, learning rate and
+    held-out batches (its file's ``made.recipe``) on generated data; precision, strategy and backend may differ (that is
+    what the test is for)."""
     reference = references.get(str(config.get("model")))
     if reference is None or config.get("workload") != reference.workload or config.get("data") is not None:
         return None
@@ -240,11 +289,12 @@ def reference_for(
     def matched(fields: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in fields.items() if k not in UNMATCHED}
 
+    recipe = {**RECIPE, **reference.recipe}
     same = (
-        int(config.get("batch_size", 0)) * data_parallel(config, world_size) == RECIPE["batch_size"]
-        and config.get("steps_per_epoch") == RECIPE["steps_per_epoch"]
-        and math.isclose(float(config.get("learning_rate", 0.0)), RECIPE["learning_rate"])
-        and config.get("eval_batches") == RECIPE["eval_batches"]
+        int(config.get("batch_size", 0)) * data_parallel(config, world_size) == recipe["batch_size"]
+        and config.get("steps_per_epoch") == recipe["steps_per_epoch"]
+        and math.isclose(float(config.get("learning_rate", 0.0)), recipe["learning_rate"])
+        and config.get("eval_batches") == recipe["eval_batches"]
         and matched(identity) == matched(reference.identity)
     )
     return reference if same else None

@@ -1,6 +1,6 @@
-"""``python -m accelbench.references [WORKLOAD ...]``: regenerate the shipped reference trajectories
-(accelbench/references/<workload>.json), every workload's or only those named. Regenerating runs the engine, so it
-lives here, above it; the package itself only reads the shipped files (compare and the plugin host use it)."""
+"""``python -m accelbench.references [NAME ...]``: regenerate the shipped reference trajectories
+(accelbench/references/<name>.json, :data:`~accelbench.references.REFERENCES`), every file or only those named.
+Regenerating runs the engine, so it lives here, above it; the package itself only reads the shipped files (compare and the plugin host use it)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from accelbench.references import RECIPE, REFERENCE_DIR, SEEDS, WORKLOADS
+from accelbench.references import REFERENCE_DIR, REFERENCES, SEEDS
 
 
 def regenerate(
-    workloads: tuple[str, ...] = tuple(WORKLOADS),
+    names: tuple[str, ...] = tuple(REFERENCES),
     folder: Path = REFERENCE_DIR,
     output_dir: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Train every model of each workload in ``workloads`` at the recipe for every seed of :data:`SEEDS` and write
-    ``<workload>.json`` with how it was made. Returns what was written, by workload."""
+    """Train every model of each reference file in ``names`` at its recipe for every seed of :data:`SEEDS` and
+    write ``<name>.json`` with how it was made. Returns what was written, by name."""
     import tempfile
     import time
     from datetime import datetime, timezone
@@ -31,19 +31,19 @@ def regenerate(
     from accelbench.hostinfo import usable_cores
     from accelbench.plugins import get_host
 
-    unknown = [w for w in workloads if w not in WORKLOADS]
+    unknown = [n for n in names if n not in REFERENCES]
     if unknown:
         raise ValueError(
-            f"no reference recipe for {', '.join(unknown)}; the workloads with one: {', '.join(WORKLOADS)}"
+            f"no reference recipe named {', '.join(unknown)}; the names: {', '.join(REFERENCES)}"
         )
     out = output_dir or Path(tempfile.mkdtemp(prefix="accelbench-references-"))
     written: dict[str, dict[str, Any]] = {}
-    for workload in workloads:
-        names, options = WORKLOADS[workload]
-        recipe = {**RECIPE, "workload": workload}
+    for name in names:
+        made_as = REFERENCES[name]
+        recipe, options = made_as.fields, made_as.options
         models: dict[str, Any] = {}
-        start = time.perf_counter()
-        for model in names:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for model in made_as.models:
             trajectories: dict[str, list[float]] = {}
             identity: dict[str, Any] = {}
             for seed in SEEDS:
@@ -71,28 +71,30 @@ def regenerate(
             "quality.epochs[].val_loss",
             "recipe": recipe,
             "workload_options": options,
+            **({"why": made_as.why} if made_as.why else {}),
             "seeds": list(SEEDS),
             "accelbench": __version__,
             "torch": torch.__version__,
             "threads": 1,
             "cores": usable_cores(),
             "seconds": round(time.perf_counter() - start, 1),
+            "cpu_seconds": round(time.process_time() - cpu_start, 1),
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
         }
-        written[workload] = {"made": made, "models": models}
-        (folder / f"{workload}.json").write_text(json.dumps(written[workload], indent=1) + "\n")
+        written[name] = {"made": made, "models": models}
+        (folder / f"{name}.json").write_text(json.dumps(written[name], indent=1) + "\n")
     return written
 
 
 if __name__ == "__main__":
-    asked = tuple(sys.argv[1:]) or tuple(WORKLOADS)
-    unknown = [w for w in asked if w not in WORKLOADS]
+    asked = tuple(sys.argv[1:]) or tuple(REFERENCES)
+    unknown = [n for n in asked if n not in REFERENCES]
     if unknown:
-        sys.exit(f"no reference recipe for {', '.join(unknown)}; choose from: {', '.join(WORKLOADS)}")
-    for workload, written in regenerate(asked).items():
+        sys.exit(f"no reference recipe named {', '.join(unknown)}; choose from: {', '.join(REFERENCES)}")
+    for name, written in regenerate(asked).items():
         for model, entry in written["models"].items():
             print(
                 model, {seed: [round(v, 4) for v in losses] for seed, losses in entry["trajectories"].items()}
             )
-        print(f"written: {REFERENCE_DIR / (workload + '.json')} ({written['made']['seconds']} s)")
+        print(f"written: {REFERENCE_DIR / (name + '.json')} ({written['made']['seconds']} s)", flush=True)
