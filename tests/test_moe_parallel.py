@@ -63,7 +63,9 @@ def shape_of(cfg: MoEConfig) -> Any:
                     dense_ffn_dim=cfg.dense_ffn_dim)  # fmt: skip
 
 
-def one_step(model: MoE, tokens: torch.Tensor) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def one_step(
+    model: MoE, tokens: torch.Tensor
+) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One training step of ``model`` on ``tokens`` (next-token targets): the loss, every gradient, and every
     weight after the workload's AdamW step, all whole (tensor-parallel shards gathered)."""
     from torch.distributed.tensor import DTensor
@@ -79,6 +81,11 @@ def one_step(model: MoE, tokens: torch.Tensor) -> tuple[float, dict[str, torch.T
     grads = {n: whole(p.grad) for n, p in model.named_parameters() if p.grad is not None}
     optimizer.step()
     return loss.item(), grads, {n: whole(p) for n, p in model.named_parameters()}
+
+
+def named(name: str) -> Any:
+    """assert_close's message, the parameter's name first."""
+    return lambda message: f"{name}: {message}"
 
 
 def _tensor_parallel_rank(rank: int, store: str, cfg: MoEConfig, tokens: torch.Tensor, expected: Any) -> None:
@@ -102,11 +109,11 @@ def _tensor_parallel_rank(rank: int, store: str, cfg: MoEConfig, tokens: torch.T
         assert abs(loss - want_loss) < 1e-5, (loss, want_loss)
         assert grads.keys() == want_grads.keys()
         for name, grad in grads.items():
-            torch.testing.assert_close(grad, want_grads[name], atol=1e-6, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(grad, want_grads[name], atol=1e-6, rtol=1e-4, msg=named(name))
         # AdamW's first step moves a weight by about lr x sign(gradient), lr = 1e-2; where a gradient is near
         # Adam's eps (1e-8), its last bits (sums in another order) shift the step a little: 1% of it allowed
         for name, weight in weights.items():
-            torch.testing.assert_close(weight, want_weights[name], atol=1e-4, rtol=0, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(weight, want_weights[name], atol=1e-4, rtol=0, msg=named(name))
     finally:
         dist.destroy_process_group()
 
@@ -121,14 +128,18 @@ def _run_rank(rank: int, *args: Any) -> None:
 
 @pytest.mark.parametrize("cfg", [gqa_config(), mla_config()], ids=["grouped-query", "latent-attention"])
 @pytest.mark.slow
-def test_tensor_parallel_is_the_one_process_step_in_gradients_and_weights(tmp_path: Path, cfg: MoEConfig) -> None:
+def test_tensor_parallel_is_the_one_process_step_in_gradients_and_weights(
+    tmp_path: Path, cfg: MoEConfig
+) -> None:
     """Two forked gloo processes, tp=2: the loss, every parameter's gradient (router, latents, norms, experts,
     shared expert, embedding, head) and every weight after an AdamW step are the one-process step's."""
     import torch.multiprocessing as mp
 
     torch.manual_seed(0)
     reference = MoE(cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1)
+    )
     expected = one_step(reference, tokens)
     mp.start_processes(
         _run_rank, args=(str(tmp_path / "store"), cfg, tokens, expected), nprocs=2, start_method="spawn"
@@ -145,7 +156,9 @@ def test_pipeline_blocks_add_their_balance_loss_in_backward(cfg: MoEConfig) -> N
     whole = MoE(cfg)
     staged = copy.deepcopy(whole)
     staged.add_balance_loss_in_backward()
-    tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1)
+    )
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     want = whole(inputs, targets)
     want.backward()

@@ -117,7 +117,9 @@ class ParallelExecutor(MeshExecutor):
         self.mesh = build_device_mesh(layout, self.device.type)
         dtype = self.request.precision.torch_param_dtype
         if self.pipelined:
-            if units.unit_loss_methods is not None:  # a mixture's balance losses: added in backward by the layers
+            if (
+                units.unit_loss_methods is not None
+            ):  # a mixture's balance losses: added in backward by the layers
                 enable, take = units.unit_loss_methods
                 getattr(job.model, enable)()
                 self._take_unit_loss = getattr(job.model, take)
@@ -625,7 +627,8 @@ def _shape_of(model: nn.Module, units: ModelUnits) -> TransformerShape | None:
                     total += p.numel()
         return total
 
-    layer = count((units.units[0],))
+    # the mean block: a mixture's dense first blocks are smaller than its MoE blocks, and the total is right
+    layer = sum(count((unit,)) for unit in units.units) // len(units.units)
     other = count(units.stem) + count(units.head)
     heads = dict(units.tp_divides).get("attention heads", 1)
     return TransformerShape(

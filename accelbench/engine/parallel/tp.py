@@ -68,7 +68,9 @@ class ModuleTensorParallel(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         apply = getattr(module, "tensor_parallel", None)
         if apply is None:
-            raise ValueError(f"{type(module).__name__} has no tensor_parallel(mesh) method to split itself with")
+            raise ValueError(
+                f"{type(module).__name__} has no tensor_parallel(mesh) method to split itself with"
+            )
         apply(device_mesh)
         return module
 

@@ -635,7 +635,9 @@ def moe_tp_plan(shape: MoEShape) -> tuple[tuple[str, str], ...]:
         else (("attention.wq", "colwise"), ("attention.wk", "colwise"), ("attention.wv", "colwise"))
     )
     swiglu = ("feed_forward.w1", "colwise"), ("feed_forward.w3", "colwise"), ("feed_forward.w2", "rowwise")
-    shared = tuple((path.replace("feed_forward.", "feed_forward.shared_expert."), kind) for path, kind in swiglu)
+    shared = tuple(
+        (path.replace("feed_forward.", "feed_forward.shared_expert."), kind) for path, kind in swiglu
+    )
     return (
         *attention,
         ("attention.wo", "rowwise"),

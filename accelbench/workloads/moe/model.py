@@ -177,9 +177,7 @@ class LatentAttention(nn.Module):
         q_nope, q_rope = self.query(x).view(b, t, -1, qk).split([self.nope, self.rope], dim=-1)
         h = q_nope.shape[2]
         latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope], dim=-1)
-        k_nope, v = (
-            self.wkv_b(self.kv_norm(latent)).view(b, t, h, -1).split([self.nope, self.v_dim], dim=-1)
-        )
+        k_nope, v = self.wkv_b(self.kv_norm(latent)).view(b, t, h, -1).split([self.nope, self.v_dim], dim=-1)
         group = tensor_parallel_group(self.wkv_b.weight)
         if group is not None:
             # the rotary key is shared by every head, the heads are split: its gradient is the sum of the ranks'
@@ -359,7 +357,9 @@ class GroupedExperts(nn.Module):
         rank, size = mesh.get_local_rank(), mesh.size()
         hidden = self.w1.shape[2]
         if hidden % size:
-            raise ValueError(f"experts of hidden width {hidden} do not divide over {size} tensor-parallel ranks")
+            raise ValueError(
+                f"experts of hidden width {hidden} do not divide over {size} tensor-parallel ranks"
+            )
         for name, dim in (("w1", 2), ("w3", 2), ("w2", 1)):
             local = getattr(self, name).detach().chunk(size, dim=dim)[rank].contiguous()
             shard = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)
@@ -384,9 +384,7 @@ class GroupedExperts(nn.Module):
     def _compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w1 = self._weights()[0]
         device = w1.device
-        dtype = (
-            torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else w1.dtype
-        )
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else w1.dtype
         if self.kernel == "loop":
             reason: str | None = "--experts-kernel loop"
         else:
@@ -629,7 +627,7 @@ class MoE(nn.Module):
         self._routed_since: list[tuple[MoEFeedForward, torch.Tensor]] = []
 
         def before(layer: nn.Module, inputs: Any) -> None:
-            layer._routed_before = layer.routed  # type: ignore[union-attr]
+            layer._routed_before = layer.routed
 
         def after(layer: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
             assert isinstance(layer, MoEFeedForward) and layer.aux_loss is not None
