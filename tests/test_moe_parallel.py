@@ -287,3 +287,43 @@ def test_tensor_and_pipeline_parallel_moe_train_the_one_process_model(
         assert mine.grad_norm == pytest.approx(theirs.grad_norm, rel=1e-4)
     routing, want = record.workload["routing"], single.workload["routing"]
     assert routing["tokens_per_expert_by_layer"] == want["tokens_per_expert_by_layer"]
+
+
+def test_estimate_splits_the_blocks_and_counts_expert_tensor_parallelisms_all_reduces(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moe-tiny (2 layers of 4 experts, top-2, width 64), batch 4 of 32 tokens, fp32. tp=2: each device holds half
+    of the blocks' parameters and the whole embedding and head; beside the dense count's b*s*h all-reduces, expert
+    tensor parallelism sums b*s*k rows of h over the tp pair twice per MoE layer (forward, backward), 2(n-1)/n of
+    each over the link. pp=2: the first stage holds a block, the embedding, and (the estimate's convention) the
+    final norm and head too. deepseek-tiny's blocks are counted by their mean (its first block is dense), so the
+    total is the model's (to the mean's rounding), not three dense blocks'."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    options = {"seq_len": 32, "vocab_size": VOCAB}
+    base = {"workload": "moe", "model": "moe-tiny", "batch_size": 4, "data": corpus_dir / "text.txt"}
+    shape = MODEL_SIZES["moe-tiny"]
+    outside = 2 * VOCAB * shape.dim + shape.dim  # embedding, head, final norm
+    blocks = shape.parameters(VOCAB) - outside
+    tp = host.resolve(RunConfig(**base, workload_options=options, strategy="tp", devices=2))  # type: ignore[arg-type]
+    p = predict(tp, meta_facts(host.workload("moe"), tp), device_type="cpu")
+    assert p.memory.weights_bytes == 4 * (blocks / 2 + outside)
+    experts = [op for op in p.comm if op.axis == "tp" and "routed rows" in op.what]
+    assert len(experts) == 1 and experts[0].count == 2 * 2
+    assert experts[0].message_bytes == 4 * 32 * 2 * 64 * 4  # b s k rows of h, fp32
+    assert experts[0].bus_bytes == experts[0].count * experts[0].message_bytes  # 2 (n-1)/n = 1 at n = 2
+    pp = host.resolve(RunConfig(**base, workload_options=options, strategy="pp", devices=2))  # type: ignore[arg-type]
+    q = predict(pp, meta_facts(host.workload("moe"), pp), device_type="cpu")
+    assert q.memory.weights_bytes == 4 * (blocks / 2 + outside)
+    assert {op.axis for op in q.comm} == {"pp"}
+    deepseek = host.resolve(RunConfig(**{**base, "model": "deepseek-tiny"}, workload_options=options))  # type: ignore[arg-type]
+    facts = meta_facts(host.workload("moe"), deepseek)
+    assert facts.transformer is not None
+    counted = facts.transformer.layers * facts.transformer.parameters_per_layer
+    whole = MODEL_SIZES["deepseek-tiny"].parameters(VOCAB)
+    assert counted + facts.transformer.parameters_outside_layers == pytest.approx(
+        whole, abs=3
+    )  # the mean, floored

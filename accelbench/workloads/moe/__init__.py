@@ -53,7 +53,11 @@ Experts kernel: ``--experts-kernel`` ``grouped`` (``torch._grouped_mm`` over all
 :func:`accelbench.workloads.moe.model.grouped_mm_support`). The record's ``experts_kernel`` says which ran.
 
 Expert parallelism: ``--mesh ep=N`` (with a data axis: ``--mesh ddp=D,ep=N``) shards the experts over N ranks
-(:mod:`accelbench.engine.parallel.ep`). Units: tokens (``tokens_per_sample`` = ``seq_len``).
+(:mod:`accelbench.engine.parallel.ep`). Tensor parallelism (a tp axis) splits attention over its heads, the shared
+expert and dense blocks column/row-parallel and every routed expert over its hidden width, the router whole
+(:func:`moe_tp_plan`); pipeline parallelism (a pp axis) cuts stages between blocks, each block adding its balance
+loss's gradient in backward itself (:meth:`accelbench.workloads.moe.model.MoE.add_balance_loss_in_backward`). Units:
+tokens (``tokens_per_sample`` = ``seq_len``).
 
 This module is what the plugin host and the command line see and imports no torch.
 """
@@ -467,7 +471,7 @@ class MoEWorkload:
     description = (
         "mixture-of-experts decoder (grouped-query attention, or multi-head latent attention (MLA), sigmoid routing "
         "and dense first blocks for the deepseek sizes; top-k routed SwiGLU experts, shared expert, balance loss); "
-        "expert parallelism with --mesh ep=N"
+        "expert parallelism with --mesh ep=N, tensor and pipeline parallelism with --strategy tp/pp"
     )
 
     def options(self) -> list[RunOption]:

@@ -28,6 +28,12 @@ experts; every rank routes its own tokens, sends each to the rank holding its ex
 the deprecated ``torch.distributed.nn.functional.all_to_all_single``, and torchtitan uses; differentiable: its
 backward is the reverse exchange).
 
+Tensor parallelism (the workload's plan, :func:`accelbench.workloads.moe.moe_tp_plan`): attention over its heads
+(:class:`LatentAttention` sums its shared rotary key's gradient over the ranks, :class:`CopyToTensorParallel`), every
+routed expert over its hidden width (:meth:`GroupedExperts.tensor_parallel`, Megatron's expert tensor parallelism).
+Pipeline parallelism: each layer adds its balance loss's gradient in backward itself
+(:meth:`MoE.add_balance_loss_in_backward`), since a stage hands on hidden states only.
+
 DeepSeek-V3's shape (``kv_lora_rank`` > 0, see :class:`MoEConfig`): multi-head latent attention
 (:class:`LatentAttention`) in place of grouped-query attention, sigmoid router scores (:class:`SigmoidRouter`) and
 the first ``first_k_dense`` blocks with a dense SwiGLU feed-forward of ``dense_ffn_dim`` instead of experts.
