@@ -327,3 +327,41 @@ def test_estimate_splits_the_blocks_and_counts_expert_tensor_parallelisms_all_re
     assert counted + facts.transformer.parameters_outside_layers == pytest.approx(
         whole, abs=3
     )  # the mean, floored
+
+
+def one_process_reference(record: ResultRecord, replicas: int) -> list[float]:
+    """The epoch losses a data-parallel run of ``replicas`` replicas reports (its rank 0's share of each step),
+    computed by one process training the same model on the replicas' shares together (the global batch, clipped
+    to 1.0, the workload's AdamW)."""
+    job = get_host().workload("moe").build(record.config)
+    model = job.model.train()
+    optimizer = job.make_optimizer(model, torch.device("cpu"), "foreach")
+    out = []
+    for epoch in range(len(epoch_losses(record))):
+        reported = []
+        for parts in zip(*(job.data.batches(epoch, r, replicas) for r in range(replicas)), strict=True):
+            with torch.no_grad():
+                reported.append(model(*parts[0]).item())
+            model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        out.append(sum(reported) / len(reported))
+    return out
+
+
+@pytest.mark.parametrize("mesh", ["dp=2,tp=2", "ddp=2,pp=2"])
+@pytest.mark.slow
+def test_tensor_and_pipeline_parallel_moe_compose_with_a_data_axis(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mesh: str
+) -> None:
+    """Four gloo processes: FSDP2 over tp=2 (the experts' DTensor slices sharded again over the data axis), and DDP
+    over two-stage pipelines. The losses are one process's on the two replicas' batches together, and the routing
+    counts every replica's tokens once."""
+    record = run(corpus_dir, tmp_path, "moe-tiny", "--mesh", mesh, "--devices", "4")
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    assert epoch_losses(record) == pytest.approx(one_process_reference(record, replicas=2), abs=1e-5)
+    by_layer = record.workload["routing"]["tokens_per_expert_by_layer"]
+    assert [sum(layer) for layer in by_layer] == [
+        2 * 2 * 2 * 4 * 32 * 2
+    ] * 2  # epochs, steps, replicas, b s k
