@@ -919,7 +919,6 @@ def test_bad_latent_attention_and_routing_configurations_are_refused(
         ({"seq_len": 4_096}, None, "--seq-len 4096 is above deepseek-tiny's context of 2,048 tokens"),
         ({"n_kv_heads": 2}, None, "--kv-heads describe a custom size: use them with --model custom"),
         ({}, "ep=3", "8 experts per layer do not divide over ep=3 ranks; an ep size must divide 8: 2, 4, 8"),
-        ({}, "tp=2", "declares no tensor-parallel plan"),
     ],
 )
 def test_bad_deepseek_tiny_runs_are_refused(

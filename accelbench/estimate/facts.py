@@ -146,6 +146,7 @@ def _transformer(summary: dict[str, Any], units: list[int], outer: int) -> Trans
         heads=int(summary["n_head"]),
         sequence=int(sequence),
         vocab=int(vocab),
-        layer_parameters=units[0] if units else None,
+        # the mean block: a mixture's dense first blocks are smaller than its MoE blocks, and the total is right
+        layer_parameters=sum(units) // len(units) if units else None,
         other_parameters=outer,
     )

@@ -478,6 +478,10 @@ def model_parallel_breakdown(
                 overlappable=False,
             )
         )
+    if mesh.tp > 1 and facts.moe_layers:
+        comm.append(
+            _expert_tensor_parallel(facts, layers_here * facts.moe_layers / shape.layers, mesh, state, layout)
+        )
     if mesh.pp > 1:
         comm.append(
             CommOp(
@@ -538,6 +542,33 @@ def model_parallel_breakdown(
     if mesh.pp > 1 and bubble is None:
         notes.assume(f"pipeline schedule {mesh.schedule}: no closed-form bubble; taken as none (its ideal)")
     return memory, comm, flops, bubble
+
+
+def _expert_tensor_parallel(
+    facts: WorkloadFacts, moe_layers: float, mesh: ParallelDims, state: StateBytes, layout: RunShape
+) -> CommOp:
+    """Megatron's expert tensor parallelism (the moe workload under a tp axis): each rank computes its slice of
+    every expert's hidden width for every routed row, so the experts' partial outputs (b*s*k rows of h) are summed
+    over the tp group in forward and the rows' gradients in backward, once per MoE layer each, beside the attention's
+    and the shared expert's or dense block's b*s*h all-reduces the dense count already has."""
+    shape = facts.transformer
+    assert shape is not None
+    microbatches = max(1, mesh.microbatches) if mesh.pp > 1 else 1
+    rows = layout.batch_size // microbatches * shape.sequence * max(1, facts.top_k)
+    message = rows * shape.hidden * state.activation
+    count = round(2 * moe_layers) * microbatches
+    return CommOp(
+        op="all_reduce",
+        dtype=element_type(state.activation, layout.precision),
+        axis="tp",
+        ranks=mesh.tp,
+        what="the experts' partial outputs over the routed rows (b s k rows of h) in forward and the rows' "
+        "gradients in backward, once per MoE layer each (expert tensor parallelism)",
+        count=count,
+        message_bytes=message,
+        bus_bytes=count * allreduce_bytes(message, mesh.tp),
+        overlappable=False,
+    )
 
 
 # --- expert parallelism: a mixture of experts' routed experts over the ep axis ----------------------------------

@@ -65,6 +65,11 @@ class ModelUnits:
     ``model(inputs, targets) == loss(head(units(stem(inputs))), targets)``. ``experts``: a mixture of experts'
     routed experts per layer, which an expert-parallel axis deals out (its model's MoE layers have
     ``shard_experts(group, rank, size)`` and ``expert_parameters()``, :mod:`accelbench.engine.parallel.ep`).
+    ``unit_loss_methods``: a model whose units compute loss terms of their own (a mixture's balance losses), as
+    (the method that makes the units add those terms' gradients in backward themselves, the method that returns and
+    forgets their summed value since its last call, or None): a pipeline's stages hand on hidden states only, so the
+    terms cannot reach the last stage's loss; it calls the first once and adds the second's value, over its stages,
+    to the loss it reports.
     """
 
     stem: tuple[str, ...]
@@ -81,6 +86,7 @@ class ModelUnits:
     loss_method: str | None = None
     # routed experts per mixture-of-experts layer (0: none): what an expert-parallel (ep) axis shards and must divide
     experts: int = 0
+    unit_loss_methods: tuple[str, str] | None = None
 
     def modules(self, model: torch.nn.Module, paths: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
         """The submodules of ``model`` at ``paths`` (default: the units), in order."""

@@ -11,13 +11,16 @@ fp32 and no dropout the losses match single-device training up to the order of f
 - gradients of a tied parameter untied across stages are summed (:mod:`accelbench.engine.parallel.pp`);
 - the gradient norm is the norm over the whole model: DTensor shards reduced over their mesh, the pipeline's
   stages summed over the pp group, the untied copy counted once;
-- the loss is computed on the last stage and broadcast to the pipeline's other ranks, so every rank reports it.
+- the loss is computed on the last stage and broadcast to the pipeline's other ranks, so every rank reports it;
+  loss terms the units compute themselves (a mixture of experts' balance losses, ``ModelUnits.unit_loss_methods``)
+  add their gradients in backward on their own stage, and their values, summed over the stages, to that loss.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -97,6 +100,11 @@ class ParallelExecutor(MeshExecutor):
         self._stage_plan: StagePlan | None = None
         self._shape: TransformerShape | None = None
         self.modules: list[nn.Module] = []
+        # a pipeline over a model whose units compute loss terms of their own: the model's method that takes them,
+        # and this rank's of the last step
+        self._take_unit_loss: Callable[[bool], torch.Tensor | None] | None = None
+        self._unit_loss = torch.zeros(())
+        self._unit_loss_sum: torch.Tensor | None = None
 
     # ---------------------------------------------------------------------------------------------------------
     # set-up
@@ -109,6 +117,12 @@ class ParallelExecutor(MeshExecutor):
         self.mesh = build_device_mesh(layout, self.device.type)
         dtype = self.request.precision.torch_param_dtype
         if self.pipelined:
+            if (
+                units.unit_loss_methods is not None
+            ):  # a mixture's balance losses: added in backward by the layers
+                enable, take = units.unit_loss_methods
+                getattr(job.model, enable)()
+                self._take_unit_loss = getattr(job.model, take)
             self._stage_plan = plan_stages(job.model, units, layout.stages, layout.split)
             self.stage_ids = layout.stage_ids(self.coordinates["pp"])
             built = [build_stage(job.model, units, self._stage_plan, s) for s in self.stage_ids]
@@ -213,9 +227,48 @@ class ParallelExecutor(MeshExecutor):
         self.backend.after_optimizer_step(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipelined:  # only the last stage computed the loss: every rank of the pipeline reports it
-            loss = loss.float()
-            dist.broadcast(loss, src=self._loss_source, group=self._pp_group)
+            loss = self._whole_pipeline_loss(loss)
         return loss
+
+    def _whole_pipeline_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss broadcast to the pipeline's ranks, plus, for a model whose units compute loss
+        terms of their own (``ModelUnits.unit_loss_methods``: a mixture's balance losses), those of every stage:
+        each rank's terms of the step (the mean over microbatches, as the loss), summed over the pp group."""
+        loss = loss.float()
+        dist.broadcast(loss, src=self._loss_source, group=self._pp_group)
+        if self._take_unit_loss is None:
+            return loss
+        carried = self._unit_loss
+        dist.all_reduce(carried, group=self._pp_group)
+        return loss + carried
+
+    def _take_unit_losses(self, microbatches: int) -> None:
+        """This rank's stages' own loss terms of the step just run (:meth:`_collect_unit_losses`), the mean over
+        its microbatches (zero where the model has none), kept for :meth:`_whole_pipeline_loss`."""
+        taken, self._unit_loss_sum = self._unit_loss_sum, None
+        self._unit_loss = (
+            _local(taken).float().to(self.device) / microbatches
+            if taken is not None
+            else torch.zeros((), device=self.device)
+        )
+
+    def _collect_unit_losses(self, stage: Any) -> None:
+        """Take the model's own loss terms after each of ``stage``'s microbatch forwards, and forget (``keep``
+        False) whatever ran before it: a schedule's first step runs each stage once on empty tensors to learn the
+        shapes it sends (torch's metadata inference), which is no training forward."""
+        forward, take = stage.forward_one_chunk, self._take_unit_loss
+        assert take is not None
+
+        def collected(*args: Any, **kwargs: Any) -> Any:
+            take(False)
+            out = forward(*args, **kwargs)
+            taken = take(True)
+            if taken is not None:
+                taken = taken.detach()
+                self._unit_loss_sum = taken if self._unit_loss_sum is None else self._unit_loss_sum + taken
+            return out
+
+        stage.forward_one_chunk = collected
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, timed: bool = True) -> torch.Tensor:
         """One forward and backward of the batch through the schedule, each gradient the mean over microbatches;
@@ -234,6 +287,7 @@ class ParallelExecutor(MeshExecutor):
             )
         if timed:
             self.clock.end_step()
+        self._take_unit_losses(microbatches)
         seen: set[int] = set()
         for module in self.modules:  # the mean over microbatches, each parameter once
             for param in module.parameters():
@@ -269,6 +323,8 @@ class ParallelExecutor(MeshExecutor):
             for module, stage in zip(self.modules, self.stage_ids, strict=True)
         ]
         assert self.clock is not None
+        for stage in stages if self._take_unit_loss is not None else ():
+            self._collect_unit_losses(stage)
         for stage in stages if not evaluation else ():
             self.clock.instrument(stage)
         self._schedules[key] = (
@@ -302,7 +358,7 @@ class ParallelExecutor(MeshExecutor):
                 module.train()
 
     def _pipeline_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        schedule, _ = self._schedule_for(inputs.shape[0], evaluation=True)
+        schedule, microbatches = self._schedule_for(inputs.shape[0], evaluation=True)
         losses: list[torch.Tensor] = []
         holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
         with self._autocast:
@@ -310,13 +366,13 @@ class ParallelExecutor(MeshExecutor):
                 *((inputs,) if holds_first else ()),
                 **({"target": targets, "losses": losses} if holds_last else {}),
             )
+        self._take_unit_losses(microbatches)
         loss = (
             torch.stack([_local(x.detach()).float() for x in losses]).mean()
             if losses
             else torch.zeros((), device=self.device)
         )
-        dist.broadcast(loss, src=self._loss_source, group=self._pp_group)
-        return loss
+        return self._whole_pipeline_loss(loss)
 
     def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """One forward and backward as a training step makes them, the total L2 norm of the gradients over the
@@ -571,7 +627,8 @@ def _shape_of(model: nn.Module, units: ModelUnits) -> TransformerShape | None:
                     total += p.numel()
         return total
 
-    layer = count((units.units[0],))
+    # the mean block: a mixture's dense first blocks are smaller than its MoE blocks, and the total is right
+    layer = sum(count((unit,)) for unit in units.units) // len(units.units)
     other = count(units.stem) + count(units.head)
     heads = dict(units.tp_divides).get("attention heads", 1)
     return TransformerShape(

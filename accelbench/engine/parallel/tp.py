@@ -10,6 +10,10 @@ after the row-parallel one, and the last unit gathers the sequence again.
 The stem and head (embeddings, final norm, LM head) stay whole on every tensor-parallel rank: they see the same
 inputs, compute the same values and get the same gradients there, so the maths is single-device training's (a
 character vocabulary makes a vocabulary-parallel head pointless).
+
+A plan entry of style ``module`` names a submodule that splits itself (:class:`ModuleTensorParallel`): a mixture of
+experts' stacked experts, each expert's weights column- and row-parallel over its hidden width (Megatron's expert
+tensor parallelism).
 """
 
 from __future__ import annotations
@@ -56,6 +60,21 @@ class PackedColwiseParallel(ColwiseParallel):
             module.register_parameter(pname, nn.Parameter(shard, requires_grad=param.requires_grad))
 
 
+class ModuleTensorParallel(ParallelStyle):
+    """A module that applies tensor parallelism to itself: its ``tensor_parallel(mesh)`` method shards its own
+    parameters over the tp mesh (as DTensors) and does its own communication. For what torch's linear styles cannot
+    express, a mixture of experts' stacked expert weights (:class:`accelbench.workloads.moe.model.GroupedExperts`)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        apply = getattr(module, "tensor_parallel", None)
+        if apply is None:
+            raise ValueError(
+                f"{type(module).__name__} has no tensor_parallel(mesh) method to split itself with"
+            )
+        apply(device_mesh)
+        return module
+
+
 def unit_styles(plan: Sequence[tuple[str, str]], sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """The parallel style of each submodule of a unit, from the workload's plan."""
     styles: dict[str, ParallelStyle] = {}
@@ -73,6 +92,13 @@ def unit_styles(plan: Sequence[tuple[str, str]], sequence_parallel: bool) -> dic
                 if sequence_parallel
                 else RowwiseParallel()
             )
+        elif name == "module":
+            if sequence_parallel:
+                raise ValueError(
+                    f"tensor-parallel plan entry {path!r} splits itself and takes whole sequences: it cannot run "
+                    "with sequence parallelism"
+                )
+            styles[path] = ModuleTensorParallel()
         elif name == "norm":
             if sequence_parallel:
                 styles[path] = SequenceParallel()
@@ -88,7 +114,8 @@ def parallelize_units(
     parallelism, each unit takes its input split along the sequence and the last one gives it back whole."""
     styles = unit_styles(plan, sequence_parallel)
     for unit in units:
-        parallelize_module(unit, mesh, styles)
+        # an entry applies to the units that have its submodule (a mixture's dense first blocks lack the experts)
+        parallelize_module(unit, mesh, {path: style for path, style in styles.items() if _has(unit, path)})
         if (
             sequence_parallel
         ):  # whole -> sequence shards at the unit's entry (a local slice, no communication)
@@ -107,3 +134,11 @@ def parallelize_units(
                 output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True
             ),
         )
+
+
+def _has(unit: nn.Module, path: str) -> bool:
+    try:
+        unit.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

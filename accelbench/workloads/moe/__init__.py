@@ -64,7 +64,11 @@ Experts kernel: ``--experts-kernel`` ``grouped`` (``torch._grouped_mm`` over all
 :func:`accelbench.workloads.moe.model.grouped_mm_support`). The record's ``experts_kernel`` says which ran.
 
 Expert parallelism: ``--mesh ep=N`` (with a data axis: ``--mesh ddp=D,ep=N``) shards the experts over N ranks
-(:mod:`accelbench.engine.parallel.ep`). Units: tokens (``tokens_per_sample`` = ``seq_len``).
+(:mod:`accelbench.engine.parallel.ep`). Tensor parallelism (a tp axis) splits attention over its heads, the shared
+expert and dense blocks column/row-parallel and every routed expert over its hidden width, the router whole
+(:func:`moe_tp_plan`); pipeline parallelism (a pp axis) cuts stages between blocks, each block adding its balance
+loss's gradient in backward itself (:meth:`accelbench.workloads.moe.model.MoE.add_balance_loss_in_backward`). Units:
+tokens (``tokens_per_sample`` = ``seq_len``).
 
 This module is what the plugin host and the command line see and imports no torch.
 """
@@ -591,9 +595,11 @@ class RoutingCounts:
             layer.routed = None
 
     def read(self) -> list[list[int]]:
+        """Under tensor parallelism every rank of a tp group routes the same tokens: its rank 0 counts them (the
+        others read zeros). A pipeline's ranks count their own stages' layers (the others read zeros)."""
         out = []
         for layer in self.model.moe_layers():
-            routed = layer.routed
+            routed = layer.routed if layer.experts.tp_rank == 0 else None
             out.append([int(c) for c in routed.tolist()] if routed is not None else [0] * layer.n_experts)
         return out
 
@@ -631,7 +637,7 @@ class MoEWorkload:
     description = (
         "mixture-of-experts decoder (grouped-query attention, or multi-head latent attention (MLA), sigmoid routing "
         "and dense first blocks for the deepseek sizes; top-k routed SwiGLU experts, shared expert, balance loss); "
-        "expert parallelism with --mesh ep=N"
+        "expert parallelism with --mesh ep=N, tensor and pipeline parallelism with --strategy tp/pp"
     )
 
     def options(self) -> list[RunOption]:
@@ -661,6 +667,11 @@ class MoEWorkload:
                 f"--seq-len {seq_len} is above {config.model}'s context of {shape.max_seq_len:,} tokens"
             )
         require_tokenizers()
+        if config.sequence_parallel:
+            raise ConfigError(
+                "--sequence-parallel: the moe workload's routed experts take whole sequences (every tensor-parallel "
+                "rank routes the same tokens); run its tp axis without sequence parallelism"
+            )
 
     def identity(self, config: RunConfig) -> dict[str, Scalar]:
         shape, seq_len, vocab, coef = resolved(config)
@@ -811,16 +822,60 @@ def latent_attention_summary(shape: MoEShape) -> dict[str, Any]:
     }
 
 
+def moe_tp_plan(shape: MoEShape) -> tuple[tuple[str, str], ...]:
+    """How tensor parallelism splits a block (Megatron's): attention over its heads (grouped-query: ``wq``, ``wk``,
+    ``wv`` column-parallel; latent: the per-head expansions ``wq``/``wq_b`` and ``wkv_b`` column-parallel, the
+    latents ``wq_a``, ``wkv_a`` and their norms whole on every rank), ``wo`` row-parallel; the shared expert and the
+    dense first blocks' feed-forward column/row-parallel; each routed expert over its hidden width (``module``:
+    :meth:`accelbench.workloads.moe.model.GroupedExperts.tensor_parallel`). The router is whole on every rank, so
+    every rank routes its tokens alike. Entries a block lacks are skipped (dense blocks have no experts)."""
+    attention = (
+        (("attention.wq", "colwise"), ("attention.wq_b", "colwise"), ("attention.wkv_b", "colwise"))
+        if shape.latent_attention
+        else (("attention.wq", "colwise"), ("attention.wk", "colwise"), ("attention.wv", "colwise"))
+    )
+    swiglu = ("feed_forward.w1", "colwise"), ("feed_forward.w3", "colwise"), ("feed_forward.w2", "rowwise")
+    shared = tuple(
+        (path.replace("feed_forward.", "feed_forward.shared_expert."), kind) for path, kind in swiglu
+    )
+    return (
+        *attention,
+        ("attention.wo", "rowwise"),
+        *(swiglu if shape.first_k_dense else ()),
+        *(shared if shape.shared_experts else ()),
+        ("feed_forward.experts", "module"),
+    )
+
+
+def moe_tp_divides(shape: MoEShape) -> tuple[tuple[str, int], ...]:
+    """The sizes a tensor-parallel size must divide: the heads (and grouped-query attention's key/value heads), each
+    expert's hidden width (the shared expert's is a multiple of it) and the dense blocks' width."""
+    return (
+        ("attention heads", shape.n_heads),
+        *(() if shape.latent_attention else (("key/value heads", shape.n_kv_heads),)),
+        ("expert hidden width", shape.ffn_dim),
+        *((("dense feed-forward width", shape.dense_ffn_dim),) if shape.first_k_dense else ()),
+    )
+
+
 def moe_units(shape: MoEShape, seq_len: int | None = None) -> ModelUnits:
-    """The model's parts: the token embedding, ``n_layers`` blocks (FSDP's units), the final norm and the head. No
-    tensor-parallel plan and no pipeline methods (the balance loss is summed over every layer in one forward): the
-    tp and pp axes are refused; experts are split by the ep axis instead."""
+    """The model's parts: the token embedding, ``n_layers`` blocks (FSDP's units, pipeline stages' share), the
+    final norm and the head; how tensor parallelism splits a block (:func:`moe_tp_plan`) and what it must divide;
+    the methods a pipeline runs the stem, head and loss with, and those by which each block's balance loss reaches
+    backward and the reported loss on its own stage (:meth:`accelbench.workloads.moe.model.MoE.add_balance_loss_in_backward`).
+    The experts are split by the ep axis (expert parallelism) or over their hidden width by the tp axis."""
     return ModelUnits(
         stem=("tok_embeddings",),
         units=tuple(f"layers.{i}" for i in range(shape.n_layers)),
         head=("norm", "output"),
         split_points=tuple(f"layers.{i}.ffn_norm" for i in range(shape.n_layers)),
+        tp_plan=moe_tp_plan(shape),
+        tp_divides=moe_tp_divides(shape),
         sequence_length=seq_len,
         hidden_size=shape.dim,
+        stem_method="embed",
+        head_method="head",
+        loss_method="loss",
         experts=shape.n_experts,
+        unit_loss_methods=("add_balance_loss_in_backward", "take_balance_loss"),
     )

@@ -28,6 +28,12 @@ experts; every rank routes its own tokens, sends each to the rank holding its ex
 the deprecated ``torch.distributed.nn.functional.all_to_all_single``, and torchtitan uses; differentiable: its
 backward is the reverse exchange).
 
+Tensor parallelism (the workload's plan, :func:`accelbench.workloads.moe.moe_tp_plan`): attention over its heads
+(:class:`LatentAttention` sums its shared rotary key's gradient over the ranks, :class:`CopyToTensorParallel`), every
+routed expert over its hidden width (:meth:`GroupedExperts.tensor_parallel`, Megatron's expert tensor parallelism).
+Pipeline parallelism: each layer adds its balance loss's gradient in backward itself
+(:meth:`MoE.add_balance_loss_in_backward`), since a stage hands on hidden states only.
+
 DeepSeek-V3's shape (``kv_lora_rank`` > 0, see :class:`MoEConfig`): multi-head latent attention
 (:class:`LatentAttention`) in place of grouped-query attention, sigmoid router scores (:class:`SigmoidRouter`) and
 the first ``first_k_dense`` blocks with a dense SwiGLU feed-forward of ``dense_ffn_dim`` instead of experts.
@@ -66,6 +72,8 @@ from accelbench.workloads.llama.model import (
 
 __all__ = [
     "EXPERTS_KERNELS",
+    "BalanceLossInBackward",
+    "CopyToTensorParallel",
     "DeepSeekFeedForward",
     "GroupedExperts",
     "LatentAttention",
@@ -73,6 +81,7 @@ __all__ = [
     "MoEConfig",
     "MoEFeedForward",
     "SigmoidRouter",
+    "SumOverTensorParallel",
     "configure_adamw",
     "balance_by_expert_biases",
     "grouped_mm_support",
@@ -193,10 +202,17 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        h = self.n_heads
-        q_nope, q_rope = self.query(x).view(b, t, h, -1).split([self.nope, self.rope], dim=-1)
+        # the heads this module computes: all, or its share when tensor parallelism shards wq/wq_b and wkv_b by
+        # heads (column-parallel) and wo by its input (row-parallel)
+        qk = self.nope + self.rope
+        q_nope, q_rope = self.query(x).view(b, t, -1, qk).split([self.nope, self.rope], dim=-1)
+        h = q_nope.shape[2]
         latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope], dim=-1)
         k_nope, v = self.wkv_b(self.kv_norm(latent)).view(b, t, h, -1).split([self.nope, self.v_dim], dim=-1)
+        group = tensor_parallel_group(self.wkv_b.weight)
+        if group is not None:
+            # the rotary key is shared by every head, the heads are split: its gradient is the sum of the ranks'
+            k_rope = CopyToTensorParallel.apply(k_rope, group)
         cos, sin = rope_angles(t, self.rope, self.rope_theta, x.device)
         q_rope = rotate(q_rope, cos, sin)
         # one rotary key for every head: a broadcast view, no copies until the concatenation
@@ -207,6 +223,68 @@ class LatentAttention(nn.Module):
         # kernel needs all three widths equal, so on CUDA SDPA picks another fused one (memory-efficient or cuDNN)
         y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, h * self.v_dim))
+
+
+def tensor_parallel_group(weight: torch.Tensor) -> Any:
+    """The process group a tensor-parallel (DTensor) ``weight`` is sharded over; None for a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(weight, DTensor) or "tp" not in (weight.device_mesh.mesh_dim_names or ()):
+        return None
+    return weight.device_mesh.get_group("tp")
+
+
+class CopyToTensorParallel(torch.autograd.Function):
+    """Megatron's ``f``: the identity forward, the gradient summed over the tensor-parallel group backward. Where
+    every rank feeds the same tensor to its share of a split computation (its heads, its slice of each expert), each
+    rank's gradient of it is partial; their sum is one device's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class SumOverTensorParallel(torch.autograd.Function):
+    """Megatron's ``g``: the ranks' partial results summed forward (an all-reduce), the gradient passed through
+    backward (every rank's partial result entered the sum once)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class BalanceLossInBackward(torch.autograd.Function):
+    """The identity on a layer's output that, backward, also gives ``loss`` (the layer's weighted balance loss) the
+    gradient 1: the loss's gradient joins the model's without the loss being added to the model's output (Megatron's
+    ``MoEAuxLossAutoScaler``). A pipeline stage hands on hidden states only, so its layers' balance losses cannot
+    reach the last stage's loss; this way each adds its own gradient, exactly as if it had."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(loss)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (loss,) = ctx.saved_tensors
+        return grad, torch.ones_like(loss)
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -290,22 +368,60 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.kernel = kernel
+        # expert tensor parallelism (tensor_parallel): the group whose ranks hold a slice of every expert's hidden
+        # width, and this rank's place in it
+        self.tp_group: Any = None
+        self.tp_rank = 0
         self.ran: str | None = None
         self.not_grouped: str | None = None
         self._decided: dict[tuple[torch.device, torch.dtype], str | None] = {}
 
+    def tensor_parallel(self, mesh: Any) -> None:
+        """Megatron's expert tensor parallelism over ``mesh`` (the tp axis): every expert's ``w1`` and ``w3`` split
+        by their output (the hidden width, column-parallel), ``w2`` by its input (row-parallel), each rank keeping
+        its slice of the weights the one-device model was initialised with, as DTensors (so the gradient norm and
+        the optimizer see the whole). A rank computes its slice of every expert's hidden units for every routed
+        row; the partial outputs are summed over the group (:class:`SumOverTensorParallel`), and the rows'
+        gradients likewise (:class:`CopyToTensorParallel`). The router is not split: every rank routes alike."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        rank, size = mesh.get_local_rank(), mesh.size()
+        hidden = self.w1.shape[2]
+        if hidden % size:
+            raise ValueError(
+                f"experts of hidden width {hidden} do not divide over {size} tensor-parallel ranks"
+            )
+        for name, dim in (("w1", 2), ("w3", 2), ("w2", 1)):
+            local = getattr(self, name).detach().chunk(size, dim=dim)[rank].contiguous()
+            shard = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)
+            setattr(self, name, nn.Parameter(shard))
+        self.tp_group, self.tp_rank = mesh.get_group(), rank
+
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``w1``, ``w3``, ``w2`` as this rank computes with them: whole, or its tensor-parallel slice."""
+        from torch.distributed.tensor import DTensor
+
+        return tuple(  # type: ignore[return-value]
+            w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w3, self.w2)
+        )
+
     def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts on ``rows``, grouped by expert in order, ``counts[e]`` rows each."""
-        device = self.w1.device
-        dtype = (
-            torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else self.w1.dtype
-        )
+        if self.tp_group is None:
+            return self._compute(rows, counts)
+        rows = CopyToTensorParallel.apply(rows, self.tp_group)
+        return SumOverTensorParallel.apply(self._compute(rows, counts), self.tp_group)
+
+    def _compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        w1 = self._weights()[0]
+        device = w1.device
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else w1.dtype
         if self.kernel == "loop":
             reason: str | None = "--experts-kernel loop"
         else:
             key = (device, dtype)
             if key not in self._decided:
-                self._decided[key] = grouped_mm_support(device, dtype, (self.w1.shape[1], self.w1.shape[2]))
+                self._decided[key] = grouped_mm_support(device, dtype, (w1.shape[1], w1.shape[2]))
             reason = self._decided[key]
             if reason is not None and self.kernel == "grouped":
                 from accelbench.errors import ConfigError
@@ -323,7 +439,7 @@ class GroupedExperts(nn.Module):
         parts = rows.split(counts.tolist())
         # unbind, not w[e]: its backward stacks the experts' gradients once, where indexing would fill a zero
         # gradient of the whole stack for every expert
-        w1, w3, w2 = self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)
+        w1, w3, w2 = (w.unbind(0) for w in self._weights())
         outs = [swiglu(part, w1[e], w3[e], w2[e]) for e, part in enumerate(parts)]
         return torch.cat(outs) if outs else rows
 
@@ -334,7 +450,7 @@ class GroupedExperts(nn.Module):
         positions, offs, length = padded_groups(counts, rows.shape[0], align)
         x = rows.to(dtype)
         x = x.new_zeros(length, x.shape[1]).index_copy(0, positions, x)
-        w1, w3, w2 = self.w1.to(dtype), self.w3.to(dtype), self.w2.to(dtype)
+        w1, w3, w2 = (w.to(dtype) for w in self._weights())
         hidden = F.silu(torch._grouped_mm(x, w1, offs=offs)) * torch._grouped_mm(x, w3, offs=offs)
         return torch._grouped_mm(hidden, w2, offs=offs).index_select(0, positions)
 
@@ -546,6 +662,65 @@ class MoE(nn.Module):
 
     def moe_layers(self) -> list[MoEFeedForward]:
         return [m for m in self.modules() if isinstance(m, MoEFeedForward)]
+
+    # The pieces of forward, named in the workload's ModelUnits, so a pipeline can run them on different stages:
+    # embed, the blocks, head, then loss, the cross-entropy alone; the blocks' balance losses reach backward by
+    # themselves (add_balance_loss_in_backward) and the reported loss by take_balance_loss.
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token embedding: the stem."""
+        return self.tok_embeddings(tokens)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm and the output projection: the logits."""
+        return self.output(self.norm(x))
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the logits against the targets (the balance losses are added by the layers)."""
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+    def add_balance_loss_in_backward(self) -> None:
+        """Make every MoE layer add the gradient of its weighted balance loss (``aux_loss_coef`` x its loss) in
+        backward itself (:class:`BalanceLossInBackward`, by a forward hook), and keep the loss's value for
+        :meth:`take_balance_loss`: what a pipeline runs the blocks with, since its stages hand on hidden states only.
+        The model's own ``forward`` must not then be used for training (it would count the losses twice)."""
+        coef = self.cfg.aux_loss_coef
+        self._balance_taken: torch.Tensor | None = None
+        # the tokens each layer counted (MoEFeedForward.routed) since the last take, which a take may take back
+        self._routed_since: list[tuple[MoEFeedForward, torch.Tensor]] = []
+
+        def before(layer: nn.Module, inputs: Any) -> None:
+            layer._routed_before = layer.routed
+
+        def after(layer: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+            assert isinstance(layer, MoEFeedForward) and layer.aux_loss is not None
+            counted, earlier = layer.routed, getattr(layer, "_routed_before", None)
+            if counted is not None and counted is not earlier:
+                self._routed_since.append((layer, counted if earlier is None else counted - earlier))
+            weighted = coef * layer.aux_loss
+            done = weighted.detach()
+            self._balance_taken = done if self._balance_taken is None else self._balance_taken + done
+            if not torch.is_grad_enabled():
+                return output
+            return BalanceLossInBackward.apply(output, weighted)
+
+        for layer in self.moe_layers():
+            layer.register_forward_pre_hook(before)
+            layer.register_forward_hook(after)
+
+    def take_balance_loss(self, keep: bool = True) -> torch.Tensor | None:
+        """The weighted balance losses of the MoE layers this process ran since the last call, summed over layers
+        and forwards, and forgotten; None where none ran (after :meth:`add_balance_loss_in_backward`). ``keep``
+        False: those forwards did not happen, their tokens are taken back from the routing counts too (a pipeline's
+        metadata inference runs each stage once on empty tensors, outside the schedule's forwards)."""
+        taken, self._balance_taken = getattr(self, "_balance_taken", None), None
+        since, self._routed_since = getattr(self, "_routed_since", []), []
+        if keep:
+            return taken
+        for layer, counted in since:
+            if layer.routed is not None:
+                layer.routed = layer.routed - counted
+        return None
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.tok_embeddings(tokens)

@@ -1,0 +1,367 @@
+"""The mixture-of-experts workload under tensor and pipeline parallelism.
+
+Tensor parallelism splits attention over its heads (grouped-query or latent), the shared expert and dense blocks
+column/row-parallel and every routed expert over its hidden width (Megatron's expert tensor parallelism), the router
+whole on every rank; a pipeline deals the blocks to stages, each block adding its balance loss's gradient in
+backward itself. Both train the one-process model: the same gradients and weights after a step (two forked gloo
+processes against one), the same epoch losses, routing counts and gradient norms through ``accelbench run``. Layouts
+the model cannot be split into are refused before launch, saying what would work."""
+
+from __future__ import annotations
+
+import copy
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from core_support import accelbench
+
+from accelbench.config import RunConfig
+from accelbench.engine.parallel.mesh import check_model_split
+from accelbench.errors import ConfigError
+from accelbench.plugins import get_host
+from accelbench.results import ResultRecord, read_record
+from accelbench.workloads.gpt.data import generate_corpus
+from accelbench.workloads.moe import MODEL_SIZES, moe_tp_plan
+
+pytest.importorskip("tokenizers")
+
+from accelbench.workloads.moe.model import MoE, MoEConfig  # noqa: E402
+
+VOCAB = 512
+TEXT_BYTES = 200_000
+
+
+def gqa_config() -> MoEConfig:
+    """Grouped-query attention (4 heads, 2 kv heads), 4 experts of 48 top-2 and a shared one: the balance loss
+    weighted 1.0 so that its gradient is no rounding error of the step."""
+    return MoEConfig(n_layers=2, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=48, vocab_size=97, seq_len=16,
+                     n_experts=4, top_k=2, shared_experts=1, aux_loss_coef=1.0)  # fmt: skip
+
+
+def mla_config() -> MoEConfig:
+    """DeepSeek-V3's architecture in miniature: latent attention (queries through a latent), sigmoid routing, the
+    first block dense."""
+    return MoEConfig(n_layers=3, dim=32, n_heads=4, n_kv_heads=4, ffn_dim=24, vocab_size=97, seq_len=16,
+                     n_experts=4, top_k=2, shared_experts=1, aux_loss_coef=1.0, kv_lora_rank=16, q_lora_rank=24,
+                     qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, router_scores="sigmoid",
+                     first_k_dense=1, dense_ffn_dim=64)  # fmt: skip
+
+
+def shape_of(cfg: MoEConfig) -> Any:
+    """The workload's shape fields :func:`moe_tp_plan` reads, from a model configuration."""
+    from accelbench.workloads.moe import MoEShape
+
+    return MoEShape(cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.n_experts, cfg.top_k,
+                    cfg.shared_experts, cfg.vocab_size, cfg.seq_len, cfg.rope_theta, kv_lora_rank=cfg.kv_lora_rank,
+                    q_lora_rank=cfg.q_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+                    qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+                    router_scores=cfg.router_scores, first_k_dense=cfg.first_k_dense,
+                    dense_ffn_dim=cfg.dense_ffn_dim)  # fmt: skip
+
+
+def one_step(
+    model: MoE, tokens: torch.Tensor
+) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One training step of ``model`` on ``tokens`` (next-token targets): the loss, every gradient, and every
+    weight after the workload's AdamW step, all whole (tensor-parallel shards gathered)."""
+    from torch.distributed.tensor import DTensor
+
+    from accelbench.workloads.moe.model import configure_adamw
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+    optimizer = configure_adamw(model, "plain", 1e-2)  # one tensor at a time: plain and DTensor weights mixed
+    loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    grads = {n: whole(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    optimizer.step()
+    return loss.item(), grads, {n: whole(p) for n, p in model.named_parameters()}
+
+
+def named(name: str) -> Any:
+    """assert_close's message, the parameter's name first."""
+    return lambda message: f"{name}: {message}"
+
+
+def _tensor_parallel_rank(rank: int, store: str, cfg: MoEConfig, tokens: torch.Tensor, expected: Any) -> None:
+    """One of two tensor-parallel ranks: the model split by the workload's plan, one step, compared with the
+    one-process step (``expected``)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from accelbench.engine.parallel.tp import parallelize_units
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = MoE(cfg)
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        parallelize_units(list(model.layers), moe_tp_plan(shape_of(cfg)), mesh, sequence_parallel=False)
+        experts = model.moe_layers()[0].experts
+        assert experts.w1.to_local().shape[2] == cfg.ffn_dim // 2  # each rank half of every expert's width
+        loss, grads, weights = one_step(model, tokens)
+        want_loss, want_grads, want_weights = expected
+        assert abs(loss - want_loss) < 1e-5, (loss, want_loss)
+        assert grads.keys() == want_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, want_grads[name], atol=1e-6, rtol=1e-4, msg=named(name))
+        # AdamW's first step moves a weight by about lr x sign(gradient), lr = 1e-2; where a gradient is near
+        # Adam's eps (1e-8), its last bits (sums in another order) shift the step a little: 1% of it allowed
+        for name, weight in weights.items():
+            torch.testing.assert_close(weight, want_weights[name], atol=1e-4, rtol=0, msg=named(name))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_rank(rank: int, *args: Any) -> None:
+    try:
+        _tensor_parallel_rank(rank, *args)
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+
+
+@pytest.mark.parametrize("cfg", [gqa_config(), mla_config()], ids=["grouped-query", "latent-attention"])
+@pytest.mark.slow
+def test_tensor_parallel_is_the_one_process_step_in_gradients_and_weights(
+    tmp_path: Path, cfg: MoEConfig
+) -> None:
+    """Two forked gloo processes, tp=2: the loss, every parameter's gradient (router, latents, norms, experts,
+    shared expert, embedding, head) and every weight after an AdamW step are the one-process step's."""
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    reference = MoE(cfg)
+    tokens = torch.randint(
+        0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1)
+    )
+    expected = one_step(reference, tokens)
+    mp.start_processes(
+        _run_rank, args=(str(tmp_path / "store"), cfg, tokens, expected), nprocs=2, start_method="spawn"
+    )
+
+
+@pytest.mark.parametrize("cfg", [gqa_config(), mla_config()], ids=["grouped-query", "latent-attention"])
+def test_pipeline_blocks_add_their_balance_loss_in_backward(cfg: MoEConfig) -> None:
+    """The model run as a pipeline runs it (embed, blocks cut into two stages by a detached boundary, head, the
+    cross-entropy as the loss): with each layer adding its balance loss's gradient itself, the gradients are the
+    model's own forward's (cross-entropy + coef x the summed balance losses), and the cross-entropy plus the taken
+    balance losses is its loss."""
+    torch.manual_seed(0)
+    whole = MoE(cfg)
+    staged = copy.deepcopy(whole)
+    staged.add_balance_loss_in_backward()
+    tokens = torch.randint(
+        0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1)
+    )
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    want = whole(inputs, targets)
+    want.backward()
+    cut = len(staged.layers) - 1
+    x = staged.embed(inputs)
+    for layer in staged.layers[:cut]:
+        x = layer(x)
+    boundary = x.detach().requires_grad_()  # what the second stage receives
+    y = boundary
+    for layer in staged.layers[cut:]:
+        y = layer(y)
+    cross_entropy = staged.loss(staged.head(y), targets)
+    cross_entropy.backward()
+    x.backward(boundary.grad)  # the first stage's backward, from the gradient the second sent back
+    taken = staged.take_balance_loss()
+    assert taken is not None and staged.take_balance_loss() is None  # taken once, then forgotten
+    assert (cross_entropy + taken).item() == pytest.approx(want.item(), abs=1e-6)
+    mine = dict(staged.named_parameters())
+    for name, p in whole.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(mine[name].grad, p.grad, atol=1e-7, rtol=1e-5, msg=name)
+    router = whole.moe_layers()[0].router.weight.grad
+    assert router is not None and router.abs().sum() > 0
+    # a forward that did not happen (torch's metadata inference on empty tensors): its tokens taken back
+    counted = [layer.routed.clone() for layer in staged.moe_layers()]  # type: ignore[union-attr]
+    staged.layers[-1](torch.randn(4, cfg.seq_len, cfg.dim))
+    assert staged.take_balance_loss(keep=False) is None
+    assert all(torch.equal(layer.routed, c) for layer, c in zip(staged.moe_layers(), counted, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# refusals, before launch
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, mesh, devices, options, message",
+    [
+        ("moe-tiny", "tp=4", 4, {}, "does not divide the model's 2 key/value heads; a tp size must divide "
+         "4 attention heads and 2 key/value heads and 128 expert hidden width: 1, 2"),
+        ("deepseek-tiny", "tp=8", 8, {}, "does not divide the model's 4 attention heads; a tp size must divide 4 "
+         "attention heads and 64 expert hidden width and 192 dense feed-forward width: 1, 2, 4"),
+        ("moe-tiny", "pp=4", 4, {}, "4 pipeline stages (4 ranks x 1 stages each) for a model of 2 layers"),
+        ("moe-tiny", "tp=2", 2, {"sequence_parallel": True}, "routed experts take whole sequences"),
+        ("moe-tiny", "tp=2,ep=2", 4, {}, "composes with a data axis (dp/fsdp or ddp) only, not with tp"),
+        ("moe-tiny", "pp=2,ep=2", 4, {}, "not with pp; e.g. --mesh dp=2,ep=2"),
+    ],
+)  # fmt: skip
+def test_layouts_the_model_cannot_be_split_into_are_refused(
+    model: str, mesh: str, devices: int, options: dict[str, object], message: str
+) -> None:
+    host = get_host()
+    with pytest.raises((ConfigError, ValueError)) as refused:
+        config = host.resolve(RunConfig(workload="moe", model=model, mesh=mesh, devices=devices, **options))  # type: ignore[arg-type]
+        workload = host.workload("moe")
+        workload.check(config)
+        check_model_split(config, workload.units(config), "moe")
+    assert message in str(refused.value)
+
+
+def test_the_plan_splits_each_size_by_its_attention_and_experts() -> None:
+    gqa, mla = moe_tp_plan(MODEL_SIZES["moe-tiny"]), dict(moe_tp_plan(MODEL_SIZES["deepseek-tiny"]))
+    assert ("attention.wk", "colwise") in gqa and ("feed_forward.shared_expert.w2", "rowwise") in gqa
+    assert ("feed_forward.w1", "colwise") not in gqa  # moe-tiny has no dense block
+    assert mla["attention.wkv_b"] == "colwise" and mla["attention.wq_b"] == "colwise"
+    assert "attention.wkv_a" not in mla and "attention.wq_a" not in mla  # the latents: whole on every rank
+    assert mla["feed_forward.w1"] == "colwise" and mla["feed_forward.experts"] == "module"
+    assert "feed_forward.router" not in mla  # every rank routes alike
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# real runs: accelbench run, two gloo processes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("moe-parallel")
+    (root / "text.txt").write_bytes(generate_corpus()[:TEXT_BYTES].tobytes())
+    (root / "cache").mkdir()
+    return root
+
+
+def run(corpus_dir: Path, out: Path, model: str, *args: str) -> ResultRecord:
+    proc = accelbench(
+        "run", "--workload", "moe", "--model", model, "--seq-len", "32", "--vocab-size", str(VOCAB),
+        "--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "4", "--aux-loss-coef", "1.0", "-q",
+        "--data", str(corpus_dir / "text.txt"), "--output-dir", str(out), *args,
+        env={**os.environ, "ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}, timeout=500,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(next(out.glob("*.json")))
+    assert record.outcome.status == "ok", record.outcome.message
+    return record
+
+
+def epoch_losses(record: ResultRecord) -> list[float]:
+    assert record.metrics is not None
+    return [e.loss for e in record.metrics.epochs if e.loss is not None]
+
+
+@pytest.mark.parametrize("model", ["moe-tiny", "deepseek-tiny"])
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+@pytest.mark.slow
+def test_tensor_and_pipeline_parallel_moe_train_the_one_process_model(
+    corpus_dir: Path, tmp_path: Path, model: str, layout: str
+) -> None:
+    """--strategy tp / pp on two gloo processes, balance loss weighted 1.0: the epoch losses, held-out losses and
+    gradient norms are one process's (fp32), and so are the routing counts, exactly: every tensor-parallel rank
+    routes the same tokens and its rank 0 counts them; each pipeline rank counts its own stage's layers."""
+    reference = corpus_dir / f"single-{model}"
+    if not reference.exists():  # one single-process run serves both layouts
+        run(corpus_dir, reference, model)
+    single = read_record(next(reference.glob("*.json")))
+    record = run(corpus_dir, tmp_path, model, "--strategy", layout, "--devices", "2")
+    if layout == "tp":
+        plan = record.executor["tensor_parallel"]["plan"]
+        assert ["feed_forward.experts", "module"] in plan
+    else:
+        stages = record.executor["pipeline"]["stage_units"]
+        assert len(stages) == 2 and all(stage["units"] for stage in stages)
+    assert epoch_losses(record) == pytest.approx(epoch_losses(single), abs=1e-5)
+    assert record.quality is not None and single.quality is not None
+    for mine, theirs in zip(record.quality.epochs, single.quality.epochs, strict=True):
+        assert mine.val_loss == pytest.approx(theirs.val_loss, abs=1e-5)
+        assert mine.grad_norm == pytest.approx(theirs.grad_norm, rel=1e-4)
+    routing, want = record.workload["routing"], single.workload["routing"]
+    assert routing["tokens_per_expert_by_layer"] == want["tokens_per_expert_by_layer"]
+
+
+def test_estimate_splits_the_blocks_and_counts_expert_tensor_parallelisms_all_reduces(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moe-tiny (2 layers of 4 experts, top-2, width 64), batch 4 of 32 tokens, fp32. tp=2: each device holds half
+    of the blocks' parameters and the whole embedding and head; beside the dense count's b*s*h all-reduces, expert
+    tensor parallelism sums b*s*k rows of h over the tp pair twice per MoE layer (forward, backward), 2(n-1)/n of
+    each over the link. pp=2: the first stage holds a block, the embedding, and (the estimate's convention) the
+    final norm and head too. deepseek-tiny's blocks are counted by their mean (its first block is dense), so the
+    total is the model's (to the mean's rounding), not three dense blocks'."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    options = {"seq_len": 32, "vocab_size": VOCAB}
+    base = {"workload": "moe", "model": "moe-tiny", "batch_size": 4, "data": corpus_dir / "text.txt"}
+    shape = MODEL_SIZES["moe-tiny"]
+    outside = 2 * VOCAB * shape.dim + shape.dim  # embedding, head, final norm
+    blocks = shape.parameters(VOCAB) - outside
+    tp = host.resolve(RunConfig(**base, workload_options=options, strategy="tp", devices=2))  # type: ignore[arg-type]
+    p = predict(tp, meta_facts(host.workload("moe"), tp), device_type="cpu")
+    assert p.memory.weights_bytes == 4 * (blocks / 2 + outside)
+    experts = [op for op in p.comm if op.axis == "tp" and "routed rows" in op.what]
+    assert len(experts) == 1 and experts[0].count == 2 * 2
+    assert experts[0].message_bytes == 4 * 32 * 2 * 64 * 4  # b s k rows of h, fp32
+    assert experts[0].bus_bytes == experts[0].count * experts[0].message_bytes  # 2 (n-1)/n = 1 at n = 2
+    pp = host.resolve(RunConfig(**base, workload_options=options, strategy="pp", devices=2))  # type: ignore[arg-type]
+    q = predict(pp, meta_facts(host.workload("moe"), pp), device_type="cpu")
+    assert q.memory.weights_bytes == 4 * (blocks / 2 + outside)
+    assert {op.axis for op in q.comm} == {"pp"}
+    deepseek = host.resolve(RunConfig(**{**base, "model": "deepseek-tiny"}, workload_options=options))  # type: ignore[arg-type]
+    facts = meta_facts(host.workload("moe"), deepseek)
+    assert facts.transformer is not None
+    counted = facts.transformer.layers * facts.transformer.parameters_per_layer
+    whole = MODEL_SIZES["deepseek-tiny"].parameters(VOCAB)
+    assert counted + facts.transformer.parameters_outside_layers == pytest.approx(
+        whole, abs=3
+    )  # the mean, floored
+
+
+def one_process_reference(record: ResultRecord, replicas: int) -> list[float]:
+    """The epoch losses a data-parallel run of ``replicas`` replicas reports (its rank 0's share of each step),
+    computed by one process training the same model on the replicas' shares together (the global batch, clipped
+    to 1.0, the workload's AdamW)."""
+    job = get_host().workload("moe").build(record.config)
+    model = job.model.train()
+    optimizer = job.make_optimizer(model, torch.device("cpu"), "foreach")
+    out = []
+    for epoch in range(len(epoch_losses(record))):
+        reported = []
+        for parts in zip(*(job.data.batches(epoch, r, replicas) for r in range(replicas)), strict=True):
+            with torch.no_grad():
+                reported.append(model(*parts[0]).item())
+            model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        out.append(sum(reported) / len(reported))
+    return out
+
+
+@pytest.mark.parametrize("mesh", ["dp=2,tp=2", "ddp=2,pp=2"])
+@pytest.mark.slow
+def test_tensor_and_pipeline_parallel_moe_compose_with_a_data_axis(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mesh: str
+) -> None:
+    """Four gloo processes: FSDP2 over tp=2 (the experts' DTensor slices sharded again over the data axis), and DDP
+    over two-stage pipelines. The losses are one process's on the two replicas' batches together, and the routing
+    counts every replica's tokens once."""
+    record = run(corpus_dir, tmp_path, "moe-tiny", "--mesh", mesh, "--devices", "4")
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    assert epoch_losses(record) == pytest.approx(one_process_reference(record, replicas=2), abs=1e-5)
+    by_layer = record.workload["routing"]["tokens_per_expert_by_layer"]
+    assert [sum(layer) for layer in by_layer] == [
+        2 * 2 * 2 * 4 * 32 * 2
+    ] * 2  # epochs, steps, replicas, b s k
