@@ -10,6 +10,7 @@ the model cannot be split into are refused before launch, saying what would work
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import traceback
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from core_support import accelbench
+from torch import nn
 
 from accelbench.config import RunConfig
 from accelbench.engine.parallel.mesh import check_model_split
@@ -29,7 +31,7 @@ from accelbench.workloads.moe import MODEL_SIZES, moe_tp_plan
 
 pytest.importorskip("tokenizers")
 
-from accelbench.workloads.moe.model import MoE, MoEConfig  # noqa: E402
+from accelbench.workloads.moe.model import MoE, MoEConfig, update_expert_biases  # noqa: E402
 
 VOCAB = 512
 TEXT_BYTES = 200_000
@@ -189,6 +191,49 @@ def test_pipeline_blocks_add_their_balance_loss_in_backward(cfg: MoEConfig) -> N
     assert all(torch.equal(layer.routed, c) for layer, c in zip(staged.moe_layers(), counted, strict=True))
 
 
+def test_a_forward_taken_back_leaves_no_load_for_the_expert_biases() -> None:
+    """The pipeline's metadata inference runs a stage with gradients on, in train mode, before the schedule's
+    forwards: taken back (``keep`` False), its tokens leave the loads the expert biases move by as well as the
+    routing counts, so the first step's bias update is one device's."""
+    cfg = dataclasses.replace(mla_config(), balance="both", aux_loss_coef=0.0001)
+    torch.manual_seed(0)
+    model = MoE(cfg)
+    model.add_balance_loss_in_backward()
+    layer = model.moe_layers()[-1]
+    x = torch.randn(2, cfg.seq_len, cfg.dim)
+    model.layers[-1](x)  # a forward of the step
+    model.take_balance_loss()
+    load, routed = layer.load, layer.routed
+    assert load is not None and routed is not None and int(load.sum()) == 2 * cfg.seq_len * cfg.top_k
+    model.layers[-1](torch.randn(2, cfg.seq_len, cfg.dim))  # one that did not happen
+    assert model.take_balance_loss(keep=False) is None
+    assert torch.equal(layer.load, load) and torch.equal(layer.routed, routed)
+
+
+def test_a_stage_updates_the_biases_of_layers_it_does_not_hold() -> None:
+    """A pipeline rank's optimizer holds its stages only; every MoE layer of ``whole`` the stage does not hold
+    (here a copy of the model, whose layers are all other objects) takes the same update from the summed loads,
+    so the record's biases, rank 0's, are every layer's, not zeros for the other stages'."""
+    cfg = dataclasses.replace(mla_config(), balance="bias", aux_loss_coef=0.0)
+    model = MoE(cfg)
+    whole = copy.deepcopy(model)
+    held = model.moe_layers()[0]  # block 1's (block 0 is dense)
+    held.load = torch.tensor([5, 1, 1, 1])
+    update_expert_biases(nn.ModuleList([model.layers[1]]), cfg.n_layers, cfg.n_experts, 0.5, whole=whole)
+    copied, unloaded = whole.moe_layers()
+    assert (
+        held.expert_bias is not None and copied.expert_bias is not None and unloaded.expert_bias is not None
+    )
+    assert held.expert_bias.tolist() == [-0.5, 0.5, 0.5, 0.5] == copied.expert_bias.tolist()
+    assert unloaded.expert_bias.tolist() == [
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]  # no tokens reached it: sign(0) moves nothing
+    assert held.load is None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # refusals, before launch
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,7 +313,8 @@ def test_tensor_and_pipeline_parallel_moe_train_the_one_process_model(
 ) -> None:
     """--strategy tp / pp on two gloo processes, balance loss weighted 1.0: the epoch losses, held-out losses and
     gradient norms are one process's (fp32), and so are the routing counts, exactly: every tensor-parallel rank
-    routes the same tokens and its rank 0 counts them; each pipeline rank counts its own stage's layers."""
+    routes the same tokens and its rank 0 counts them; each pipeline rank counts its own stage's layers. Where the
+    experts carry biases (deepseek-tiny), the final biases of every layer are one process's, exactly."""
     reference = corpus_dir / f"single-{model}"
     if not reference.exists():  # one single-process run serves both layouts
         run(corpus_dir, reference, model)
@@ -287,6 +333,9 @@ def test_tensor_and_pipeline_parallel_moe_train_the_one_process_model(
         assert mine.grad_norm == pytest.approx(theirs.grad_norm, rel=1e-4)
     routing, want = record.workload["routing"], single.workload["routing"]
     assert routing["tokens_per_expert_by_layer"] == want["tokens_per_expert_by_layer"]
+    # deepseek-tiny balances by expert biases too: every layer's final biases are one process's, exactly (each
+    # step moves them by +-0.001, so a load counted wrongly, the pipeline's shape inference say, shows here)
+    assert record.workload.get("expert_bias_by_layer") == single.workload.get("expert_bias_by_layer")
 
 
 def test_estimate_splits_the_blocks_and_counts_expert_tensor_parallelisms_all_reduces(

@@ -67,7 +67,8 @@ Expert parallelism: ``--mesh ep=N`` (with a data axis: ``--mesh ddp=D,ep=N``) sh
 (:mod:`accelbench.engine.parallel.ep`). Tensor parallelism (a tp axis) splits attention over its heads, the shared
 expert and dense blocks column/row-parallel and every routed expert over its hidden width, the router whole
 (:func:`moe_tp_plan`); pipeline parallelism (a pp axis) cuts stages between blocks, each block adding its balance
-loss's gradient in backward itself (:meth:`accelbench.workloads.moe.model.MoE.add_balance_loss_in_backward`). Units:
+loss's gradient in backward itself (:meth:`accelbench.workloads.moe.model.MoE.add_balance_loss_in_backward`), and every
+rank moving every layer's expert biases, its stages' or not. Units:
 tokens (``tokens_per_sample`` = ``seq_len``).
 
 This module is what the plugin host and the command line see and imports no torch.
@@ -732,10 +733,11 @@ class MoEWorkload:
         lr = config.learning_rate
 
         def make_optimizer(m: torch.nn.Module, device: torch.device, kernels: str) -> torch.optim.Optimizer:
-            """The AdamW, and where the experts carry biases, their update after each of its steps."""
+            """The AdamW, and where the experts carry biases, their update after each of its steps (of every layer
+            of the model: a pipeline rank's ``m`` holds only its stages')."""
             optimizer = configure_adamw(m, kernels, lr)
             if cfg.expert_biases:
-                balance_by_expert_biases(optimizer, m, cfg)
+                balance_by_expert_biases(optimizer, m, cfg, whole=model)
             return optimizer
 
         per_token = shape.flops_per_token(vocab, seq_len)

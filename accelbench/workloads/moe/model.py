@@ -686,17 +686,26 @@ class MoE(nn.Module):
         The model's own ``forward`` must not then be used for training (it would count the losses twice)."""
         coef = self.cfg.aux_loss_coef
         self._balance_taken: torch.Tensor | None = None
-        # the tokens each layer counted (MoEFeedForward.routed) since the last take, which a take may take back
-        self._routed_since: list[tuple[MoEFeedForward, torch.Tensor]] = []
+        # the tokens each layer counted since the last take, which a take may take back: in its routing counts
+        # (MoEFeedForward.routed) and in the loads its expert bias is next updated by (MoEFeedForward.load)
+        self._routed_since: list[tuple[MoEFeedForward, torch.Tensor, torch.Tensor | None]] = []
+
+        # each layer's routing count and load as its running forward found them
+        counts_before: dict[nn.Module, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
 
         def before(layer: nn.Module, inputs: Any) -> None:
-            layer._routed_before = layer.routed
+            assert isinstance(layer, MoEFeedForward)
+            counts_before[layer] = (layer.routed, layer.load)
 
         def after(layer: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
             assert isinstance(layer, MoEFeedForward) and layer.aux_loss is not None
-            counted, earlier = layer.routed, getattr(layer, "_routed_before", None)
-            if counted is not None and counted is not earlier:
-                self._routed_since.append((layer, counted if earlier is None else counted - earlier))
+            routed_before, load_before = counts_before.get(layer, (None, None))
+            if layer.routed is not None and layer.routed is not routed_before:
+                routed = layer.routed if routed_before is None else layer.routed - routed_before
+                load = None
+                if layer.load is not None and layer.load is not load_before:
+                    load = layer.load if load_before is None else layer.load - load_before
+                self._routed_since.append((layer, routed, load))
             weighted = coef * layer.aux_loss
             done = weighted.detach()
             self._balance_taken = done if self._balance_taken is None else self._balance_taken + done
@@ -711,15 +720,19 @@ class MoE(nn.Module):
     def take_balance_loss(self, keep: bool = True) -> torch.Tensor | None:
         """The weighted balance losses of the MoE layers this process ran since the last call, summed over layers
         and forwards, and forgotten; None where none ran (after :meth:`add_balance_loss_in_backward`). ``keep``
-        False: those forwards did not happen, their tokens are taken back from the routing counts too (a pipeline's
-        metadata inference runs each stage once on empty tensors, outside the schedule's forwards)."""
+        False: those forwards did not happen, their tokens are taken back from the routing counts and from the loads
+        the expert biases are updated by too (a pipeline's metadata inference runs each stage once, with gradients
+        on, on empty tensors or the first stage's real inputs, outside the schedule's forwards: counted, its tokens
+        would move the biases otherwise than one device's step)."""
         taken, self._balance_taken = getattr(self, "_balance_taken", None), None
         since, self._routed_since = getattr(self, "_routed_since", []), []
         if keep:
             return taken
-        for layer, counted in since:
+        for layer, routed, load in since:
             if layer.routed is not None:
-                layer.routed = layer.routed - counted
+                layer.routed = layer.routed - routed
+            if load is not None and layer.load is not None:
+                layer.load = layer.load - load
         return None
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -740,13 +753,18 @@ class MoE(nn.Module):
 
 
 @torch.no_grad()
-def update_expert_biases(model: nn.Module, n_layers: int, n_experts: int, speed: float) -> None:
+def update_expert_biases(
+    model: nn.Module, n_layers: int, n_experts: int, speed: float, whole: nn.Module | None = None
+) -> None:
     """DeepSeek-V3's bias update, after an optimizer step: each MoE layer's expert bias moves by ``-speed *
     sign(load_i - mean load)``, the load being the tokens routed to each expert since the last update; the
     overloaded experts' scores go down, the underloaded's up. The loads are summed over every rank first (one
     all-reduce of an (n_layers, n_experts) table, each layer in its own row: under pipeline parallelism a rank holds
     only some layers), so that every rank, each routing its own tokens, keeps the same biases: those one device
-    would have on the whole batch. ``model`` may be wrapped (DDP, FSDP); every rank must call this at each step."""
+    would have on the whole batch. ``model`` may be wrapped (DDP, FSDP); every rank must call this at each step.
+    ``whole``: the whole model, where ``model`` holds only some of its layers (a pipeline rank's stages): its other
+    layers take the same update from the summed loads, so every rank's copy keeps every layer's biases (the record's
+    ``expert_bias_by_layer`` is rank 0's)."""
     import torch.distributed as dist
 
     layers = [m for m in model.modules() if isinstance(m, MoEFeedForward) and m.expert_bias is not None]
@@ -760,10 +778,17 @@ def update_expert_biases(model: nn.Module, n_layers: int, n_experts: int, speed:
             load[layer.layer] = layer.load.float()
     if distributed:
         dist.all_reduce(load)
-    for layer in layers:
+    held = {id(layer) for layer in layers}
+    others = [
+        m
+        for m in (whole.modules() if whole is not None else ())
+        if isinstance(m, MoEFeedForward) and m.expert_bias is not None and id(m) not in held
+    ]
+    for layer in [*layers, *others]:
         row = load[layer.layer]
         assert layer.expert_bias is not None
-        layer.expert_bias.sub_(speed * torch.sign(row - row.mean()))
+        if not layer.expert_bias.is_meta:
+            layer.expert_bias.sub_((speed * torch.sign(row - row.mean())).to(layer.expert_bias.device))
         layer.load = None
 
 
@@ -773,15 +798,18 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def balance_by_expert_biases(optimizer: torch.optim.Optimizer, model: nn.Module, cfg: MoEConfig) -> None:
+def balance_by_expert_biases(
+    optimizer: torch.optim.Optimizer, model: nn.Module, cfg: MoEConfig, whole: nn.Module | None = None
+) -> None:
     """Make ``optimizer`` (the workload's optimizer recipe calls this, so every executor's optimizer does it) run
     :func:`update_expert_biases` on ``model`` after each of its steps, and forget the loads counted when it clears
     the gradients: the forwards a step never follows (the gradient-norm probe between epochs, a compile warm-up,
     each ending in ``zero_grad``) must not move the biases, or a run with probes would train otherwise than one
-    without. A training step clears its gradients after its step, once the loads are spent."""
+    without. A training step clears its gradients after its step, once the loads are spent. ``whole``: the whole
+    model, where ``model`` is a pipeline rank's stages (see :func:`update_expert_biases`)."""
 
     def update(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        update_expert_biases(model, cfg.n_layers, cfg.n_experts, cfg.bias_update_speed)
+        update_expert_biases(model, cfg.n_layers, cfg.n_experts, cfg.bias_update_speed, whole)
 
     optimizer.register_step_post_hook(update)
     zero_grad = optimizer.zero_grad
