@@ -42,8 +42,9 @@ from accelbench.workloads.moe.model import (  # noqa: E402
 
 VOCAB = 512
 TEXT_BYTES = 200_000
+# --no-calibration: each module's private cache (for its tokenizer) would have every run calibrate the host again
 TINY = ["--workload", "moe", "--model", "moe-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
-        "--epochs", "2", "--steps-per-epoch", "2", "-q"]  # fmt: skip
+        "--epochs", "2", "--steps-per-epoch", "2", "-q", "--no-calibration"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
