@@ -837,8 +837,6 @@ def test_deepseek_routing_gates_are_sigmoid_scores_renormalised_over_the_chosen(
 def test_the_mla_flops_formula_is_what_torch_counts() -> None:
     """6*N_active + 6*L*s*h*(qk + v) per token: torch's counter times 3, plus 6 x the norms' weights (in N, not
     matmuls)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
 
     # the per-expert loop: torch's FlopCounterMode has no formula for torch._grouped_mm (it would count no experts)
     cfg = deepseek_config(vocab_size=500, seq_len=64, experts_kernel="loop")
@@ -847,13 +845,7 @@ def test_the_mla_flops_formula_is_what_torch_counts() -> None:
                      first_k_dense=1, dense_ffn_dim=64)  # fmt: skip
     model = MoE(cfg)
     assert model.num_parameters() == shape.parameters(500)
-    tokens = torch.randint(0, 500, (2, 64))
-    counter = FlopCounterMode(display=False)
-    with counter, sdpa_kernel(SDPBackend.MATH):
-        model(tokens, tokens)
-    per_token = 3 * counter.get_total_flops() / (2 * 64)
-    norms = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.RMSNorm))
-    assert shape.flops_per_token(500, 64) == per_token + 6 * norms
+    assert shape.flops_per_token(500, 64) == counted_flops_per_token(model, 500, 64)
 
 
 def test_deepseek_tiny_trains_on_cpu_and_its_loss_falls(
@@ -1249,8 +1241,6 @@ def latent_widths(s: MoEShape) -> tuple[int, ...]:
 def test_a_custom_mla_sizes_parameters_and_flops_are_what_torch_counts(q_lora_rank: int) -> None:
     """The custom MLA shape's parameters are the closed form's and the model's; its FLOPs (6*N_active +
     6*L*s*h*(qk + v)) torch's counter times 3 plus 6 x the norms' weights."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
 
     from accelbench.workloads.moe import shape_of
 
@@ -1259,13 +1249,7 @@ def test_a_custom_mla_sizes_parameters_and_flops_are_what_torch_counts(q_lora_ra
     shape_args = (2, 0, 64, 4, q_lora_rank, 24, 12, 6, 10, 0, 48, 4)
     assert model.num_parameters() == shape.parameters(500) == mla_closed_form(*shape_args, 4, 1, 500)
     assert shape.active_parameters(500) == mla_closed_form(*shape_args, 2, 1, 500)
-    tokens = torch.randint(0, 500, (2, 64))
-    counter = FlopCounterMode(display=False)
-    with counter, sdpa_kernel(SDPBackend.MATH):
-        model(tokens, tokens)
-    per_token = 3 * counter.get_total_flops() / (2 * 64)
-    norms = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.RMSNorm))
-    assert shape.flops_per_token(500, 64) == pytest.approx(per_token + 6 * norms, rel=0.002)
+    assert shape.flops_per_token(500, 64) == pytest.approx(counted_flops_per_token(model, 500, 64), rel=0.002)
 
 
 def test_the_estimate_counts_a_custom_mla_size_by_the_closed_form(
@@ -1309,3 +1293,17 @@ def test_bad_custom_latent_attention_is_refused_saying_what_would_work(
         given = options
     with pytest.raises(ConfigError, match=message):
         moe_config(model, **given)
+
+
+def counted_flops_per_token(model: MoE, vocab: int, seq_len: int) -> float:
+    """Training FLOPs per token of a batch of 2 as torch's counter counts them (3 x the forward's, math
+    attention), plus 6 per RMSNorm weight, which the counter leaves out and the MLA formula counts."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens = torch.randint(0, vocab, (2, seq_len))
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        model(tokens, tokens)
+    norms = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.RMSNorm))
+    return 3 * counter.get_total_flops() / (2 * seq_len) + 6 * norms

@@ -115,7 +115,29 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class Llama(nn.Module):
+class DecoderPieces:
+    """The pieces of a decoder's forward, named in its workload's ModelUnits so a pipeline can run them on different
+    stages: embed (the stem), head, loss. For a module with ``tok_embeddings``, ``norm`` and ``output`` (untied):
+    the Llama and the mixture of experts."""
+
+    tok_embeddings: nn.Embedding
+    norm: nn.RMSNorm
+    output: nn.Linear
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token embedding: the stem (positions enter in each attention, as rotations)."""
+        return self.tok_embeddings(tokens)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm and the output projection: the logits."""
+        return self.output(self.norm(x))
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the logits against the targets (a mixture's balance losses are not in it)."""
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+
+class Llama(DecoderPieces, nn.Module):
     """forward(tokens, targets) -> mean cross-entropy loss. Submodules: ``tok_embeddings``, ``layers``, ``norm``,
     ``output`` (untied), so strategies that split the model (pipelines, FSDP units) can find them."""
 
@@ -145,20 +167,6 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.loss(self.head(x), targets)
-
-    # The pieces of forward, named in the workload's ModelUnits, so a pipeline can run them on different stages.
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The token embedding: the stem (positions enter in each attention, as rotations)."""
-        return self.tok_embeddings(tokens)
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm and the output projection: the logits."""
-        return self.output(self.norm(x))
-
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of the logits against the targets."""
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Parameters; ``non_embedding``: without the token embedding (a lookup, no FLOPs; the untied output

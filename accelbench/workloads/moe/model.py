@@ -63,6 +63,7 @@ from torch import nn
 
 from accelbench.workloads.llama.model import (
     Attention,
+    DecoderPieces,
     FeedForward,
     LlamaConfig,
     configure_adamw,
@@ -637,7 +638,7 @@ class MoEBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class MoE(nn.Module):
+class MoE(DecoderPieces, nn.Module):
     """forward(tokens, targets) -> cross-entropy + ``aux_loss_coef`` x the layers' summed balance losses.
     Submodules as the Llama's: ``tok_embeddings``, ``layers``, ``norm``, ``output`` (untied)."""
 
@@ -663,21 +664,9 @@ class MoE(nn.Module):
     def moe_layers(self) -> list[MoEFeedForward]:
         return [m for m in self.modules() if isinstance(m, MoEFeedForward)]
 
-    # The pieces of forward, named in the workload's ModelUnits, so a pipeline can run them on different stages:
-    # embed, the blocks, head, then loss, the cross-entropy alone; the blocks' balance losses reach backward by
-    # themselves (add_balance_loss_in_backward) and the reported loss by take_balance_loss.
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The token embedding: the stem."""
-        return self.tok_embeddings(tokens)
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm and the output projection: the logits."""
-        return self.output(self.norm(x))
-
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of the logits against the targets (the balance losses are added by the layers)."""
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+    # A pipeline runs embed, the blocks, head, then loss (DecoderPieces: the cross-entropy alone); the blocks'
+    # balance losses reach backward by themselves (add_balance_loss_in_backward) and the reported loss by
+    # take_balance_loss.
 
     def add_balance_loss_in_backward(self) -> None:
         """Make every MoE layer add the gradient of its weighted balance loss (``aux_loss_coef`` x its loss) in
