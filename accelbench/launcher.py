@@ -27,6 +27,7 @@ from accelbench.launch import (
     check_rendezvous_port,
     detect_launch,
     launch_workers,
+    threads_note,
     with_reachable_master,
 )
 from accelbench.results import fallback_dir
@@ -44,6 +45,7 @@ class JobShape:
     node_rank: int
     rdzv_endpoint: str | None
     output_dir: Path
+    threads: int | None = None  # --threads: each worker's OpenMP threads where OMP_NUM_THREADS is unset
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,18 @@ class Launcher:
     def _note_binding(self) -> None:
         from accelbench.hostinfo import usable_cores
 
-        note = binding_note(self.env, usable_cores(), os.cpu_count() or 1)
-        if note:
-            self._say(f"[yellow]note:[/] {_escape(note)}")
+        for note in (
+            binding_note(self.env, usable_cores(), os.cpu_count() or 1),
+            threads_note(self.env, os.environ),
+        ):
+            if note:
+                self._say(f"[yellow]note:[/] {_escape(note)}")
 
     def start_and_wait(self, shape: JobShape, kind: RecordKind) -> int:
         """Start this same command as one worker per device through torch.distributed's launcher, wait, and end as
         the record rank 0 wrote says; a rank's exit code only the launcher saw is added to a failed record."""
         launched = launch_workers(
-            self.argv, shape.devices, shape.nnodes, shape.node_rank, shape.rdzv_endpoint
+            self.argv, shape.devices, shape.nnodes, shape.node_rank, shape.rdzv_endpoint, shape.threads
         )
         failures = launched.failures
         if shape.node_rank != 0:  # rank 0's node reports; this one says how its own workers ended

@@ -77,6 +77,25 @@ def test_deepspeed_bf16_records_what_really_ran(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_workers_accelbench_starts_size_their_openmp_threads_and_keep_the_users(tmp_path: Path) -> None:
+    """Without OMP_NUM_THREADS each worker's OpenMP runtime sizes its threads for every core (torchrun exports 1,
+    elastic_launch does not): the workers get the node's usable cores shared out, and a user's setting is kept."""
+    from accelbench.hostinfo import usable_cores
+
+    unset = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for env, expected in (
+        (unset, str(max(1, usable_cores() // 2))),
+        ({**unset, "OMP_NUM_THREADS": "3"}, "3"),
+    ):
+        out = tmp_path / expected
+        proc = accelbench(
+            "run", *SHORT, "--strategy", "ddp", "--devices", "2", "--output-dir", str(out), env=env
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert only_record(out).system.environment.get("OMP_NUM_THREADS") == expected
+
+
+@pytest.mark.slow
 def test_ddp_on_one_device_needs_no_launcher(tmp_path: Path) -> None:
     proc = accelbench("run", *SHORT, "--strategy", "ddp", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -28,7 +28,9 @@ from accelbench.launch import (
     detect_launch,
     node_addr_from_scontrol,
     slurm_node_address,
+    threads_note,
     with_reachable_master,
+    worker_threads,
 )
 from accelbench.results import read_record
 
@@ -157,6 +159,32 @@ def test_a_launchers_core_binding_is_said(
         assert note is None
     else:
         assert note is not None and lift in note and f"to {usable} core(s) of {cores}" in note
+
+
+@pytest.mark.parametrize(
+    ("environ", "nproc", "threads", "usable", "expected"),
+    [
+        ({}, 2, None, 16, {"OMP_NUM_THREADS": "8"}),  # the node's cores shared out
+        ({}, 3, None, 2, {"OMP_NUM_THREADS": "1"}),  # never below one
+        ({}, 2, 4, 16, {"OMP_NUM_THREADS": "4"}),  # --threads
+        ({"OMP_NUM_THREADS": "6"}, 2, 4, 16, {}),  # the user's is kept
+        ({}, 1, None, 16, {}),  # one worker: its OpenMP may have every core
+    ],
+)
+def test_the_workers_openmp_threads_are_the_cores_each_gets(
+    environ: dict[str, str], nproc: int, threads: int | None, usable: int, expected: dict[str, str]
+) -> None:
+    assert worker_threads(environ, nproc, threads, usable) == expected
+
+
+def test_a_launcher_that_leaves_openmp_unsized_is_said() -> None:
+    slurm = LaunchEnv("slurm", 0, 0, 4, 4)
+    note = threads_note(slurm, {})
+    assert note is not None and "export OMP_NUM_THREADS" in note and "4 ranks" in note
+    assert threads_note(slurm, {"OMP_NUM_THREADS": "2"}) is None
+    assert threads_note(LaunchEnv("openmpi", 0, 0, 2, 1), {}) is None  # one rank on this node
+    assert threads_note(LaunchEnv("torchrun", 0, 0, 2, 2), {}) is None  # torchrun exports it
+    assert threads_note(LaunchEnv("none"), {}) is None
 
 
 # ------------------------------------------------------------------------------------------------------------------

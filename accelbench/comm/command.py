@@ -122,7 +122,12 @@ def comm_command(args: argparse.Namespace, err: Console) -> int:
         return True  # collectives need 2 or more ranks: the check refuses fewer
 
     shape = JobShape(
-        config.devices, config.nnodes, job_shape.node_rank, job_shape.rdzv_endpoint, config.output_dir
+        config.devices,
+        config.nnodes,
+        job_shape.node_rank,
+        job_shape.rdzv_endpoint,
+        config.output_dir,
+        config.threads,
     )
     records = RecordKind("comm record", read_comm_record, write_comm_record)
     return launcher.launch(

@@ -60,7 +60,14 @@ def run_command(args: argparse.Namespace, err: Console) -> int:
             prepare(checked.config)
         return spread
 
-    shape = JobShape(config.devices, config.nnodes, config.node_rank, config.rdzv_endpoint, config.output_dir)
+    shape = JobShape(
+        config.devices,
+        config.nnodes,
+        config.node_rank,
+        config.rdzv_endpoint,
+        config.output_dir,
+        config.threads,
+    )
     records = RecordKind(
         "result record", read_record, lambda r, folder, path: write_record(r, folder, path=path)
     )
