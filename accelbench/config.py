@@ -401,10 +401,10 @@ class RunConfig(BaseModel):
                     f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis (dp/fsdp or ddp) or with pp, "
                     f"not with tp; {works}"
                 )
-            if "pp" in sizes and "dp" in generic:
+            if "pp" in sizes and "fsdp" in sizes:
                 raise ValueError(
-                    f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis or with pp, not yet with "
-                    f"both; {works}"
+                    f"--mesh {self.mesh}: the expert axis (ep) with pp takes a replicated data axis (ddp=) only, not "
+                    f"FSDP2 yet; e.g. --mesh ddp={sizes['fsdp']},pp={sizes['pp']},ep={ep}"
                 )
         if self.sequence_parallel and "tp" not in sizes:
             raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")

@@ -359,7 +359,7 @@ def test_the_expert_axis_in_the_mesh() -> None:
             "4 experts per layer do not divide over ep=3 ranks; an ep size must divide 4: 2, 4",
         ),
         ("tp=2,ep=2", 4, "moe", "composes with a data axis (dp/fsdp or ddp) or with pp, not with tp"),
-        ("dp=2,pp=2,ep=2", 8, "moe", "not yet with both; e.g. --mesh dp=2,ep=2"),
+        ("dp=2,pp=2,ep=2", 8, "moe", "not FSDP2 yet; e.g. --mesh ddp=2,pp=2,ep=2"),
     ],
 )
 def test_bad_expert_meshes_are_refused(mesh: str, devices: int, workload: str, message: str) -> None:

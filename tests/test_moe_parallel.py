@@ -252,7 +252,7 @@ def test_a_stage_updates_the_biases_of_layers_it_does_not_hold() -> None:
         ("moe-tiny", "tp=2", 2, {"sequence_parallel": True}, "routed experts take whole sequences"),
         ("moe-tiny", "tp=2,ep=2", 4, {}, "composes with a data axis (dp/fsdp or ddp) or with pp, not with tp; "
          "e.g. --mesh dp=2,ep=2 (every ep rank also trains its own share of the batch) or pp=2,ep=2"),
-        ("moe-tiny", "ddp=2,pp=2,ep=2", 8, {}, "composes with a data axis or with pp, not yet with both"),
+        ("moe-tiny", "fsdp=2,pp=2,ep=2", 8, {}, "with pp takes a replicated data axis (ddp=) only, not FSDP2 yet"),
     ],
 )  # fmt: skip
 def test_layouts_the_model_cannot_be_split_into_are_refused(
@@ -388,7 +388,8 @@ def test_estimate_of_expert_parallelism_inside_a_pipeline(
     the first pipeline rank holds a block with half its experts, and (the estimate's convention) the embedding,
     final norm and head; beside the pipeline's sends, its ep group all-reduces the stage's replicated gradients and
     exchanges the block's b*s*k routed rows of h per microbatch, twice in forward and twice in backward ((n-1)/n
-    of each over the link). Each ep rank's pipeline is a replica: FLOPs per device are half a replica's."""
+    of each over the link). Each ep rank's pipeline is a replica: FLOPs per device are half a replica's. With
+    ddp=2 as well the stage's replicas reduce the replicated gradients and the data axis the experts'."""
     from accelbench.estimate import predict
     from accelbench.estimate.facts import meta_facts
 
@@ -422,6 +423,14 @@ def test_estimate_of_expert_parallelism_inside_a_pipeline(
     assert exchange.message_bytes == 4 // microbatches * 32 * 2 * 64 * 4  # b s k rows of h, fp32
     assert exchange.bus_bytes == exchange.count * exchange.message_bytes / 2
     assert p.flops_per_step == pytest.approx(facts.flops_per_sample * 4 / 2)
+    # ddp=2 beside them: the replicated gradients over the stage's 4 replicas, the held experts' over the data axis
+    # (no DDP all-reduce of the whole stage as well); the same memory, sends and exchange
+    wider = host.resolve(config.model_copy(update={"mesh": "ddp=2,pp=2,ep=2", "devices": 8}))
+    q = predict(wider, meta_facts(host.workload("moe"), wider), device_type="cpu")
+    assert q.memory.weights_bytes == p.memory.weights_bytes
+    reduced = sorted((op.axis, op.ranks, op.message_bytes) for op in q.comm if op.op == "all_reduce")
+    assert reduced == [("dp", 2, 4 * experts // 2 // 2), ("dp", 4, gradients.message_bytes)]
+    assert [op for op in q.comm if op.op != "all_reduce"] == [op for op in p.comm if op.op != "all_reduce"]
 
 
 def one_process_reference(record: ResultRecord, replicas: int) -> list[float]:
@@ -504,29 +513,40 @@ def one_process_on_the_global_batch(
     return losses, held_out, routed, biases or None
 
 
-@pytest.mark.parametrize("model", ["moe-tiny", "deepseek-tiny"])
+@pytest.mark.parametrize(
+    "model, mesh, replicas",
+    [
+        ("moe-tiny", "pp=2,ep=2", 2),
+        ("deepseek-tiny", "pp=2,ep=2", 2),
+        ("deepseek-tiny", "ddp=2,pp=2,ep=2", 4),
+    ],
+)
 @pytest.mark.slow
 def test_expert_parallelism_composes_with_a_pipeline(
-    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, mesh: str, replicas: int
 ) -> None:
     """--mesh pp=2,ep=2 on four gloo processes: two pipelines, each on its own share of the batch, whose stages
     each keep half of their MoE layers' experts and exchange tokens with the other pipeline's same stage (balance
-    loss weighted 1.0, added in backward by each stage). The epoch and held-out losses are one process's on the two
+    loss weighted 1.0, added in backward by each stage); with ddp=2 as well, eight processes and four pipelines, the
+    experts' gradients summed over the data axis too. The epoch and held-out losses are one process's on the
     pipelines' batches together (fp32), and the routing counts are that process's, exactly; so are the final expert
     biases where the model balances by them too (deepseek-tiny: the loads summed over every rank)."""
+    devices = str(2 * replicas)
     # no tensor-peak measurement: its extra step after the epochs would move the biases once more
-    record = run(corpus_dir, tmp_path, model, "--mesh", "pp=2,ep=2", "--devices", "4", "--no-tensor-peak")
+    record = run(corpus_dir, tmp_path, model, "--mesh", mesh, "--devices", devices, "--no-tensor-peak")
     ep = record.executor["expert_parallel"]
     experts = MODEL_SIZES[model].n_experts
     assert ep["size"] == 2 and ep["experts_per_rank"] == experts // 2
     assert len(record.executor["pipeline"]["stage_units"]) == 2
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
-    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas=2)
+    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
     assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
     assert record.quality is not None
     assert [e.val_loss for e in record.quality.epochs] == pytest.approx(held_out, abs=1e-5, rel=0)
     assert all(e.grad_norm is not None and math.isfinite(e.grad_norm) for e in record.quality.epochs)
     assert record.workload["routing"]["tokens_per_expert_by_layer"] == routed
     top_k = record.workload["routing"]["top_k"]
-    assert all(sum(layer) == 2 * 2 * 2 * 4 * 32 * top_k for layer in routed)  # epochs, steps, replicas, b s k
+    assert all(
+        sum(layer) == 2 * 2 * replicas * 4 * 32 * top_k for layer in routed
+    )  # epochs, steps, replicas, b s k
     assert record.workload.get("expert_bias_by_layer") == biases

@@ -686,12 +686,13 @@ def expert_pipeline_breakdown(
     device_type: str = "cuda",
     stack: Stack | None = None,
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
-    """Memory, collectives, FLOPs and bubble of one device of ``--mesh pp=P,ep=N``
+    """Memory, collectives, FLOPs and bubble of one device of ``--mesh pp=P,ep=N`` or ``ddp=D,pp=P,ep=N``
     (accelbench.engine.parallel.executor): each ep rank's pipeline is a replica on its own batch, so the pipeline's
     figures (:func:`model_parallel_breakdown`, the first pipeline rank's) hold for blocks keeping 1/N of their routed
-    experts; beside the pipeline's sends, the stage's ep group all-reduces the replicated gradients (one flat
-    buffer) and exchanges the routed rows of each of the stage's MoE layers, per microbatch, twice in forward and
-    twice in backward (nccl-tests' bus bytes, (n-1)/n of each send buffer; even routing assumed)."""
+    experts; beside the pipeline's sends, the stage's replicas (ep group, times the data axis) all-reduce the
+    replicated gradients (one flat buffer), the data axis the held experts', and the ep group exchanges the routed
+    rows of each of the stage's MoE layers, per microbatch, twice in forward and twice in backward (nccl-tests' bus
+    bytes, (n-1)/n of each send buffer; even routing assumed)."""
     dims, shape = layout.dims, facts.transformer
     if not facts.expert_parameters:
         raise ConfigError(
@@ -728,19 +729,39 @@ def expert_pipeline_breakdown(
     rows = layout.batch_size // microbatches * shape.sequence * max(1, facts.top_k)
     message = rows * shape.hidden * state.activation
     count = round(4 * moe_here) * microbatches
-    comm += [
+    replicas = dims.dp * ep
+    # the data axis's gradients are reduced with the expert axis's, by hand: not the pipeline's DDP all-reduce
+    comm = [op for op in comm if op.axis != "dp"]
+    comm.append(
         CommOp(
             op="all_reduce",
             dtype=grad_dtype,
-            axis="ep",
-            ranks=ep,
-            what="the stage's replicated parameters' gradients, over its ep group (each ep rank's pipeline trains "
-            "its own batch)",
+            axis="ep" if dims.dp == 1 else "dp",
+            ranks=replicas,
+            what="the stage's replicated parameters' gradients, over its "
+            + ("ep group" if dims.dp == 1 else "replicas (its ep group times the data axis)")
+            + " (each ep rank's pipeline trains its own batch)",
             count=1,
             message_bytes=replicated * state.grad,
-            bus_bytes=allreduce_bytes(replicated * state.grad, ep),
+            bus_bytes=allreduce_bytes(replicated * state.grad, replicas),
             overlappable=False,  # after the pipeline's backward, one flat buffer
-        ),
+        )
+    )
+    if dims.dp > 1:
+        comm.append(
+            CommOp(
+                op="all_reduce",
+                dtype=grad_dtype,
+                axis="dp",
+                ranks=dims.dp,
+                what="the stage's held experts' gradients, over the data axis (ranks holding the same experts)",
+                count=1,
+                message_bytes=held_experts * state.grad,
+                bus_bytes=allreduce_bytes(held_experts * state.grad, dims.dp),
+                overlappable=False,
+            )
+        )
+    comm += [
         CommOp(
             op="all_to_all",
             dtype=element_type(state.activation, layout.precision),

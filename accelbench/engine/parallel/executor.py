@@ -15,14 +15,16 @@ fp32 and no dropout the losses match single-device training up to the order of f
   loss terms the units compute themselves (a mixture of experts' balance losses, ``ModelUnits.unit_loss_methods``)
   add their gradients in backward on their own stage, and their values, summed over the stages, to that loss.
 
-Expert parallelism inside the stages (``--mesh pp=P,ep=N``): the N ranks holding the same stages (a stage's ep
-group) each run their own pipeline on their own share of the batch, as data-parallel replicas; every MoE layer of
-a stage keeps its ep rank's E/N experts and exchanges tokens with the group
+Expert parallelism inside the stages (``--mesh pp=P,ep=N``, or ``ddp=D,pp=P,ep=N``): the N ranks holding the same
+stages (a stage's ep group) each run their own pipeline on their own share of the batch, as data-parallel
+replicas; every MoE layer of a stage keeps its ep rank's E/N experts and exchanges tokens with the group
 (:meth:`accelbench.workloads.moe.model.MoEFeedForward.shard_experts`). The group's ranks run the same schedule on
 batches of the same size, so their exchanges (the schedule's shape inference's too) pair up in the same order. As
 under :mod:`accelbench.engine.parallel.ep`: the replicated gradients are averaged over the group, the experts'
 (summed over the group's tokens by the backward exchange) divided by N, the experts' squares summed over the group in
-the norm, and the reported loss is the mean of the group's pipelines' (the global batch's).
+the norm, and the reported loss is the mean of the group's pipelines' (the global batch's). A ddp axis is reduced
+by hand with it (no DDP): the replicated gradients over the stage's D x N replicas, the experts' summed over the data
+axis first.
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ class ParallelExecutor(MeshExecutor):
         # ids of this rank's expert parameters
         self._ep_group: Any = None
         self._expert_ids: set[int] = set()
+        # with a ddp axis as well: the stage's replicas (dp x ep ranks) and the ranks holding the same experts (dp)
+        self._replica_group: Any = None
+        self._expert_dp_group: Any = None
         self._experts_per_rank = 0
 
     # ---------------------------------------------------------------------------------------------------------
@@ -168,48 +173,67 @@ class ParallelExecutor(MeshExecutor):
 
     def _shard_experts(self, parts: list[nn.Module]) -> None:
         """Every MoE layer of this rank's stages keeps its ep rank's share of the experts and exchanges tokens with
-        the stage's ep group; the rest of each stage is replicated over the group, from its first rank's weights
-        (the same seed made them alike already: made sure, as DDP's broadcast does)."""
+        the stage's ep group; the rest of each stage is replicated over the stage's replicas (its ep group, times the
+        data axis where there is one), from the first one's weights (the same seed made them alike already: made
+        sure, as DDP's broadcast does)."""
         group = self.mesh["ep"].get_group()
         layers: list[Any] = [m for part in parts for m in part.modules() if hasattr(m, "shard_experts")]
         for layer in layers:
             layer.shard_experts(group, self.coordinates["ep"], self.layout.ep)
         self._expert_ids = {id(p) for layer in layers for p in layer.expert_parameters()}
         self._experts_per_rank = layers[0].local_experts if layers else 0
-        self._ep_group = group
-        source = dist.get_global_rank(group, 0)
+        self._ep_group = self._replica_group = group
+        if self.layout.dp > 1:
+            self._expert_dp_group = self.mesh["dp"].get_group()
+            self._replica_group = self._stage_replicas()
+        source = min(dist.get_process_group_ranks(self._replica_group))
         for part in parts:
             for param in part.parameters():
                 if id(param) not in self._expert_ids:
-                    dist.broadcast(param.data, src=source, group=group)
+                    dist.broadcast(param.data, src=source, group=self._replica_group)
+
+    def _stage_replicas(self) -> Any:
+        """The process group of the ranks holding this rank's stages (every dp and ep coordinate of its pp rank).
+        Every rank makes every group, in the same order (``new_group`` is collective), and keeps its own."""
+        layout, mine = self.layout, None
+        for pp_rank in range(layout.pp):
+            ranks = [r for r in range(layout.world) if layout.coordinates(r)["pp"] == pp_rank]
+            group = dist.new_group(ranks)
+            if pp_rank == self.coordinates["pp"]:
+                mine = group
+        return mine
 
     def _average_over_expert_ranks(self) -> None:
-        """Under pp with ep, after the backward: the replicated gradients averaged over the stage's ep group (one
-        flat all-reduce: each rank's are of its own pipeline's loss), the experts' divided by its size (the backward
-        exchange already summed, on the rank holding an expert, the gradients of every group rank's tokens), so the
-        step is one device's on the global batch (the mean of the group's equal-batch losses)."""
+        """Under pp with ep, after the backward: the replicated gradients averaged over the stage's replicas (one
+        flat all-reduce: each rank's are of its own pipeline's loss); the experts', which the backward exchange
+        already summed over the ep group's tokens on the rank holding them, summed over the data axis (the ranks
+        holding the same experts) and divided by the replicas; so the step is one device's on the global batch (the
+        mean of the replicas' equal-batch losses)."""
         if self._ep_group is None:
             return
-        ep = self.layout.ep
+        replicas = self.layout.dp * self.layout.ep
         replicated: list[torch.Tensor] = []
+        experts: list[torch.Tensor] = []
         for param in {id(p): p for m in self.modules for p in m.parameters() if p.requires_grad}.values():
             if param.grad is None:  # a parameter no token reached on this rank still takes part in the sum
                 param.grad = torch.zeros_like(param)
-            if id(param) in self._expert_ids:
-                param.grad.div_(ep)
-            else:
-                replicated.append(param.grad)
-        if replicated:
-            flat = _flatten_dense_tensors(replicated)
-            dist.all_reduce(flat, group=self._ep_group)
-            flat.div_(ep)
-            for grad, reduced in zip(replicated, _unflatten_dense_tensors(flat, replicated), strict=True):
+            (experts if id(param) in self._expert_ids else replicated).append(param.grad)
+        for grads, group in ((replicated, self._replica_group), (experts, self._expert_dp_group)):
+            if not grads:
+                continue
+            flat = _flatten_dense_tensors(grads)
+            if group is not None:
+                dist.all_reduce(flat, group=group)
+            flat.div_(replicas)
+            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(reduced)
 
     def _data_parallel(self, part: nn.Module, part_units: list[nn.Module]) -> nn.Module:
         """``part`` sharded (FSDP2, one unit each plus the rest as the root) or replicated (DDP) over the dp axis."""
         kind = self.layout.data_parallel
-        if self.layout.dp == 1 or kind is None:
+        if (
+            self.layout.dp == 1 or kind is None or self.layout.ep > 1
+        ):  # with ep: reduced by hand, as the experts'
             return part
         dp_mesh = self.mesh["dp"]
         if kind == Strategy.DDP:
@@ -289,10 +313,10 @@ class ParallelExecutor(MeshExecutor):
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipelined:  # only the last stage computed the loss: every rank of the pipeline reports it
             loss = self._whole_pipeline_loss(loss)
-        # with an ep axis, the global batch's loss: the mean of the ep group's pipelines' (equal batches)
+        # with an ep axis, the global batch's loss: the mean of the stage replicas' pipelines' (equal batches)
         if self._ep_group is not None:
-            dist.all_reduce(loss, group=self._ep_group)
-            loss = loss / self.layout.ep
+            dist.all_reduce(loss, group=self._replica_group)
+            loss = loss / (self.layout.dp * self.layout.ep)
         return loss
 
     def _whole_pipeline_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -567,9 +591,13 @@ class ParallelExecutor(MeshExecutor):
                 "ep group (the ranks holding the same stages): tokens to the rank holding their expert and back, "
                 "twice per MoE layer forward and twice backward",
                 "replicas": "each ep rank runs its own pipeline on its own share of the batch",
-                "replicated_gradients": f"averaged over the stage's ep group ({layout.ep} ranks, one flat all-reduce)",
-                "expert_gradients": f"summed by the exchange over the ep group, divided by {layout.ep}",
-                "reported_loss": "the global batch's: the mean of the ep group's pipelines' losses",
+                "replicated_gradients": f"averaged over the stage's {layout.dp * layout.ep} replicas (its ep group"
+                + (" times the data axis" if layout.dp > 1 else "")
+                + ", one flat all-reduce)",
+                "expert_gradients": "summed by the exchange over the ep group"
+                + (f", summed over the data axis ({layout.dp} ranks)" if layout.dp > 1 else "")
+                + f", divided by {layout.dp * layout.ep}",
+                "reported_loss": "the global batch's: the mean of the stage replicas' pipelines' losses",
             }
         if layout.tp > 1:
             out["tensor_parallel"] = {
@@ -584,6 +612,8 @@ class ParallelExecutor(MeshExecutor):
                 "size": layout.dp,
                 "how": "FSDP2 fully_shard per unit plus the rest as root"
                 if layout.data_parallel == Strategy.FSDP
+                else "gradients all-reduced by hand with the expert axis's (see expert_parallel)"
+                if layout.ep > 1
                 else "DDP per pipeline stage",
             }
         if self.pipelined:
