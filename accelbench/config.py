@@ -394,12 +394,17 @@ class RunConfig(BaseModel):
                 "dp= (FSDP2) to compose data with tensor parallelism"
             )
         if "ep" in sizes:
-            others = [a for a in sizes if a in ("tp", "pp")]
-            if others:
+            ep = sizes["ep"]
+            works = f"e.g. --mesh dp=2,ep={ep} (every ep rank also trains its own share of the batch) or pp=2,ep={ep}"
+            if "tp" in sizes:
                 raise ValueError(
-                    f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis (dp/fsdp or ddp) only, not "
-                    f"with {', '.join(others)}; e.g. --mesh dp=2,ep={sizes['ep']} (every ep rank also trains its own "
-                    "share of the batch)"
+                    f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis (dp/fsdp or ddp) or with pp, "
+                    f"not with tp; {works}"
+                )
+            if "pp" in sizes and "fsdp" in sizes:
+                raise ValueError(
+                    f"--mesh {self.mesh}: the expert axis (ep) with pp takes a replicated data axis (ddp=) only, not "
+                    f"FSDP2 yet; e.g. --mesh ddp={sizes['fsdp']},pp={sizes['pp']},ep={ep}"
                 )
         if self.sequence_parallel and "tp" not in sizes:
             raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")

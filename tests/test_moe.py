@@ -343,6 +343,9 @@ def test_the_expert_axis_in_the_mesh() -> None:
         "mesh",
         "ep=2",
     )  # an expert axis alone runs on the mesh executor
+    # with a pipeline: each stage's ep group is the ranks holding that stage
+    piped = ParallelDims.of(RunConfig(workload="moe", model="moe-tiny", mesh="pp=2,ep=2", devices=4))
+    assert piped.groups("ep") == [[0, 1], [2, 3]] and piped.groups("pp") == [[0, 2], [1, 3]]
 
 
 @pytest.mark.parametrize(
@@ -355,8 +358,8 @@ def test_the_expert_axis_in_the_mesh() -> None:
             "moe",
             "4 experts per layer do not divide over ep=3 ranks; an ep size must divide 4: 2, 4",
         ),
-        ("tp=2,ep=2", 4, "moe", "composes with a data axis (dp/fsdp or ddp) only, not with tp"),
-        ("pp=2,ep=2", 4, "moe", "not with pp; e.g. --mesh dp=2,ep=2"),
+        ("tp=2,ep=2", 4, "moe", "composes with a data axis (dp/fsdp or ddp) or with pp, not with tp"),
+        ("dp=2,pp=2,ep=2", 8, "moe", "not FSDP2 yet; e.g. --mesh ddp=2,pp=2,ep=2"),
     ],
 )
 def test_bad_expert_meshes_are_refused(mesh: str, devices: int, workload: str, message: str) -> None:

@@ -4,13 +4,15 @@ Tensor parallelism splits attention over its heads (grouped-query or latent), th
 column/row-parallel and every routed expert over its hidden width (Megatron's expert tensor parallelism), the router
 whole on every rank; a pipeline deals the blocks to stages, each block adding its balance loss's gradient in
 backward itself. Both train the one-process model: the same gradients and weights after a step (two forked gloo
-processes against one), the same epoch losses, routing counts and gradient norms through ``accelbench run``. Layouts
-the model cannot be split into are refused before launch, saying what would work."""
+processes against one), the same epoch losses, routing counts and gradient norms through ``accelbench run``. Expert
+parallelism inside a pipeline (``pp=2,ep=2``, four processes) trains one process's model on the pipelines' batches
+together. Layouts the model cannot be split into are refused before launch, saying what would work."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import traceback
 from pathlib import Path
@@ -248,8 +250,9 @@ def test_a_stage_updates_the_biases_of_layers_it_does_not_hold() -> None:
          "attention heads and 64 expert hidden width and 192 dense feed-forward width: 1, 2, 4"),
         ("moe-tiny", "pp=4", 4, {}, "4 pipeline stages (4 ranks x 1 stages each) for a model of 2 layers"),
         ("moe-tiny", "tp=2", 2, {"sequence_parallel": True}, "routed experts take whole sequences"),
-        ("moe-tiny", "tp=2,ep=2", 4, {}, "composes with a data axis (dp/fsdp or ddp) only, not with tp"),
-        ("moe-tiny", "pp=2,ep=2", 4, {}, "not with pp; e.g. --mesh dp=2,ep=2"),
+        ("moe-tiny", "tp=2,ep=2", 4, {}, "composes with a data axis (dp/fsdp or ddp) or with pp, not with tp; "
+         "e.g. --mesh dp=2,ep=2 (every ep rank also trains its own share of the batch) or pp=2,ep=2"),
+        ("moe-tiny", "fsdp=2,pp=2,ep=2", 8, {}, "with pp takes a replicated data axis (ddp=) only, not FSDP2 yet"),
     ],
 )  # fmt: skip
 def test_layouts_the_model_cannot_be_split_into_are_refused(
@@ -378,6 +381,58 @@ def test_estimate_splits_the_blocks_and_counts_expert_tensor_parallelisms_all_re
     )  # the mean, floored
 
 
+def test_estimate_of_expert_parallelism_inside_a_pipeline(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moe-tiny (2 layers of 4 experts, top-2, width 64), batch 4 of 32 tokens a replica, fp32, --mesh pp=2,ep=2:
+    the first pipeline rank holds a block with half its experts, and (the estimate's convention) the embedding,
+    final norm and head; beside the pipeline's sends, its ep group all-reduces the stage's replicated gradients and
+    exchanges the block's b*s*k routed rows of h per microbatch, twice in forward and twice in backward ((n-1)/n
+    of each over the link). Each ep rank's pipeline is a replica: FLOPs per device are half a replica's. With
+    ddp=2 as well the stage's replicas reduce the replicated gradients and the data axis the experts'."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    config = host.resolve(
+        RunConfig(workload="moe", model="moe-tiny", batch_size=4, data=corpus_dir / "text.txt", mesh="pp=2,ep=2",
+                  devices=4, workload_options={"seq_len": 32, "vocab_size": VOCAB})  # type: ignore[arg-type]
+    )  # fmt: skip
+    facts = meta_facts(host.workload("moe"), config)
+    p = predict(config, facts, device_type="cpu")
+    shape = MODEL_SIZES["moe-tiny"]
+    outside = 2 * VOCAB * shape.dim + shape.dim  # embedding, head, final norm
+    experts = shape.expert_parameters()
+    blocks = shape.parameters(VOCAB) - outside
+    held = (blocks - experts // 2) / 2 + outside
+    assert p.memory.weights_bytes == 4 * held
+    assert sorted((op.op, op.axis) for op in p.comm) == [
+        ("all_reduce", "ep"),
+        ("all_to_all", "ep"),
+        ("sendrecv", "pp"),
+    ]
+    gradients = next(op for op in p.comm if op.op == "all_reduce")
+    assert (
+        gradients.message_bytes == 4 * (held - experts // 2 // 2)
+        and gradients.bus_bytes == gradients.message_bytes
+    )
+    exchange = next(op for op in p.comm if op.op == "all_to_all")
+    microbatches = config.microbatches or 1
+    assert exchange.count == 4 * microbatches  # one MoE block on the stage
+    assert exchange.message_bytes == 4 // microbatches * 32 * 2 * 64 * 4  # b s k rows of h, fp32
+    assert exchange.bus_bytes == exchange.count * exchange.message_bytes / 2
+    assert p.flops_per_step == pytest.approx(facts.flops_per_sample * 4 / 2)
+    # ddp=2 beside them: the replicated gradients over the stage's 4 replicas, the held experts' over the data axis
+    # (no DDP all-reduce of the whole stage as well); the same memory, sends and exchange
+    wider = host.resolve(config.model_copy(update={"mesh": "ddp=2,pp=2,ep=2", "devices": 8}))
+    q = predict(wider, meta_facts(host.workload("moe"), wider), device_type="cpu")
+    assert q.memory.weights_bytes == p.memory.weights_bytes
+    reduced = sorted((op.axis, op.ranks, op.message_bytes) for op in q.comm if op.op == "all_reduce")
+    assert reduced == [("dp", 2, 4 * experts // 2 // 2), ("dp", 4, gradients.message_bytes)]
+    assert [op for op in q.comm if op.op != "all_reduce"] == [op for op in p.comm if op.op != "all_reduce"]
+
+
 def one_process_reference(record: ResultRecord, replicas: int) -> list[float]:
     """The epoch losses a data-parallel run of ``replicas`` replicas reports (its rank 0's share of each step),
     computed by one process training the same model on the replicas' shares together (the global batch, clipped
@@ -414,3 +469,84 @@ def test_tensor_and_pipeline_parallel_moe_compose_with_a_data_axis(
     assert [sum(layer) for layer in by_layer] == [
         2 * 2 * 2 * 4 * 32 * 2
     ] * 2  # epochs, steps, replicas, b s k
+
+
+def one_process_on_the_global_batch(
+    record: ResultRecord, replicas: int
+) -> tuple[list[float], list[float], list[list[int]], list[list[float]] | None]:
+    """What one process training the same model on the ``replicas`` shares of each step together (the global
+    batch, clipped to 1.0, the workload's AdamW) gives: the epoch losses (each step's loss on the global batch), the
+    held-out losses after each epoch (every replica's held-out batches, as the run's quality checks take them) and
+    the tokens routed to each expert of each layer by the training steps, and the final expert biases (None where
+    the model has none)."""
+    job = get_host().workload("moe").build(record.config)
+    model = job.model.train()
+    optimizer = job.make_optimizer(model, torch.device("cpu"), "foreach")
+    assert job.validation is not None
+    losses, held_out = [], []
+    for epoch in range(len(epoch_losses(record))):
+        steps = []
+        for parts in zip(*(job.data.batches(epoch, r, replicas) for r in range(replicas)), strict=True):
+            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps.append(loss.item())
+        losses.append(sum(steps) / len(steps))
+        model.eval()
+        total, samples = 0.0, 0
+        with torch.no_grad():
+            for r in range(replicas):
+                for index, (x, y) in enumerate(job.validation.batches(0, r, replicas)):
+                    if index >= record.config.eval_batches:
+                        break
+                    total, samples = total + model(x, y).item() * x.shape[0], samples + x.shape[0]
+        model.train()
+        held_out.append(total / samples)
+    routed = [[int(c) for c in layer.routed.tolist()] for layer in model.moe_layers()]  # type: ignore[union-attr]
+    biases = [
+        [float(b) for b in layer.expert_bias.tolist()]
+        for layer in model.moe_layers()
+        if layer.expert_bias is not None
+    ]
+    return losses, held_out, routed, biases or None
+
+
+@pytest.mark.parametrize(
+    "model, mesh, replicas",
+    [
+        ("moe-tiny", "pp=2,ep=2", 2),
+        ("deepseek-tiny", "pp=2,ep=2", 2),
+        ("deepseek-tiny", "ddp=2,pp=2,ep=2", 4),
+    ],
+)
+@pytest.mark.slow
+def test_expert_parallelism_composes_with_a_pipeline(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, mesh: str, replicas: int
+) -> None:
+    """--mesh pp=2,ep=2 on four gloo processes: two pipelines, each on its own share of the batch, whose stages
+    each keep half of their MoE layers' experts and exchange tokens with the other pipeline's same stage (balance
+    loss weighted 1.0, added in backward by each stage); with ddp=2 as well, eight processes and four pipelines, the
+    experts' gradients summed over the data axis too. The epoch and held-out losses are one process's on the
+    pipelines' batches together (fp32), and the routing counts are that process's, exactly; so are the final expert
+    biases where the model balances by them too (deepseek-tiny: the loads summed over every rank)."""
+    devices = str(2 * replicas)
+    # no tensor-peak measurement: its extra step after the epochs would move the biases once more
+    record = run(corpus_dir, tmp_path, model, "--mesh", mesh, "--devices", devices, "--no-tensor-peak")
+    ep = record.executor["expert_parallel"]
+    experts = MODEL_SIZES[model].n_experts
+    assert ep["size"] == 2 and ep["experts_per_rank"] == experts // 2
+    assert len(record.executor["pipeline"]["stage_units"]) == 2
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
+    assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
+    assert record.quality is not None
+    assert [e.val_loss for e in record.quality.epochs] == pytest.approx(held_out, abs=1e-5, rel=0)
+    assert all(e.grad_norm is not None and math.isfinite(e.grad_norm) for e in record.quality.epochs)
+    assert record.workload["routing"]["tokens_per_expert_by_layer"] == routed
+    top_k = record.workload["routing"]["top_k"]
+    assert all(
+        sum(layer) == 2 * 2 * replicas * 4 * 32 * top_k for layer in routed
+    )  # epochs, steps, replicas, b s k
+    assert record.workload.get("expert_bias_by_layer") == biases

@@ -87,7 +87,8 @@ def executor_for(request: ExecutorRequest) -> Executor:
         from accelbench.engine.parallel.executor import ParallelExecutor
         from accelbench.parallel_dims import ParallelDims
 
-        if ParallelDims.of(request.config).ep > 1:
+        layout = ParallelDims.of(request.config)
+        if layout.ep > 1 and not layout.pipelined:  # ep with pp: the pipeline's executor shards the experts
             from accelbench.engine.parallel.ep import ExpertParallelExecutor
 
             return ExpertParallelExecutor(request)

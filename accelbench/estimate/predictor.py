@@ -57,6 +57,7 @@ from accelbench.estimate.step_time import (
 from accelbench.estimate.strategies import (
     data_parallel_breakdown,
     expert_parallel_breakdown,
+    expert_pipeline_breakdown,
     model_parallel_breakdown,
 )
 from accelbench.parallel_dims import ParallelDims
@@ -128,7 +129,11 @@ def predict_step(
     state = state_bytes(layout.precision, layout.strategy)
     keeps_scores = stack.keeps_scores(hardware.device_type, facts.dropout)
     bubble: float | None
-    if layout.dims.ep > 1:  # each rank its own batch, through 1/ep of the experts: FLOPs per device as DDP's
+    if layout.dims.ep > 1 and layout.dims.pipelined:  # each ep rank's pipeline a replica on its own batch
+        memory, comm, flops, bubble = expert_pipeline_breakdown(
+            facts, layout, state, keeps_scores, notes, device_type=hardware.device_type, stack=stack
+        )
+    elif layout.dims.ep > 1:  # each rank its own batch through 1/ep of the experts: FLOPs per device as DDP's
         memory, comm = expert_parallel_breakdown(facts, layout, state, keeps_scores, hardware, notes, stack)
         flops, bubble = facts.flops_per_sample * layout.batch_size, 0.0
     elif layout.strategy in MODEL_PARALLEL:

@@ -676,6 +676,108 @@ def expert_parallel_breakdown(
     return memory, comm
 
 
+def expert_pipeline_breakdown(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    keeps_scores: bool,
+    notes: Notes,
+    *,
+    device_type: str = "cuda",
+    stack: Stack | None = None,
+) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
+    """Memory, collectives, FLOPs and bubble of one device of ``--mesh pp=P,ep=N`` or ``ddp=D,pp=P,ep=N``
+    (accelbench.engine.parallel.executor): each ep rank's pipeline is a replica on its own batch, so the pipeline's
+    figures (:func:`model_parallel_breakdown`, the first pipeline rank's) hold for blocks keeping 1/N of their routed
+    experts; beside the pipeline's sends, the stage's replicas (ep group, times the data axis) all-reduce the
+    replicated gradients (one flat buffer), the data axis the held experts', and the ep group exchanges the routed
+    rows of each of the stage's MoE layers, per microbatch, twice in forward and twice in backward (nccl-tests' bus
+    bytes, (n-1)/n of each send buffer; even routing assumed)."""
+    dims, shape = layout.dims, facts.transformer
+    if not facts.expert_parameters:
+        raise ConfigError(
+            f"--mesh pp={dims.pp},ep={dims.ep}: workload {facts.workload!r} has no routed experts to shard; use --workload "
+            "moe"
+        )
+    if shape is None:
+        raise ConfigError(
+            f"--mesh pp={dims.pp},ep={dims.ep}: the pipeline model needs a transformer's shape; workload "
+            f"{facts.workload!r} gives none"
+        )
+    ep, microbatches = dims.ep, max(1, dims.microbatches)
+    away = facts.expert_parameters - facts.expert_parameters // ep  # the experts the other ep ranks hold
+    blocks = dataclasses.replace(shape, layer_parameters=shape.parameters_per_layer - away // shape.layers)
+    memory, comm, flops, bubble = model_parallel_breakdown(
+        dataclasses.replace(facts, transformer=blocks),
+        layout,
+        state,
+        keeps_scores,
+        notes,
+        device_type=device_type,
+        stack=stack,
+    )
+    layers_here = shape.layers / dims.pp  # the first pipeline rank's blocks, over its virtual stages
+    moe_here = layers_here * facts.moe_layers / shape.layers
+    held_experts = facts.expert_parameters // ep * layers_here / shape.layers
+    replicated = memory.weights_bytes / state.param - held_experts
+    notes.assume(
+        f"expert parallelism over {ep} ranks inside each of {dims.pp} pipeline stages: each ep rank's pipeline "
+        f"trains its own batch; a device holds its stage's replicated parameters and 1/{ep} of its stage's routed "
+        f"experts ({held_experts:,.0f} of them on the first stage); the activations are a dense layer's"
+    )
+    grad_dtype = element_type(state.grad, layout.precision)
+    rows = layout.batch_size // microbatches * shape.sequence * max(1, facts.top_k)
+    message = rows * shape.hidden * state.activation
+    count = round(4 * moe_here) * microbatches
+    replicas = dims.dp * ep
+    # the data axis's gradients are reduced with the expert axis's, by hand: not the pipeline's DDP all-reduce
+    comm = [op for op in comm if op.axis != "dp"]
+    comm.append(
+        CommOp(
+            op="all_reduce",
+            dtype=grad_dtype,
+            axis="ep" if dims.dp == 1 else "dp",
+            ranks=replicas,
+            what="the stage's replicated parameters' gradients, over its "
+            + ("ep group" if dims.dp == 1 else "replicas (its ep group times the data axis)")
+            + " (each ep rank's pipeline trains its own batch)",
+            count=1,
+            message_bytes=replicated * state.grad,
+            bus_bytes=allreduce_bytes(replicated * state.grad, replicas),
+            overlappable=False,  # after the pipeline's backward, one flat buffer
+        )
+    )
+    if dims.dp > 1:
+        comm.append(
+            CommOp(
+                op="all_reduce",
+                dtype=grad_dtype,
+                axis="dp",
+                ranks=dims.dp,
+                what="the stage's held experts' gradients, over the data axis (ranks holding the same experts)",
+                count=1,
+                message_bytes=held_experts * state.grad,
+                bus_bytes=allreduce_bytes(held_experts * state.grad, dims.dp),
+                overlappable=False,
+            )
+        )
+    comm += [
+        CommOp(
+            op="all_to_all",
+            dtype=element_type(state.activation, layout.precision),
+            axis="ep",
+            ranks=ep,
+            what="routed tokens to their experts' ranks and back (b*s*k rows of h per microbatch), twice per MoE "
+            "layer of the stage in forward and twice in backward; even routing assumed",
+            count=count,
+            message_bytes=message,
+            bus_bytes=count * message * (ep - 1) / ep,
+            overlappable=False,
+        ),
+    ]
+    return memory, comm, flops, bubble
+
+
 def _token_exchange(facts: WorkloadFacts, layout: RunShape, state: StateBytes) -> CommOp:
     """The all_to_all of expert parallelism: each rank's b*s*k routed rows of h values to their experts' ranks and
     back, twice per MoE layer in forward and twice in backward, (n-1)/n of each send buffer over the links."""

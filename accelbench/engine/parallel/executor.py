@@ -14,6 +14,17 @@ fp32 and no dropout the losses match single-device training up to the order of f
 - the loss is computed on the last stage and broadcast to the pipeline's other ranks, so every rank reports it;
   loss terms the units compute themselves (a mixture of experts' balance losses, ``ModelUnits.unit_loss_methods``)
   add their gradients in backward on their own stage, and their values, summed over the stages, to that loss.
+
+Expert parallelism inside the stages (``--mesh pp=P,ep=N``, or ``ddp=D,pp=P,ep=N``): the N ranks holding the same
+stages (a stage's ep group) each run their own pipeline on their own share of the batch, as data-parallel
+replicas; every MoE layer of a stage keeps its ep rank's E/N experts and exchanges tokens with the group
+(:meth:`accelbench.workloads.moe.model.MoEFeedForward.shard_experts`). The group's ranks run the same schedule on
+batches of the same size, so their exchanges (the schedule's shape inference's too) pair up in the same order. As
+under :mod:`accelbench.engine.parallel.ep`: the replicated gradients are averaged over the group, the experts'
+(summed over the group's tokens by the backward exchange) divided by N, the experts' squares summed over the group in
+the norm, and the reported loss is the mean of the group's pipelines' (the global batch's). A ddp axis is reduced
+by hand with it (no DDP): the replicated gradients over the stage's D x N replicas, the experts' summed over the data
+axis first.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
 from accelbench.contract import DataShard, ExecutorRequest, World
@@ -105,6 +117,14 @@ class ParallelExecutor(MeshExecutor):
         self._take_unit_loss: Callable[[bool], torch.Tensor | None] | None = None
         self._unit_loss = torch.zeros(())
         self._unit_loss_sum: torch.Tensor | None = None
+        # expert parallelism inside the stages (pp with ep): the group of ranks holding the same stages, and the
+        # ids of this rank's expert parameters
+        self._ep_group: Any = None
+        self._expert_ids: set[int] = set()
+        # with a ddp axis as well: the stage's replicas (dp x ep ranks) and the ranks holding the same experts (dp)
+        self._replica_group: Any = None
+        self._expert_dp_group: Any = None
+        self._experts_per_rank = 0
 
     # ---------------------------------------------------------------------------------------------------------
     # set-up
@@ -131,6 +151,8 @@ class ParallelExecutor(MeshExecutor):
         else:
             self.stage_ids = []
             parts = [job.model]
+        if layout.ep > 1:
+            self._shard_experts(parts)
         for part in parts:
             part.to(device=self.device, dtype=dtype).train()
             part_units = list(part.units) if isinstance(part, StageModule) else units.modules(part)
@@ -149,10 +171,69 @@ class ParallelExecutor(MeshExecutor):
             last = layout.stage_holder(layout.stages - 1)  # pp rank p-1, or 0 for the V-shaped schedules
             self._loss_source = layout.rank_of({**self.coordinates, "pp": last})
 
+    def _shard_experts(self, parts: list[nn.Module]) -> None:
+        """Every MoE layer of this rank's stages keeps its ep rank's share of the experts and exchanges tokens with
+        the stage's ep group; the rest of each stage is replicated over the stage's replicas (its ep group, times the
+        data axis where there is one), from the first one's weights (the same seed made them alike already: made
+        sure, as DDP's broadcast does)."""
+        group = self.mesh["ep"].get_group()
+        layers: list[Any] = [m for part in parts for m in part.modules() if hasattr(m, "shard_experts")]
+        for layer in layers:
+            layer.shard_experts(group, self.coordinates["ep"], self.layout.ep)
+        self._expert_ids = {id(p) for layer in layers for p in layer.expert_parameters()}
+        self._experts_per_rank = layers[0].local_experts if layers else 0
+        self._ep_group = self._replica_group = group
+        if self.layout.dp > 1:
+            self._expert_dp_group = self.mesh["dp"].get_group()
+            self._replica_group = self._stage_replicas()
+        source = min(dist.get_process_group_ranks(self._replica_group))
+        for part in parts:
+            for param in part.parameters():
+                if id(param) not in self._expert_ids:
+                    dist.broadcast(param.data, src=source, group=self._replica_group)
+
+    def _stage_replicas(self) -> Any:
+        """The process group of the ranks holding this rank's stages (every dp and ep coordinate of its pp rank).
+        Every rank makes every group, in the same order (``new_group`` is collective), and keeps its own."""
+        layout, mine = self.layout, None
+        for pp_rank in range(layout.pp):
+            ranks = [r for r in range(layout.world) if layout.coordinates(r)["pp"] == pp_rank]
+            group = dist.new_group(ranks)
+            if pp_rank == self.coordinates["pp"]:
+                mine = group
+        return mine
+
+    def _average_over_expert_ranks(self) -> None:
+        """Under pp with ep, after the backward: the replicated gradients averaged over the stage's replicas (one
+        flat all-reduce: each rank's are of its own pipeline's loss); the experts', which the backward exchange
+        already summed over the ep group's tokens on the rank holding them, summed over the data axis (the ranks
+        holding the same experts) and divided by the replicas; so the step is one device's on the global batch (the
+        mean of the replicas' equal-batch losses)."""
+        if self._ep_group is None:
+            return
+        replicas = self.layout.dp * self.layout.ep
+        replicated: list[torch.Tensor] = []
+        experts: list[torch.Tensor] = []
+        for param in {id(p): p for m in self.modules for p in m.parameters() if p.requires_grad}.values():
+            if param.grad is None:  # a parameter no token reached on this rank still takes part in the sum
+                param.grad = torch.zeros_like(param)
+            (experts if id(param) in self._expert_ids else replicated).append(param.grad)
+        for grads, group in ((replicated, self._replica_group), (experts, self._expert_dp_group)):
+            if not grads:
+                continue
+            flat = _flatten_dense_tensors(grads)
+            if group is not None:
+                dist.all_reduce(flat, group=group)
+            flat.div_(replicas)
+            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                grad.copy_(reduced)
+
     def _data_parallel(self, part: nn.Module, part_units: list[nn.Module]) -> nn.Module:
         """``part`` sharded (FSDP2, one unit each plus the rest as the root) or replicated (DDP) over the dp axis."""
         kind = self.layout.data_parallel
-        if self.layout.dp == 1 or kind is None:
+        if (
+            self.layout.dp == 1 or kind is None or self.layout.ep > 1
+        ):  # with ep: reduced by hand, as the experts'
             return part
         dp_mesh = self.mesh["dp"]
         if kind == Strategy.DDP:
@@ -207,8 +288,11 @@ class ParallelExecutor(MeshExecutor):
     # ---------------------------------------------------------------------------------------------------------
 
     def data_shard(self, world: World) -> DataShard:
-        c = self.coordinates
-        return DataShard(c["dp"], self.layout.dp, counts_samples=c["tp"] == 0 and c["pp"] == 0)
+        """One share of the batch per data-parallel replica; with an ep axis each ep rank's pipeline is a replica."""
+        c, ep = self.coordinates, self.layout.ep
+        return DataShard(
+            c["dp"] * ep + c.get("ep", 0), self.layout.dp * ep, counts_samples=c["tp"] == 0 and c["pp"] == 0
+        )
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.pipelined:
@@ -219,6 +303,7 @@ class ParallelExecutor(MeshExecutor):
             loss.backward()
             loss = loss.detach()
         self.backend.after_backward(self.device)
+        self._average_over_expert_ranks()
         for pair in self._tied:
             pair.sum_gradients()
         if self._clip is not None:
@@ -228,6 +313,10 @@ class ParallelExecutor(MeshExecutor):
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipelined:  # only the last stage computed the loss: every rank of the pipeline reports it
             loss = self._whole_pipeline_loss(loss)
+        # with an ep axis, the global batch's loss: the mean of the stage replicas' pipelines' (equal batches)
+        if self._ep_group is not None:
+            dist.all_reduce(loss, group=self._replica_group)
+            loss = loss / (self.layout.dp * self.layout.ep)
         return loss
 
     def _whole_pipeline_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -389,6 +478,7 @@ class ParallelExecutor(MeshExecutor):
                 loss = self.modules[0](inputs, targets)
             loss.backward()
         self.backend.after_backward(self.device)
+        self._average_over_expert_ranks()
         for pair in self._tied:
             pair.sum_gradients()
         norm = self._total_norm()[0]
@@ -399,17 +489,22 @@ class ParallelExecutor(MeshExecutor):
     def _total_norm(self) -> tuple[torch.Tensor, list[nn.Parameter]]:
         """The global L2 norm of the gradients, as ``clip_grad_norm_`` computes it on one device: DTensor gradients
         reduced over their mesh (tensor- and data-parallel shards), the pipeline's ranks summed, an untied copy of
-        a tied parameter counted once (its owner's gradient already holds the sum); and the parameters with one."""
+        a tied parameter counted once (its owner's gradient already holds the sum), the experts' squares summed over
+        the stage's ep group (each expert counted once, the replicated gradients being alike there); and the
+        parameters with one."""
         copies = {id(c.parameter) for c in self._copies}
         params = list({id(p): p for m in self.modules for p in m.parameters() if p.grad is not None}.values())
         by_mesh: dict[Any, list[torch.Tensor]] = {}
         plain: list[torch.Tensor] = []
+        experts: list[torch.Tensor] = []
         for p in params:
             if id(p) in copies:
                 continue
             grad = p.grad
             assert grad is not None
-            if isinstance(grad, DTensor):
+            if id(p) in self._expert_ids:
+                experts.append(grad)
+            elif isinstance(grad, DTensor):
                 by_mesh.setdefault(grad.device_mesh, []).append(grad)
             else:
                 plain.append(grad)
@@ -420,6 +515,12 @@ class ParallelExecutor(MeshExecutor):
             squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
         if plain:
             squares += torch.nn.utils.get_total_norm(plain, foreach=self._foreach).float() ** 2
+        if self._ep_group is not None:  # every rank of the group takes part, whatever experts it holds
+            held = torch.zeros((), device=self.device, dtype=torch.float32)
+            if experts:
+                held += torch.nn.utils.get_total_norm(experts, foreach=self._foreach).float() ** 2
+            dist.all_reduce(held, group=self._ep_group)
+            squares += held
         if self.pipelined:
             dist.all_reduce(squares, group=self._pp_group)
         return squares.sqrt(), params
@@ -482,6 +583,22 @@ class ParallelExecutor(MeshExecutor):
             "grad_clip_norm": self._clip,
             "samples_counted": "once per data-parallel replica (by its tensor-parallel rank 0 of the first stage)",
         }
+        if layout.ep > 1:
+            out["expert_parallel"] = {
+                "size": layout.ep,
+                "experts_per_rank": self._experts_per_rank,
+                "exchange": "torch.distributed._functional_collectives.all_to_all_single_autograd over each stage's "
+                "ep group (the ranks holding the same stages): tokens to the rank holding their expert and back, "
+                "twice per MoE layer forward and twice backward",
+                "replicas": "each ep rank runs its own pipeline on its own share of the batch",
+                "replicated_gradients": f"averaged over the stage's {layout.dp * layout.ep} replicas (its ep group"
+                + (" times the data axis" if layout.dp > 1 else "")
+                + ", one flat all-reduce)",
+                "expert_gradients": "summed by the exchange over the ep group"
+                + (f", summed over the data axis ({layout.dp} ranks)" if layout.dp > 1 else "")
+                + f", divided by {layout.dp * layout.ep}",
+                "reported_loss": "the global batch's: the mean of the stage replicas' pipelines' losses",
+            }
         if layout.tp > 1:
             out["tensor_parallel"] = {
                 "size": layout.tp,
@@ -495,6 +612,8 @@ class ParallelExecutor(MeshExecutor):
                 "size": layout.dp,
                 "how": "FSDP2 fully_shard per unit plus the rest as root"
                 if layout.data_parallel == Strategy.FSDP
+                else "gradients all-reduced by hand with the expert axis's (see expert_parallel)"
+                if layout.ep > 1
                 else "DDP per pipeline stage",
             }
         if self.pipelined:
@@ -575,7 +694,7 @@ class ParallelExecutor(MeshExecutor):
 
     def _analytical(self) -> dict[str, Any] | None:
         """The analytical model's figures for this layout (:func:`accelbench.estimate.parallel.estimate_parallel`)."""
-        if self._shape is None:
+        if self._shape is None or self.layout.ep > 1:  # the analytical model does not shard experts
             return None
         layout, plan = self.layout, self.request.precision
         param_bytes = torch.empty((), dtype=plan.torch_param_dtype).element_size()

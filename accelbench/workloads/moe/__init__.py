@@ -64,7 +64,8 @@ Experts kernel: ``--experts-kernel`` ``grouped`` (``torch._grouped_mm`` over all
 :func:`accelbench.workloads.moe.model.grouped_mm_support`). The record's ``experts_kernel`` says which ran.
 
 Expert parallelism: ``--mesh ep=N`` (with a data axis: ``--mesh ddp=D,ep=N``) shards the experts over N ranks
-(:mod:`accelbench.engine.parallel.ep`). Tensor parallelism (a tp axis) splits attention over its heads, the shared
+(:mod:`accelbench.engine.parallel.ep`); ``--mesh pp=P,ep=N`` shards them inside each pipeline stage
+(:mod:`accelbench.engine.parallel.executor`). Tensor parallelism (a tp axis) splits attention over its heads, the shared
 expert and dense blocks column/row-parallel and every routed expert over its hidden width, the router whole
 (:func:`moe_tp_plan`); pipeline parallelism (a pp axis) cuts stages between blocks, each block adding its balance
 loss's gradient in backward itself (:meth:`accelbench.workloads.moe.model.MoE.add_balance_loss_in_backward`), and every
