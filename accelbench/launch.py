@@ -300,14 +300,15 @@ def worker_threads(
     environ: Mapping[str, str], nproc_per_node: int, threads: int | None, usable: int
 ) -> dict[str, str]:
     """The OpenMP thread count each of ``nproc_per_node`` workers on a node starts with, where the user set none:
-    ``--threads``, else the node's usable cores shared out (what each worker then gives torch's intra-op pool).
+    ``--threads``, else the node's usable cores shared out (what each worker gives torch's intra-op pool too).
 
-    ``torch.set_num_threads`` in a worker sizes the pool of the thread that calls it; threads the worker did not
-    start (gloo's, which run DDP's all-reduces) open OpenMP regions with the runtime's default, which without
-    OMP_NUM_THREADS is every core of the host, so ``N`` workers spin ``N`` x cores threads on the cores. torchrun
-    exports OMP_NUM_THREADS=1 for this reason; ``elastic_launch``, which accelbench calls, does not. Measured on a
-    2-core VM (a hand-written DDP loop of a two-block transformer, 128 wide, 16 x 256 tokens, over 2 workers with
-    one torch thread each): 352 ms a step with the default, 245 ms with it set (215 ms on one process). Empty for one worker per node, or where OMP_NUM_THREADS is already set (kept)."""
+    ``torch.set_num_threads`` in a worker sizes OpenMP's team for the thread that calls it; a region opened from a
+    thread torch did not size (a library's own thread) takes the runtime's default, which without OMP_NUM_THREADS is
+    every core of the host, so ``N`` workers could put ``N`` x cores threads on the cores. torchrun exports
+    OMP_NUM_THREADS (1) for every multi-worker job for this reason; ``elastic_launch``, which accelbench calls, does
+    not, so a run started with ``--devices N`` would differ from the same run under torchrun. (On the 2-core VM
+    these notes come from, 2 DDP workers of one thread each measured no difference either way.) Empty for one worker
+    per node, or where OMP_NUM_THREADS is already set (kept)."""
     if nproc_per_node <= 1 or environ.get(OMP_THREADS_ENV):
         return {}
     return {OMP_THREADS_ENV: str(threads or max(1, usable // nproc_per_node))}
@@ -320,10 +321,9 @@ def threads_note(env: LaunchEnv, environ: Mapping[str, str]) -> str | None:
     if env.launcher in ("none", "torchrun") or env.local_world_size <= 1 or environ.get(OMP_THREADS_ENV):
         return None
     return (
-        f"{env.launcher} started {env.local_world_size} ranks on this node without OMP_NUM_THREADS: each rank's "
-        "OpenMP runtime sizes its threads for every core of the node, which oversubscribes them (the threads that "
-        "run the collectives spin beside the compute); export OMP_NUM_THREADS=<cores per rank> for every rank "
-        "(torchrun exports 1)"
+        f"{env.launcher} started {env.local_world_size} ranks on this node without OMP_NUM_THREADS: OpenMP work "
+        "outside torch's own thread pool then sizes its threads for every core of the node, in every rank; export "
+        "OMP_NUM_THREADS=<cores per rank> for every rank (torchrun exports 1)"
     )
 
 
