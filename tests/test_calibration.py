@@ -12,7 +12,15 @@ import torch
 from accelbench.config import RunConfig
 from accelbench.contract import standard_plan
 from accelbench.estimate import predict
-from accelbench.estimate.calibration import CACHE_FILE, Calibration, MatmulPoint, StreamPoint, calibrate
+from accelbench.estimate.calibration import (
+    CACHE_FILE,
+    DRIFT_TOLERANCE,
+    Calibration,
+    MatmulPoint,
+    StreamPoint,
+    calibrate,
+    calibration_drift,
+)
 from accelbench.estimate.facts import meta_facts
 from accelbench.estimate.operators import StepOperators, step_operators
 from accelbench.plugins import get_host
@@ -92,6 +100,39 @@ def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path)
     assert refreshed.matmul != first.matmul  # timed again
     assert calibrate(CPU, _nothing, backend="cpu", device_name="another", dtype="float32", directory=tmp_path,
                      cached_only=True) is None  # fmt: skip
+
+
+def _scaled(calibration: Calibration, factor: float) -> Calibration:
+    """The calibration with every rate multiplied by ``factor``: a device measured at another speed."""
+    return calibration.model_copy(
+        update={
+            "matmul": [
+                p.model_copy(update={"best_flops_per_s": p.best_flops_per_s * factor})
+                for p in calibration.matmul
+            ],
+            "stream": [
+                p.model_copy(update={"best_bytes_per_s": p.best_bytes_per_s * factor})
+                for p in calibration.stream
+            ],
+        }
+    )
+
+
+def test_a_cached_calibration_from_a_faster_or_slower_moment_is_found_out(tmp_path: Path) -> None:
+    """The spot check times two of the calibration's points again: a calibration whose rates are 4x what this
+    device reaches is found 70-80% too fast, one at a quarter of them about 4x too slow, both far beyond the
+    tolerance; a calibration with no point small enough to time quickly is not checked."""
+    calibration = tiny_calibration(tmp_path)
+    too_fast = calibration_drift(_scaled(calibration, 4.0), CPU, _nothing)
+    too_slow = calibration_drift(_scaled(calibration, 0.25), CPU, _nothing)
+    assert too_fast is not None and -0.85 < too_fast < -0.6 and abs(too_fast) > DRIFT_TOLERANCE
+    assert too_slow is not None and too_slow > 1.5
+    huge = calibration.model_copy(
+        update={
+            "matmul": [p.model_copy(update={"m": 4096, "n": 4096, "k": 4096}) for p in calibration.matmul]
+        }
+    )
+    assert calibration_drift(huge, CPU, _nothing) is None
 
 
 @pytest.mark.parametrize("content", ["not json {", "[1, 2]", "entry"])

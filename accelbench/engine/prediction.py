@@ -13,8 +13,10 @@ The step time is the calibrated one (:mod:`accelbench.estimate.calibration`): th
 few seconds) and timed at the device's rates for the run's matmul dtype and thread count. Where none is cached
 (``accelbench estimate --calibrate`` makes one too), rank 0 measures it once, after every epoch is timed and the
 record's measurements are drafted (seconds; cached for every later run), so that a first run on a device already
-shows the calibrated prediction; ``--no-calibration`` skips that, and the compute is then the peak at the default
-efficiency; ``time_model`` says which.
+shows the calibrated prediction. A cached one is spot-checked first (two of its points timed again, a tenth of a
+second) and measured again where the device now runs more than 15% away from it (a shared host's speed moves by
+tens of percent within an hour). ``--no-calibration`` skips all of this, and the compute is then the cached
+calibration's where there is one, else the peak at the default efficiency; ``time_model`` says which.
 """
 
 from __future__ import annotations
@@ -53,10 +55,10 @@ class CalibratedRun:
 def cached_calibration(
     config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
 ) -> tuple[Calibration, StepOperators] | None:
-    """This device's calibration and the run's traced step: the cached one, else measured now unless
-    ``--no-calibration``; None without one (or where the device is fed from the host, whose timings say nothing
+    """This device's calibration and the run's traced step: the cached one (measured again where the device has
+    drifted from it), else measured now, unless ``--no-calibration``; None without one (or where the device is fed from the host, whose timings say nothing
     of it)."""
-    from accelbench.estimate.calibration import calibrate
+    from accelbench.estimate.calibration import DRIFT_TOLERANCE, calibrate, calibration_drift
     from accelbench.estimate.operators import step_operators
     from accelbench.estimate.peak import cache_dir, matmul_dtype
 
@@ -64,7 +66,7 @@ def cached_calibration(
         return None
     dtype = matmul_dtype(run.plan)
 
-    def calibration_of_device(cached_only: bool) -> Calibration | None:
+    def calibration_of_device(cached_only: bool = False, refresh: bool = False) -> Calibration | None:
         return calibrate(
             run.device,
             run.backend.synchronize,
@@ -72,9 +74,21 @@ def cached_calibration(
             device_name=device.name if device is not None else run.backend.name,
             dtype=dtype,
             cached_only=cached_only,
+            refresh=refresh,
         )
 
     calibration = calibration_of_device(cached_only=True)  # a busy host's cached one is used as it is
+    if calibration is not None and not config.no_calibration:
+        drift = calibration_drift(calibration, run.device, run.backend.synchronize)
+        if drift is not None and abs(drift) > DRIFT_TOLERANCE:
+            print(
+                f"[accelbench {datetime.now().strftime('%H:%M:%S')}] this device runs {drift:+.0%} against its "
+                f"cached calibration for {dtype} (measured {calibration.measured_at}): measuring it again for the "
+                "prediction (seconds; --no-calibration skips it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            calibration = calibration_of_device(refresh=True)
     if calibration is None and not config.no_calibration:
         print(
             f"[accelbench {datetime.now().strftime('%H:%M:%S')}] no calibration of this device for {dtype} is "
@@ -83,7 +97,7 @@ def cached_calibration(
             file=sys.stderr,
             flush=True,
         )
-        calibration = calibration_of_device(cached_only=False)
+        calibration = calibration_of_device()
     if calibration is None:
         return None
     kernels = run.backend.optimizer_implementation(run.device)

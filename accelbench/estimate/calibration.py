@@ -24,8 +24,10 @@ out of the timed matmuls and streams (that of a 1x1 matmul, of a one-element ``a
 :mod:`accelbench.estimate.step_time` counts it once per operator, as the dispatch cost.
 Results are cached in ``calibration.json`` beside the measured peak (:func:`accelbench.estimate.peak.cache_dir`),
 written atomically; ``refresh`` measures again. A measurement during which the process's threads waited for a
-core is kept but marked contended and measured again on the next call, as the measured peak is. torch is imported
-inside the functions.
+core is kept but marked contended and measured again on the next call, as the measured peak is. A cached
+calibration can be spot-checked against the device as it runs now (:func:`calibration_drift`: two of its points
+timed again); a run measures it again where the device has moved by more than :data:`DRIFT_TOLERANCE`. torch is
+imported inside the functions.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ COLD_BYTES = 64 * 2**20
 MAX_BUFFER_SETS = 1024
 # Of a timed call, at least this share is kept as the work's own time when the dispatch cost is taken out.
 MIN_WORK_SHARE = 0.1
+# The spot check of a cached calibration (:func:`calibration_drift`): points this small are timed again, and a
+# device further than DRIFT_TOLERANCE from them is calibrated again before a run's prediction.
+SPOT_MATMUL_WORK = 256 * 256 * 2048
+SPOT_STREAM_BYTES = 16 * 2**20
+DRIFT_TOLERANCE = 0.15
 
 
 class _Model(BaseModel):
@@ -298,6 +305,38 @@ def calibrate(
     entries[key] = calibration.model_dump()
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return calibration.model_copy(update={"notes": notes})
+
+
+def calibration_drift(
+    calibration: Calibration, device: torch.device, synchronize: Callable[[torch.device], None]
+) -> float | None:
+    """How far this device is now from its cached ``calibration``: one of its matmul points and one of its stream
+    points timed again (a tenth of a second), each rate now over the cached one, less 1; the one further from the
+    cache. A shared host (a virtual machine, a node with other jobs) changes speed by tens of percent within an
+    hour, and a calibration from a faster or slower moment then predicts every step of this one as far off. None
+    where the calibration has no point small enough to time quickly.
+
+    The points: the largest matmul of at most :data:`SPOT_MATMUL_WORK` multiply-adds in the calibration's dtype,
+    and the largest stream of at most :data:`SPOT_STREAM_BYTES`."""
+    matmuls = [
+        p for p in calibration.matmul if p.dtype == calibration.dtype and p.m * p.n * p.k <= SPOT_MATMUL_WORK
+    ]
+    streams = [p for p in calibration.stream if p.bytes_moved <= SPOT_STREAM_BYTES]
+    if not matmuls or not streams:
+        return None
+    was_matmul = max(matmuls, key=lambda p: p.m * p.n * p.k)
+    was_stream = max(streams, key=lambda p: p.bytes_moved)
+    tiny = _time_matmul(device, synchronize, calibration.dtype, 1, 1, 1, 0.0)
+    overhead = 2.0 / tiny.median_flops_per_s
+    matmul = _time_matmul(
+        device, synchronize, calibration.dtype, was_matmul.m, was_matmul.n, was_matmul.k, overhead
+    )
+    stream = _time_stream(device, synchronize, was_stream.bytes_moved, calibration.dispatch_s)
+    changes = (
+        matmul.best_flops_per_s / was_matmul.best_flops_per_s - 1.0,
+        stream.best_bytes_per_s / was_stream.best_bytes_per_s - 1.0,
+    )
+    return max(changes, key=abs)
 
 
 def _no_faster_than_the_largest(points: list[MatmulPoint]) -> list[MatmulPoint]:
