@@ -56,8 +56,8 @@ def cached_calibration(
     config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
 ) -> tuple[Calibration, StepOperators] | None:
     """This device's calibration and the run's traced step: the cached one (measured again where the device has
-    drifted from it), else measured now, unless ``--no-calibration``; None without one (or where the device is fed from the host, whose timings say nothing
-    of it)."""
+    drifted from it), else measured now, unless ``--no-calibration``; None without one (or where the device is fed
+    from the host, whose timings say nothing of it)."""
     from accelbench.estimate.calibration import DRIFT_TOLERANCE, calibrate, calibration_drift
     from accelbench.estimate.operators import step_operators
     from accelbench.estimate.peak import cache_dir, matmul_dtype
