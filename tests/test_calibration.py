@@ -20,6 +20,7 @@ from accelbench.estimate.calibration import (
     StreamPoint,
     calibrate,
     calibration_drift,
+    needs_spot_check,
 )
 from accelbench.estimate.facts import meta_facts
 from accelbench.estimate.operators import StepOperators, step_operators
@@ -133,6 +134,18 @@ def test_a_cached_calibration_from_a_faster_or_slower_moment_is_found_out(tmp_pa
         }
     )
     assert calibration_drift(huge, CPU, _nothing) is None
+
+
+def test_only_a_calibration_over_an_hour_old_is_spot_checked() -> None:
+    from datetime import datetime, timezone
+
+    now = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    calibration = _grid_calibration()
+    assert not needs_spot_check(
+        calibration.model_copy(update={"measured_at": "2026-11-26T11:30:00+00:00"}), now
+    )
+    assert needs_spot_check(calibration.model_copy(update={"measured_at": "2026-11-26T10:30:00+00:00"}), now)
+    assert needs_spot_check(calibration.model_copy(update={"measured_at": "yesterday"}), now)  # unreadable
 
 
 @pytest.mark.parametrize("content", ["not json {", "[1, 2]", "entry"])

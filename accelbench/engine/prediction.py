@@ -13,9 +13,9 @@ The step time is the calibrated one (:mod:`accelbench.estimate.calibration`): th
 few seconds) and timed at the device's rates for the run's matmul dtype and thread count. Where none is cached
 (``accelbench estimate --calibrate`` makes one too), rank 0 measures it once, after every epoch is timed and the
 record's measurements are drafted (seconds; cached for every later run), so that a first run on a device already
-shows the calibrated prediction. A cached one is spot-checked first (two of its points timed again, a tenth of a
-second) and measured again where the device now runs more than 15% away from it (a shared host's speed moves by
-tens of percent within an hour). ``--no-calibration`` skips all of this, and the compute is then the cached
+shows the calibrated prediction. A cached one more than an hour old is spot-checked first (two of its points timed
+again, a few tenths of a second) and measured again where the device now runs more than 10% away from it (a shared
+host's speed moves by tens of percent within an hour). ``--no-calibration`` skips all of this, and the compute is then the cached
 calibration's where there is one, else the peak at the default efficiency; ``time_model`` says which.
 """
 
@@ -55,10 +55,15 @@ class CalibratedRun:
 def cached_calibration(
     config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
 ) -> tuple[Calibration, StepOperators] | None:
-    """This device's calibration and the run's traced step: the cached one (measured again where the device has
-    drifted from it), else measured now, unless ``--no-calibration``; None without one (or where the device is fed
+    """This device's calibration and the run's traced step: the cached one (measured again where, an hour or more
+    on, the device has drifted from it), else measured now, unless ``--no-calibration``; None without one (or where the device is fed
     from the host, whose timings say nothing of it)."""
-    from accelbench.estimate.calibration import DRIFT_TOLERANCE, calibrate, calibration_drift
+    from accelbench.estimate.calibration import (
+        DRIFT_TOLERANCE,
+        calibrate,
+        calibration_drift,
+        needs_spot_check,
+    )
     from accelbench.estimate.operators import step_operators
     from accelbench.estimate.peak import cache_dir, matmul_dtype
 
@@ -78,7 +83,7 @@ def cached_calibration(
         )
 
     calibration = calibration_of_device(cached_only=True)  # a busy host's cached one is used as it is
-    if calibration is not None and not config.no_calibration:
+    if calibration is not None and not config.no_calibration and needs_spot_check(calibration):
         drift = calibration_drift(calibration, run.device, run.backend.synchronize)
         if drift is not None and abs(drift) > DRIFT_TOLERANCE:
             print(

@@ -25,9 +25,9 @@ out of the timed matmuls and streams (that of a 1x1 matmul, of a one-element ``a
 Results are cached in ``calibration.json`` beside the measured peak (:func:`accelbench.estimate.peak.cache_dir`),
 written atomically; ``refresh`` measures again. A measurement during which the process's threads waited for a
 core is kept but marked contended and measured again on the next call, as the measured peak is. A cached
-calibration can be spot-checked against the device as it runs now (:func:`calibration_drift`: two of its points
-timed again); a run measures it again where the device has moved by more than :data:`DRIFT_TOLERANCE`. torch is
-imported inside the functions.
+calibration more than an hour old is spot-checked against the device as it runs now (:func:`calibration_drift`: two
+of its points timed again) before a run's prediction; the run measures it again where the device has moved by more
+than :data:`DRIFT_TOLERANCE`. torch is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -85,7 +85,10 @@ MIN_WORK_SHARE = 0.1
 # device further than DRIFT_TOLERANCE from them is calibrated again before a run's prediction.
 SPOT_MATMUL_WORK = 256 * 256 * 2048
 SPOT_STREAM_BYTES = 16 * 2**20
-DRIFT_TOLERANCE = 0.15
+DRIFT_TOLERANCE = 0.10
+# a calibration younger than this is trusted as it is: a shared host's speed moves over the hour, and a check on
+# every run costs a few tenths of a second (a test suite's hundreds of runs, minutes)
+SPOT_CHECK_AFTER_S = 3600.0
 
 
 class _Model(BaseModel):
@@ -305,6 +308,18 @@ def calibrate(
     entries[key] = calibration.model_dump()
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return calibration.model_copy(update={"notes": notes})
+
+
+def needs_spot_check(calibration: Calibration, now: datetime | None = None) -> bool:
+    """Whether ``calibration`` is old enough (:data:`SPOT_CHECK_AFTER_S`) to be checked against the device before
+    it prices a run (:func:`calibration_drift`); an unreadable timestamp is checked."""
+    try:
+        measured = datetime.fromisoformat(calibration.measured_at)
+    except ValueError:
+        return True
+    if measured.tzinfo is None:
+        measured = measured.replace(tzinfo=timezone.utc)
+    return ((now or datetime.now(timezone.utc)) - measured).total_seconds() > SPOT_CHECK_AFTER_S
 
 
 def calibration_drift(
