@@ -257,7 +257,12 @@ def test_a_signal_during_the_window_keeps_every_timed_epoch(
         os.kill(os.getpid(), signum)  # a scheduler's SIGTERM, or Ctrl-C, arriving mid-window
         raise AssertionError("the signal did not stop the window")
 
-    code, record, _ = profiled(tmp_path, monkeypatch, signalled)
+    # Ctrl-C as a terminal delivers it, even where this process was started with SIGINT ignored (a background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, record, _ = profiled(tmp_path, monkeypatch, signalled)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130 and record["outcome"]["status"] == "interrupted" and epochs_of(record) == 2
     assert record["outcome"]["message"] == (
         f"{said} during the --profile window, after the 2 timed epoch(s), which are all kept (no profile)"

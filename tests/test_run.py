@@ -188,6 +188,12 @@ def test_ctrl_c_keeps_the_completed_epochs(tmp_path: Path) -> None:
     assert read_record(path).outcome.status == "interrupted"
 
 
+def _ctrl_c_not_ignored() -> None:
+    """In the child: Ctrl-C as a terminal delivers it, whatever this test process inherited (a shell's background job,
+    nohup or cron start it with SIGINT ignored, and a child keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_and_sigterm_to_a_running_process_write_an_interrupted_record(tmp_path: Path) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         out = tmp_path / sig.name
@@ -195,6 +201,7 @@ def test_sigint_and_sigterm_to_a_running_process_write_an_interrupted_record(tmp
         proc = subprocess.Popen(
             [sys.executable, "-m", "accelbench.cli", "run", *TINY, "--epochs", "50", "--output-dir", str(out)],
             stdout=subprocess.DEVNULL, stderr=follower, env={**os.environ, "COLUMNS": "120"},
+            preexec_fn=_ctrl_c_not_ignored,
         )  # fmt: skip
         os.close(follower)
         screen = read_until(leader, b"epoch 1/50", timeout=120)
