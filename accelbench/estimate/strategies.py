@@ -659,19 +659,7 @@ def expert_parallel_breakdown(
         )
     )
     if dims.dp > 1:
-        comm.append(
-            CommOp(
-                op="all_reduce",
-                dtype=grad_dtype,
-                axis="dp",
-                ranks=dims.dp,
-                what="the held experts' gradients, over the data axis (ranks holding the same experts)",
-                count=1,
-                message_bytes=held_experts * state.grad,
-                bus_bytes=allreduce_bytes(held_experts * state.grad, dims.dp),
-                overlappable=False,
-            )
-        )
+        comm.append(_experts_over_data_axis(held_experts, state, grad_dtype, dims.dp, "the"))
     comm.append(exchange)
     return memory, comm
 
@@ -726,9 +714,6 @@ def expert_pipeline_breakdown(
         f"experts ({held_experts:,.0f} of them on the first stage); the activations are a dense layer's"
     )
     grad_dtype = element_type(state.grad, layout.precision)
-    rows = layout.batch_size // microbatches * shape.sequence * max(1, facts.top_k)
-    message = rows * shape.hidden * state.activation
-    count = round(4 * moe_here) * microbatches
     replicas = dims.dp * ep
     # the data axis's gradients are reduced with the expert axis's, by hand: not the pipeline's DDP all-reduce
     comm = [op for op in comm if op.axis != "dp"]
@@ -748,55 +733,67 @@ def expert_pipeline_breakdown(
         )
     )
     if dims.dp > 1:
-        comm.append(
-            CommOp(
-                op="all_reduce",
-                dtype=grad_dtype,
-                axis="dp",
-                ranks=dims.dp,
-                what="the stage's held experts' gradients, over the data axis (ranks holding the same experts)",
-                count=1,
-                message_bytes=held_experts * state.grad,
-                bus_bytes=allreduce_bytes(held_experts * state.grad, dims.dp),
-                overlappable=False,
-            )
-        )
-    comm += [
-        CommOp(
-            op="all_to_all",
-            dtype=element_type(state.activation, layout.precision),
-            axis="ep",
-            ranks=ep,
+        comm.append(_experts_over_data_axis(held_experts, state, grad_dtype, dims.dp, "the stage's"))
+    comm.append(
+        _token_exchange(
+            facts,
+            layout,
+            state,
+            samples=layout.batch_size // microbatches,
+            count=round(4 * moe_here) * microbatches,
             what="routed tokens to their experts' ranks and back (b*s*k rows of h per microbatch), twice per MoE "
             "layer of the stage in forward and twice in backward; even routing assumed",
-            count=count,
-            message_bytes=message,
-            bus_bytes=count * message * (ep - 1) / ep,
-            overlappable=False,
-        ),
-    ]
+        )
+    )
     return memory, comm, flops, bubble
 
 
-def _token_exchange(facts: WorkloadFacts, layout: RunShape, state: StateBytes) -> CommOp:
+def _token_exchange(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    *,
+    samples: int | None = None,
+    count: int | None = None,
+    what: str = "routed tokens to their experts' ranks and back (b*s*k rows of h), twice per MoE layer in forward "
+    "and twice in backward; even routing assumed",
+) -> CommOp:
     """The all_to_all of expert parallelism: each rank's b*s*k routed rows of h values to their experts' ranks and
-    back, twice per MoE layer in forward and twice in backward, (n-1)/n of each send buffer over the links."""
+    back, twice per MoE layer in forward and twice in backward, (n-1)/n of each send buffer over the links.
+    ``samples`` per exchange (the rank's batch by default) and ``count`` exchanges a step (4 per MoE layer by
+    default): a pipeline stage's per microbatch, for its own layers."""
     ep = layout.dims.ep
     shape = facts.transformer
     hidden = shape.hidden if shape is not None else 0
     sequence = shape.sequence if shape is not None else facts.tokens_per_sample
-    rows = layout.batch_size * sequence * max(1, facts.top_k)
+    rows = (layout.batch_size if samples is None else samples) * sequence * max(1, facts.top_k)
     message = rows * hidden * state.activation
-    count = 4 * facts.moe_layers
+    count = 4 * facts.moe_layers if count is None else count
     return CommOp(
         op="all_to_all",
         dtype=element_type(state.activation, layout.precision),
         axis="ep",
         ranks=ep,
-        what="routed tokens to their experts' ranks and back (b*s*k rows of h), twice per MoE layer in forward "
-        "and twice in backward; even routing assumed",
+        what=what,
         count=count,
         message_bytes=message,
         bus_bytes=count * message * (ep - 1) / ep,
+        overlappable=False,
+    )
+
+
+def _experts_over_data_axis(
+    held_experts: float, state: StateBytes, grad_dtype: str, dp: int, whose: str
+) -> CommOp:
+    """The all-reduce of the held experts' gradients over the data axis (the ranks holding the same experts)."""
+    return CommOp(
+        op="all_reduce",
+        dtype=grad_dtype,
+        axis="dp",
+        ranks=dp,
+        what=f"{whose} held experts' gradients, over the data axis (ranks holding the same experts)",
+        count=1,
+        message_bytes=held_experts * state.grad,
+        bus_bytes=allreduce_bytes(held_experts * state.grad, dp),
         overlappable=False,
     )
