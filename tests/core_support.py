@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accelbench.testing.contract import TINY_ARGS
 
@@ -98,3 +99,20 @@ def derived(record: dict, **changes: object) -> dict:
             target = target[name]
         target[last] = value
     return copy
+
+
+def epoch_on_the_global_batch(job: Any, model: Any, optimizer: Any, epoch: int, replicas: int) -> float:
+    """One epoch of one device training ``model`` on each step's ``replicas`` shares together (the global batch a
+    data- or expert-parallel job splits), clipped to 1.0 as the reference executor clips: the mean of its steps'
+    losses. What a multi-process run's losses are compared against."""
+    import torch
+
+    steps = []
+    for parts in zip(*(job.data.batches(epoch, r, replicas) for r in range(replicas)), strict=True):
+        loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps.append(loss.item())
+    return sum(steps) / len(steps)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import accelbench
+from core_support import accelbench, epoch_on_the_global_batch
 
 from accelbench.config import RunConfig
 from accelbench.engine.parallel.mesh import check_model_split
@@ -456,19 +456,10 @@ def one_process_run(record: ResultRecord) -> tuple[list[float], torch.nn.Module]
     job = host.workload("moe").build(config)
     model = job.model.train()
     optimizer = job.make_optimizer(model, torch.device("cpu"), "foreach")
-    out = []
-    for epoch in range(len(record.metrics.epochs) if record.metrics else 0):
-        steps = []
-        for parts in zip(
-            *(job.data.batches(epoch, r, record.world_size) for r in range(record.world_size)), strict=True
-        ):
-            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            steps.append(loss.item())
-        out.append(sum(steps) / len(steps))
+    out = [
+        epoch_on_the_global_batch(job, model, optimizer, epoch, record.world_size)
+        for epoch in range(len(record.metrics.epochs) if record.metrics else 0)
+    ]
     return out, model
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from core_support import accelbench
+from core_support import accelbench, epoch_on_the_global_batch
 from torch import nn
 
 from accelbench.config import RunConfig
@@ -485,15 +485,7 @@ def one_process_on_the_global_batch(
     assert job.validation is not None
     losses, held_out = [], []
     for epoch in range(len(epoch_losses(record))):
-        steps = []
-        for parts in zip(*(job.data.batches(epoch, r, replicas) for r in range(replicas)), strict=True):
-            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            steps.append(loss.item())
-        losses.append(sum(steps) / len(steps))
+        losses.append(epoch_on_the_global_batch(job, model, optimizer, epoch, replicas))
         model.eval()
         total, samples = 0.0, 0
         with torch.no_grad():
