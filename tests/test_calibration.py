@@ -472,3 +472,69 @@ def test_a_batched_product_is_timed_at_the_rate_of_each_of_its_products() -> Non
     op = Operator(name="bmm", phase="forward", dtype="float32", flops=flops, bytes_moved=0.0, matmul=shape)
     work, _ = operator_seconds(op, c, "cpu")
     assert work == pytest.approx(flops / (100 * 100 * 10))  # not the rate of one 6400 x 100 x 10 product
+
+
+def test_an_accelerator_runs_a_batched_product_as_one_product_of_its_whole_work() -> None:
+    """On an H100 (docs/gpu/h100-2026-11-27) the calibrated step was 2.6 to 7.8 times the measured one: attention's
+    batched products were timed one small product at a time, as a CPU runs them, where the GPU runs one kernel."""
+    from accelbench.estimate.operators import MatmulShape, Operator
+    from accelbench.estimate.step_time import operator_seconds
+
+    c = _grid_calibration()  # rate = m n k on its grid, clamped at 1000
+    shape = MatmulShape(m=10, n=100, k=10, batch=64)
+    flops = 2.0 * 64 * 10 * 100 * 10
+    op = Operator(name="bmm", phase="forward", dtype="float32", flops=flops, bytes_moved=0.0, matmul=shape)
+    on_cpu, _ = operator_seconds(op, c, "cpu")
+    on_gpu, _ = operator_seconds(op, c, "cuda")
+    assert on_cpu == pytest.approx(flops / (10 * 100 * 10))
+    assert on_gpu == pytest.approx(flops / (640 * 100 * 10))  # the 64 products stacked: 640 x 100 x 10
+    unbatched = Operator(name="mm", phase="forward", dtype="float32", flops=flops, bytes_moved=0.0,
+                         matmul=MatmulShape(m=640, n=100, k=10))  # fmt: skip
+    assert operator_seconds(unbatched, c, "cuda")[0] == pytest.approx(on_gpu)
+
+
+def test_an_accelerators_phase_is_the_longer_of_its_device_work_and_the_hosts_dispatching() -> None:
+    """A CPU pays each operator's work and dispatch one after the other; an accelerator's host queues operators
+    while the device runs earlier ones, so an eager step is launch-bound at a small size (gpt2 at batch 32 on the
+    H100: 1,571 operators, 27.7 ms a step, about their launches) and kernel-bound at a large one."""
+    import dataclasses
+
+    from accelbench.estimate.notes import Notes
+    from accelbench.estimate.predictor import run_shape
+    from accelbench.estimate.step_time import calibrated_times, operator_seconds
+
+    config, ops = traced("gpt-nano", batch_size=2)
+    layout = run_shape(config)
+    slow = _grid_calibration()
+    fast = (
+        slow.model_copy(  # every rate 1e12 times the made-up grid's: work is negligible beside 1 ms launches
+            update={
+                "matmul": [
+                    p.model_copy(update={"best_flops_per_s": p.best_flops_per_s * 1e12}) for p in slow.matmul
+                ],
+                "stream": [
+                    p.model_copy(update={"best_bytes_per_s": p.best_bytes_per_s * 1e12}) for p in slow.stream
+                ],
+                "elementwise": {kind: rate * 1e12 for kind, rate in slow.elementwise.items()},
+            }
+        )
+    )
+    for base, dispatch in ((slow, 1e-9), (fast, 1e-3)):  # device-bound, then launch-bound
+        c = base.model_copy(update={"dispatch_s": dispatch, "autograd_dispatch_s": dispatch})
+        on_cpu = calibrated_times(ops, c, layout, Notes())
+        on_gpu = calibrated_times(dataclasses.replace(ops, device_type="cuda"), c, layout, Notes())
+        for phase in ("forward", "backward", "optimizer"):
+            cpu_work = sum(operator_seconds(op, c, "cpu")[0] for op in ops.phase(phase))
+            gpu_work = sum(operator_seconds(op, c, "cuda")[0] for op in ops.phase(phase))
+            launches = dispatch * len(ops.phase(phase))
+            assert getattr(on_cpu, f"{phase}_s") == pytest.approx(cpu_work + launches, rel=1e-9)
+            assert getattr(on_gpu, f"{phase}_s") == pytest.approx(max(gpu_work, launches), rel=1e-9)
+        assert on_gpu.dispatch_s == pytest.approx(on_cpu.dispatch_s)
+        if base is slow:
+            assert (
+                on_gpu.forward_s > 1e3 * on_gpu.dispatch_s
+            )  # device-bound: the launches hide behind the work
+        else:
+            assert on_gpu.forward_s == pytest.approx(
+                1e-3 * len(ops.phase("forward")), rel=1e-6
+            )  # launch-bound

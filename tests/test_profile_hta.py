@@ -156,6 +156,40 @@ def test_hta_without_communication_kernels_leaves_the_overlap_out(tmp_path: Path
     assert figures["non_compute_s"] == pytest.approx(20 / STEPS / 1e6)
 
 
+def test_hta_reads_a_trace_with_sub_microsecond_events_at_real_timestamps(tmp_path: Path) -> None:
+    """A real CUDA trace: device timestamps with fractions of a microsecond, about 4.9e12 us since boot, and
+    memsets shorter than a microsecond. HTA 0.5.0's rounding to whole microseconds gave such memsets a duration
+    of -1, and on an H100's gpt2 trace its breakdown failed its own assertion (docs/gpu/h100-2026-11-27). Here:
+    the hand-worked trace moved to such timestamps, every device event 0.3 us later, and a 0.4 us memset (inside
+    no whole microsecond) in each step's idle time."""
+    pytest.importorskip("hta", reason="Holistic Trace Analysis is not installed (the [hta] extra)")
+    trace = kineto_trace()
+    shift = 4_884_746_534_070 - BASE
+    memsets = []
+    for e in trace["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += shift
+        if "stream" in e.get("args", {}) and e.get("ph") == "X":
+            e["ts"] += 0.3
+            if e["name"].startswith("ampere_sgemm"):
+                memset = dict(e, cat="gpu_memset", name="Memset (Device)", dur=0.4)
+                memset["ts"] = e["ts"] + 310.0  # 410.3..410.7 from the step's start: the device is idle then
+                memset["args"] = dict(e["args"], correlation=e["args"]["correlation"] + 10_000)
+                memsets.append(memset)
+    trace["traceEvents"] += memsets
+    figures, source = hta_device_timeline(write_gz(tmp_path / "t.json.gz", trace))
+    assert figures is not None, source
+    # HTA gives whole microseconds: the memsets' 0.8 us move idle and non-compute by at most one
+    whole_us = 1e-6 / STEPS
+    assert figures["span_s"] == pytest.approx(SPAN / STEPS / 1e6, abs=whole_us)
+    assert figures["compute_s"] == pytest.approx(COMPUTE / STEPS / 1e6, abs=whole_us)
+    assert figures["idle_s"] == pytest.approx(IDLE / STEPS / 1e6, abs=whole_us)
+    assert figures["non_compute_s"] == pytest.approx(NON_COMPUTE / STEPS / 1e6, abs=whole_us)
+    assert figures["idle_s"] + figures["compute_s"] + figures["non_compute_s"] == pytest.approx(
+        figures["span_s"]
+    )
+
+
 def test_an_hta_failure_is_recorded_not_raised(tmp_path: Path) -> None:
     pytest.importorskip("hta", reason="Holistic Trace Analysis is not installed (the [hta] extra)")
     broken = tmp_path / ".trace-broken.json.gz"

@@ -262,6 +262,25 @@ def test_out_of_memory_is_an_outcome_not_a_crash(tmp_path: Path) -> None:
     assert record.config.batch_size == 40000
 
 
+@pytest.mark.parametrize(
+    ("message", "oom"),
+    [
+        # what an H100 said one batch past the largest that fits (docs/gpu/h100-2026-11-27): an out-of-memory
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+        ("HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`", True),
+        ("CUDA out of memory. Tried to allocate 800.00 MiB", True),
+        # a library failing for another reason is an error, not an out-of-memory
+        ("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`", False),
+        ("CUDA error: an illegal memory access was encountered", False),
+    ],
+)
+def test_a_library_that_cannot_allocate_its_workspace_is_an_out_of_memory(message: str, oom: bool) -> None:
+    from accelbench.engine.runner import is_out_of_memory
+
+    assert is_out_of_memory(RuntimeError(message)) is oom
+
+
 def test_progress_lines_in_a_batch_log_and_none_when_quiet(tmp_path: Path) -> None:
     """Output that is no terminal (a Slurm log, `| tee`) gets one plain, timestamped line per epoch with the rate
     and the run's ETA, and no progress bar; --quiet gets neither."""

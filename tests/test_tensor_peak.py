@@ -614,3 +614,22 @@ def test_lightning_ddp_ranks_measure_the_peak_the_estimate_predicts(
     assert kinds["optimizer"] == pytest.approx(memory["optimizer_bytes"], rel=0.01)
     assert kinds["temporaries"] >= memory["buffer_bytes"]
     assert kinds.get("gradients", 0) < memory["gradients_bytes"] / 10
+
+
+def test_for_a_gpu_the_trace_holds_attention_as_its_fused_kernel_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The trace runs on a fake CPU, where attention with dropout keeps its b a s^2 scores (the math path); a GPU's
+    fused kernels do not. On an H100 gpt2-large bf16-mixed trained at batch 320 (77.1 GiB), where the trace said
+    batch 256 needed 116 GB: for an H100 the trace now holds what the GPU's kernel holds, and agrees with the
+    formula; for this CPU it still keeps the scores."""
+    gpt = ["--model", "gpt-micro", "--batch-size", "16", "--precision", "bf16-mixed", "--trace"]
+    gpu = estimate_json([*gpt, "--device", "H100"], capsys)
+    gpu_no_dropout = estimate_json([*gpt, "--device", "H100", "--dropout", "0"], capsys)
+    cpu = estimate_json([*gpt, "--backend", "cpu"], capsys)
+    # the other dropouts' masks stay: more than without any dropout, far less than with the scores
+    assert gpu_no_dropout["traced_memory_bytes"]["activations"] < gpu["traced_memory_bytes"]["activations"]
+    assert "no scores kept" in gpu["traced_source"] and "no scores kept" not in cpu["traced_source"]
+    # the scores' bytes (12 per score kept by the math path) make the CPU's trace larger
+    assert cpu["traced_memory_bytes"]["activations"] > 1.3 * gpu["traced_memory_bytes"]["activations"]
+    assert gpu["traced_peak_bytes"] == pytest.approx(gpu["peak_memory_bytes"], rel=0.08)

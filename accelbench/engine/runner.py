@@ -1043,8 +1043,15 @@ def identity_of(workload: Workload, config: RunConfig) -> dict[str, Scalar | Non
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the device (or host) running out of memory: torch's OutOfMemoryError, or a library that
+    could not allocate its own workspace on a full device. On an H100, gpt2-large one batch past the largest that
+    fits ended with ``CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)``: the backward pass's
+    first matmul on autograd's thread creates a cuBLAS handle, and its workspace no longer fits (cuDNN and
+    hipBLAS say ``..._STATUS_ALLOC_FAILED`` likewise)."""
     oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # torch < 2.5
     if isinstance(exc, (oom_type, MemoryError)):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text or "_status_alloc_failed" in text
+    )

@@ -107,7 +107,8 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         }
     )
     if getattr(args, "trace", False):
-        prediction = with_trace(prediction, host, workload, config, target.plan)
+        keeps_scores = stack.keeps_scores(target.device_type, facts.dropout)
+        prediction = with_trace(prediction, host, workload, config, target.plan, keeps_scores=keeps_scores)
     if args.json:
         print(prediction.to_json(), flush=True)
         return ExitCode.OK
@@ -118,13 +119,19 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
 
 
 def with_trace(
-    prediction: Prediction, host: PluginHost, workload: Any, config: RunConfig, plan: PrecisionPlan
+    prediction: Prediction,
+    host: PluginHost,
+    workload: Any,
+    config: RunConfig,
+    plan: PrecisionPlan,
+    keeps_scores: bool = True,
 ) -> Prediction:
     """``prediction`` with ``--trace``'s second opinion: the traced step's tensor peak, by kind, and whether it (with
-    the runtime given) fits the device (:mod:`accelbench.estimate.trace`)."""
+    the runtime given) fits the device (:mod:`accelbench.estimate.trace`); ``keeps_scores``: whether the device
+    predicted for keeps attention's scores for backward, as the formula assumed (the trace runs on a fake CPU)."""
     from accelbench.estimate.trace import trace_step
 
-    traced = trace_step(host, workload, config, plan)
+    traced = trace_step(host, workload, config, plan, keeps_scores=keeps_scores)
     capacity = prediction.device_memory_bytes
     fits = traced.peak_bytes + prediction.memory.runtime_bytes <= capacity if capacity else None
     return prediction.model_copy(

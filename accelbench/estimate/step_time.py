@@ -132,8 +132,13 @@ def operator_seconds(op: Operator, calibration: Calibration, device_type: str) -
         work = max(work, op.elements / elementwise)
     if op.flops:
         shape = op.matmul
+        # a CPU runs a batched product's products one after another, each at its own size's rate; an accelerator
+        # runs them as one kernel over all its cores (a batched GEMM, a fused attention kernel), as fast as one
+        # product of the same work: the batch stacked along m
         rate = (
-            calibration.matmul_rate(shape.m, shape.n, shape.k, op.dtype)
+            calibration.matmul_rate(
+                shape.m if device_type == "cpu" else shape.m * shape.batch, shape.n, shape.k, op.dtype
+            )
             if shape is not None
             else calibration.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1], op.dtype)
         )
@@ -169,11 +174,19 @@ def calibrated_times(
     summed by phase: a matrix multiply takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``,
     random numbers, softmax and exp-like activations ``max(elements / their rate, bytes / bandwidth)``, other work
     ``bytes / bandwidth`` (elementwise and normalisation work is bound by memory), a view only its dispatch; forward
-    and backward count once per micro-batch. A batched product (attention's) runs its products one by one, each at
-    the rate of its own ``m x n x k``; the CPU's ``addmm`` adds a pass writing the bias into its output. For tensor,
+    and backward count once per micro-batch. On a CPU a batched product (attention's) runs its products one by one,
+    each at the rate of its own ``m x n x k``, and the CPU's ``addmm`` adds a pass writing the bias into its output;
+    a phase is its operators' work plus their dispatch. On an accelerator a batched product runs at the rate of one
+    product of its whole work (``batch * m x n x k``), and a phase takes the longer of its operators' work and their
+    dispatch, which the host does while the device works. For tensor,
     pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
-    phases = {phase: 0.0 for phase in PHASES}
-    dispatch_total = 0.0
+    # A CPU runs each operator as it is dispatched: a phase takes its operators' work and dispatch one after the
+    # other. An accelerator's operators are queued by the host and run while it dispatches the next: a phase takes
+    # the longer of the two, its device work or its host's dispatching (an eager step of a small model is bound by
+    # its launches; a large one by its kernels).
+    queued = operators.device_type != "cpu"
+    work_by_phase = {phase: 0.0 for phase in PHASES}
+    dispatch_by_phase = {phase: 0.0 for phase in PHASES}
     measured = dict(operators.measured_s)
     by_name: dict[
         str, float
@@ -182,16 +195,23 @@ def calibrated_times(
     for op in operators.operators:
         work, dispatch = operator_seconds(op, calibration, operators.device_type)
         repeat = operators.micro_batches if op.phase != "optimizer" else 1
-        times.append((op, (work + dispatch) * repeat, dispatch * repeat))
+        # what a profile's kernel time replaces: the device work where the host's dispatch runs beside it
+        own = work * repeat if queued else (work + dispatch) * repeat
+        times.append((op, own, dispatch * repeat))
         if op.name in measured and op.phase != "optimizer":
-            by_name[op.name] = by_name.get(op.name, 0.0) + (work + dispatch) * repeat
+            by_name[op.name] = by_name.get(op.name, 0.0) + own
     for op, seconds, dispatch in times:
         if op.name in by_name and op.phase != "optimizer" and by_name[op.name] > 0:
             seconds *= (
                 measured[op.name] / by_name[op.name]
             )  # the profile's time, shared as the calibration shares it
-        phases[op.phase] += seconds
-        dispatch_total += dispatch
+        work_by_phase[op.phase] += seconds
+        dispatch_by_phase[op.phase] += dispatch
+    dispatch_total = sum(dispatch_by_phase.values())
+    phases = {
+        phase: max(work_by_phase[phase], dispatch_by_phase[phase]) if queued else work_by_phase[phase]
+        for phase in PHASES
+    }
     if by_name:
         notes.assume(
             f"measured times from {operators.measured_source} replace the calibrated ones for "
@@ -213,6 +233,10 @@ def calibrated_times(
     notes.assume(
         "compute time: each operator's roofline time (matmul rate by shape, or elementwise bandwidth) plus its "
         f"dispatch cost, summed over {len(operators.operators)} traced operators"
+        if not queued
+        else "compute time: each phase the longer of its operators' device time (matmul rate by shape, a batched "
+        "product as one product of its whole work, or elementwise bandwidth) and the host's dispatching of "
+        f"them, which runs ahead of the device; over {len(operators.operators)} traced operators"
     )
     return CalibratedTimes(
         forward_s=phases["forward"] * share,

@@ -3,11 +3,14 @@ Chrome trace ``accelbench run --profile`` writes, with HTA's own definitions (:f
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
 import math
+import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +54,47 @@ def _hta_version() -> str:
 
 def _trace_for_hta(trace_file: Path, out: Path) -> Path:
     """The trace as HTA is given it: a copy without the ``gpu_user_annotation`` spans (the device-side projections
-    of host annotations such as ``ProfilerStep#N``: no device work of their own). HTA 0.5.0 counts every event
-    that carries a CUDA stream as a kernel, so a span that carries one would fill the idle time it spans."""
+    of host annotations such as ``ProfilerStep#N``: no device work of their own; HTA 0.5.0 counts every event
+    that carries a CUDA stream as a kernel, so a span that carries one would fill the idle time it spans), its
+    timestamps counted from its first event."""
     opener: Any = gzip.open if trace_file.name.endswith(".gz") else open
     with opener(trace_file, "rt", encoding="utf-8") as src:
         trace = json.load(src)
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if isinstance(events, list):
-        trace["traceEvents"] = [
-            e for e in events if not (isinstance(e, dict) and e.get("cat") == "gpu_user_annotation")
-        ]
+        events = [e for e in events if not (isinstance(e, dict) and e.get("cat") == "gpu_user_annotation")]
+        # Timestamps counted from the trace's first event. Kineto writes microseconds since boot (4.9e12 on an
+        # H100 machine), and HTA 0.5.0 takes a busy time as sum(ends) - sum(starts): over a few thousand kernels
+        # those sums reach 1e16, where float64 rounds by whole microseconds, and the busy time by hundreds of them.
+        # On a real trace its temporal breakdown came out negative and failed its own assertion.
+        starts = [e["ts"] for e in events if isinstance(e, dict) and isinstance(e.get("ts"), (int, float))]
+        origin = math.floor(min(starts)) if starts else 0
+        for e in events:
+            if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)):
+                e["ts"] = round(e["ts"] - origin, 3)
+        trace["traceEvents"] = events
     with open(out, "w", encoding="utf-8") as dst:
         json.dump(trace, dst, indent=0)  # one key per line, as kineto writes: HTA finds "rank": N by line
     return out
+
+
+@contextlib.contextmanager
+def _without_whole_microsecond_rounding() -> Iterator[None]:
+    """HTA 0.5.0 rounds each event of a trace with fractional timestamps to whole microseconds inward (start up,
+    end down), so an event under a microsecond long that spans no whole one (a memset, a small fill) gets a
+    duration of -1. Merged with the others, those made its busy time exceed the step's span on an H100 trace of
+    gpt2 (81 such events in 3 steps), and its temporal breakdown failed its own assertion (non-compute >= 0). HTA's
+    own switch turns the rounding off while it reads the trace."""
+    name = "HTA_DISABLE_NS_ROUNDING"
+    before = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def hta_device_timeline(trace_file: Path, rank: int = 0) -> tuple[dict[str, float] | None, str]:
@@ -100,7 +131,7 @@ def hta_device_timeline(trace_file: Path, rank: int = 0) -> tuple[dict[str, floa
 
         with tempfile.TemporaryDirectory(prefix="accelbench-hta-") as folder:
             trace = _trace_for_hta(Path(trace_file), Path(folder) / f"rank-{rank}.json")
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _without_whole_microsecond_rounding():
                 warnings.simplefilter("ignore")  # pandas' deprecation notices about HTA's own calls
                 analysis = TraceAnalysis(
                     trace_files={rank: str(trace)},
