@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from accelbench.errors import ResultFileError
-from accelbench.results import read_record
+from accelbench.results import check_prediction, read_record
 
 COLUMNS = (
     "set",
@@ -28,20 +28,23 @@ COLUMNS = (
     "peak GiB",
     "compile s",
     "power W",
+    "pred step",
+    "pred mem",
 )
 
 
 def row(path: Path, root: Path) -> list[str]:
     r = read_record(path)
     c, m = r.config, r.metrics
+    o = c.workload_options
     opts = [
         c.strategy if c.strategy != "single" else "",
         "lightning" if c.engine == "lightning" else "",
         f"compile:{c.compile_mode}" if c.compile else "",
         f"tf32:{c.backend_options['tf32']}" if c.precision == "fp32" and "tf32" in c.backend_options else "",
         f"data:{c.data_placement}" if c.data_placement != "auto" else "",
-        f"vocab*{c.vocab_multiple}" if c.vocab_multiple != 64 else "",
-        f"drop:{c.dropout}" if c.dropout != 0.1 else "",
+        f"vocab*{o['vocab_multiple']}" if o.get("vocab_multiple", 64) != 64 else "",
+        f"drop:{o['dropout']}" if o.get("dropout", 0.1) != 0.1 else "",
     ]
     steady = m.steady if m else None
     power = None
@@ -50,6 +53,8 @@ def row(path: Path, root: Path) -> list[str]:
             e.telemetry.get("power_w") for e in m.epochs[1:] if e.telemetry and e.telemetry.get("power_w")
         ]
         power = sum(powers) / len(powers) if powers else None
+
+    check = check_prediction(r)
 
     def f(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
@@ -69,6 +74,10 @@ def row(path: Path, root: Path) -> list[str]:
         f(m.peak_memory_max_bytes / 2**30 if m and m.peak_memory_max_bytes else None, ".2f"),
         f(m.compile_s if m else None, ".1f"),
         f(power, ".0f"),
+        # the record's own prediction against what it measured (memory: tensors against the live tensor peak
+        # where one was measured, else against the backend's reading)
+        f(check.step_error if check else None, "+.1%"),
+        f(check.memory_error if check else None, "+.1%"),
     ]
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # accelbench on a real NVIDIA GPU: every check of benchmarks/gpu/README.md in few, full batches.
 #
-#   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: functional | speed | final | compiled | all
+#   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: functional | speed | final | compiled |
+#                                                              prediction | fast-paths | all
 #
 # Runs from the repository root on a machine with a CUDA build of torch. Wheels in .whl/ (made by
 # benchmarks/gpu/prepare.sh: accelbench, accelbench-cuda, pydantic, DeepSpeed, ...) are installed into a private
@@ -116,6 +117,41 @@ if want final; then
         --output-dir "$W/records/speed" --quiet
     step profile-b512-dropout0 40 python3 benchmarks/profile_step.py --model gpt2 --batch-size 512 \
         --precision bf16-true --dropout 0 --compile --matmul-ceiling 7.805e14 --out "$W/profile-gpt2-b512-dropout0.json"
+fi
+
+if want prediction; then
+    # everything added since the H200 run, first part (issue 19 points 1-3): every record's own prediction against
+    # the GPU over a batch ladder, the fit check against a real out-of-memory boundary, a profile read by HTA beside
+    # accelbench's own breakdown, and the runner against a hand-written loop per workload
+    step info-json 20 "${AB[@]}" info --json
+    step ceilings 30 python3 benchmarks/gpu/crosscheck.py ceilings "$W/ceilings.json"
+    step predict-ladder 120 "${AB[@]}" sweep benchmarks/gpu/cuda-predict.toml --output-dir "$W/records/predict" --quiet
+    step fit-boundary 45 "${AB[@]}" sweep benchmarks/gpu/cuda-fit.toml --output-dir "$W/records/fit" --quiet
+    for b in 256 320 352; do
+        step fit-trace-$b 15 "${AB[@]}" estimate --backend cuda --model gpt2-large --precision bf16-mixed --batch-size $b \
+            --trace --json
+        cp "$W/logs/fit-trace-$b.log" "$W/fit-trace-$b.json" 2>/dev/null
+    done
+    step profile-hta 30 "${AB[@]}" run --backend cuda --model gpt2 --precision bf16-mixed --batch-size 64 --epochs 2 \
+        --steps-per-epoch 10 --profile --profile-steps 3 --idle-baseline-s 0 --output-dir "$W/records/profile"
+    step hand-loop 50 python3 benchmarks/gpu/hand_loop.py "$W/hand-loop.json" gpt:gpt2:bf16-mixed:64:30 \
+        bert:bert-base:bf16-mixed:64:20:synthetic=device resnet50:resnet50:bf16-mixed:128:15:synthetic=device
+fi
+
+if want fast-paths; then
+    # second part (issue 19 point 4, issue 23/26's GPU points): MFU of a gpt2-class model compiled in bf16, FP8
+    # (torchao's tensorwise recipe) against bf16 at a width where it should pay, and the llama and moe workloads
+    FAST=(--backend cuda --epochs 3 --idle-baseline-s 0 --output-dir "$W/records/fast" --quiet)
+    step mfu-gpt2-large-bf16-true 60 "${AB[@]}" run "${FAST[@]}" --model gpt2-large --precision bf16-true \
+        --dropout 0 --batch-size 64 --steps-per-epoch 20 --compile
+    WIDE=(--workload llama --model custom --layers 4 --embd 4096 --heads 32 --kv-heads 8 --ffn-dim 14336
+          --seq-len 2048 --batch-size 4 --steps-per-epoch 15 --compile)
+    step llama-wide-bf16-mixed 50 "${AB[@]}" run "${FAST[@]}" "${WIDE[@]}" --precision bf16-mixed
+    step llama-wide-fp8-tensorwise 50 "${AB[@]}" run "${FAST[@]}" "${WIDE[@]}" --precision fp8-tensorwise
+    step llama-small-eager 20 "${AB[@]}" run "${FAST[@]}" --workload llama --model llama-small \
+        --precision bf16-mixed --batch-size 32 --steps-per-epoch 10
+    step moe-mini-eager 20 "${AB[@]}" run "${FAST[@]}" --workload moe --model moe-mini --precision bf16-mixed \
+        --batch-size 32 --steps-per-epoch 10
 fi
 
 if want compiled; then

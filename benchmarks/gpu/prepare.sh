@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, before a GPU call: wheels for the GPU machine (Python 3.12, x86-64, no package registry) into .whl/:
 # accelbench and accelbench-cuda built from this tree, and the packages the machine's image lacks (pydantic and
-# its needs, hjson, and DeepSpeed built without ops). `echo /.whl/ >> .git/info/exclude` keeps them out of git.
+# its needs, hjson, torchao, Holistic Trace Analysis, and DeepSpeed built without ops). `echo /.whl/ >> .git/info/exclude` keeps them out of git.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl
@@ -13,6 +13,10 @@ get() {
 }
 ls .whl/pydantic-2*.whl >/dev/null 2>&1 || get pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 \
     typing-inspection==0.4.5 typing_extensions==4.16.0 hjson==3.1.0
+# torchao for the FP8 runs (0.17 pairs with the machine's torch 2.11), Holistic Trace Analysis for --profile and the
+# two of its needs the image lacks (plotly, pydot)
+ls .whl/torchao-*.whl >/dev/null 2>&1 || get torchao==0.17.0
+ls .whl/holistictraceanalysis-*.whl >/dev/null 2>&1 || get HolisticTraceAnalysis==0.5.0 plotly==6.5.0 pydot==4.0.1
 ls .whl/deepspeed-*.whl >/dev/null 2>&1 || (cd /tmp && DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps \
     --no-build-isolation deepspeed==0.19.8 -w "$OLDPWD/.whl")
 ls -la .whl
