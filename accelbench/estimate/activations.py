@@ -92,7 +92,10 @@ def activation_bytes(
                 else "torch multiplies by a noise tensor of the activation's type; Korthikanti counts 1 byte)"
             )
         )
-    outside = s * b * h * (mask * (facts.dropout > 0) + 4 * state.activation / 2) + 4 * s * b * v
+    # the fp32 logits: of every position, or of a masked language model's predicted ones (BERT's head picks them)
+    outside = (
+        s * b * h * (mask * (facts.dropout > 0) + 4 * state.activation / 2) + 4 * shape.logit_tokens * b * v
+    )
     return per_layer * shape.layers + outside
 
 
@@ -134,16 +137,17 @@ def backward_transient_bytes(
     tp: int = 1,
 ) -> float:
     """What the start of backward holds beside the activations: the cross-entropy's gradients with respect to the
-    log-probabilities and to the logits, fp32 ``4 s b V`` each, and with activation checkpointing the last layer's
+    log-probabilities and to the logits, fp32 ``4 s b V`` each (``s``: the positions whose logits are computed, a
+    masked language model's predicted ones), and with activation checkpointing the last layer's
     activations rebuilt (one layer at a time)."""
     shape = facts.transformer
     if shape is None:
         return 0.0
-    s, b = shape.sequence, micro_batch
-    loss = 2 * 4 * s * b * shape.vocab / tp
+    positions = shape.logit_tokens * micro_batch  # whose logits the loss reads
+    loss = 2 * 4 * positions * shape.vocab / tp
     if checkpointing:
         loss += layer_activation_bytes(
-            shape, b, state, keeps_scores, tp, device_type=device_type, dropout=facts.dropout > 0
+            shape, micro_batch, state, keeps_scores, tp, device_type=device_type, dropout=facts.dropout > 0
         )
     return loss
 

@@ -149,4 +149,7 @@ def _transformer(summary: dict[str, Any], units: list[int], outer: int) -> Trans
         # the mean block: a mixture's dense first blocks are smaller than its MoE blocks, and the total is right
         layer_parameters=sum(units) // len(units) if units else None,
         other_parameters=outer,
+        logit_positions=int(summary["predicted_per_sequence"])
+        if summary.get("predicted_per_sequence")
+        else None,
     )

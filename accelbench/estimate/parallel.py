@@ -160,6 +160,14 @@ class TransformerShape:
     vocab: int
     layer_parameters: int | None = None
     other_parameters: int | None = None
+    # the positions of a sequence whose logits are computed: all of them (None), or a masked language model's
+    # predicted positions (BERT's head runs on those alone)
+    logit_positions: int | None = None
+
+    @property
+    def logit_tokens(self) -> int:
+        """Positions per sequence whose vocabulary-wide logits (and their gradients) exist."""
+        return self.logit_positions if self.logit_positions is not None else self.sequence
 
     @property
     def parameters_per_layer(self) -> int:
