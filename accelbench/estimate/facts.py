@@ -95,7 +95,7 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         if isinstance(module, nn.Linear):
             linear.update(id(p) for p in module.parameters())
     summary: dict[str, Any] = job.summary
-    shape = _transformer(summary, units, stored - sum(units))
+    shape = _transformer(summary, units, stored - sum(units), gated=config.workload == "llama")
     megatron = job.megatron_flops_per_sample
     # Megatron's dense count has no routed experts: a mixture of experts is counted by its own formula only
     if megatron is None and shape is not None and not summary.get("expert_parameters"):
@@ -132,7 +132,9 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
     )
 
 
-def _transformer(summary: dict[str, Any], units: list[int], outer: int) -> TransformerShape | None:
+def _transformer(
+    summary: dict[str, Any], units: list[int], outer: int, gated: bool = False
+) -> TransformerShape | None:
     """A transformer's shape from a workload summary, or None when it names none. The vocabulary is the logits'
     width (padded, where the workload pads it: that is what is computed and stored)."""
     keys = ("n_layer", "n_head", "n_embd")
@@ -151,5 +153,10 @@ def _transformer(summary: dict[str, Any], units: list[int], outer: int) -> Trans
         other_parameters=outer,
         logit_positions=int(summary["predicted_per_sequence"])
         if summary.get("predicted_per_sequence")
+        else None,
+        # a Llama block's widths, where the activation count is its own (a mixture's experts are not counted so)
+        gated_ffn=int(summary["ffn_dim"]) if gated and summary.get("ffn_dim") else None,
+        kv_width=int(summary["n_kv_heads"]) * int(summary["head_dim"])
+        if gated and summary.get("n_kv_heads") and summary.get("head_dim")
         else None,
     )

@@ -163,6 +163,10 @@ class TransformerShape:
     # the positions of a sequence whose logits are computed: all of them (None), or a masked language model's
     # predicted positions (BERT's head runs on those alone)
     logit_positions: int | None = None
+    # a Llama-style block (RMSNorm, rotary attention with grouped-query heads, SwiGLU): the gated MLP's hidden width
+    # and the keys' and values' width (n_kv_heads x head_dim); None for a GPT-style block (LayerNorm, 4h GELU MLP)
+    gated_ffn: int | None = None
+    kv_width: int | None = None
 
     @property
     def logit_tokens(self) -> int:
