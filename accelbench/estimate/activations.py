@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.notes import Notes
-from accelbench.estimate.parallel import TransformerShape, activation_bytes_per_layer
+from accelbench.estimate.parallel import RoutedExperts, TransformerShape, activation_bytes_per_layer
 from accelbench.estimate.stack import dropout_mask_bytes
 from accelbench.estimate.state import StateBytes
 
@@ -139,6 +139,7 @@ def gated_layer_activation_bytes(
     sequence_parallel: bool = False,
     *,
     device_type: str = "cuda",
+    ep: int = 1,
 ) -> float:
     """One Llama-style layer's activations for one microbatch (RMSNorm, rotary grouped-query attention, SwiGLU, no
     dropout), tensor by tensor as autograd saves them, with ``a`` the activations' bytes a value and ``r`` the
@@ -154,9 +155,13 @@ def gated_layer_activation_bytes(
     - SwiGLU: the gate and up projections, SiLU's output and the product that is the down projection's input (4
       of ``a s b f``).
 
-    Measured on this CPU by a saved-tensor hook over llama-small's step (bf16-mixed, batch 4: 55 bytes per ``s b h``
-    a layer, exact); for CUDA the norms' difference is inferred from an H100's llama-small tensor peak (1,841 MiB
-    of activations at batch 32; 47 bytes per ``s b h`` a layer by this count).
+    A mixture of experts (``shape.routed``) has, in each of its MoE blocks, in place of the SwiGLU (:func:`_routed`):
+    the router's and the shared expert's input casts, the shared expert's SwiGLU, and the routed rows; its first
+    dense blocks, if any, are Llama blocks. The mean over the blocks is returned (times the layers: the total).
+
+    Measured on this CPU by a saved-tensor hook over llama-small's and moe-mini's steps (bf16-mixed, batch 4: 55
+    bytes per ``s b h`` a llama-small layer, exact); for CUDA the norms' difference is inferred from an H100's
+    llama-small tensor peak (1,841 MiB of activations at batch 32; 47 bytes per ``s b h`` a layer by this count).
     """
     s, h, b = shape.sequence, shape.hidden, micro_batch
     f, kv = shape.gated_ffn or 4 * h, shape.kv_width or h
@@ -167,14 +172,32 @@ def gated_layer_activation_bytes(
     # the two norms: their inputs (the CPU's composite norm keeps an fp32 copy of a 16-bit one) and the CPU's fp32
     # normalised values, and their outputs where no cast follows
     norm = (r if device_type == "cuda" else 4 + 4) + (0 if state.autocast_copy else a)
-    per_layer = tokens * h * 2 * norm / split
-    if state.autocast_copy:  # each linear's own cast of its input: q, k, v, gate, up
-        per_layer += tokens * h * 5 * a / split
-    per_layer += tokens * (2 * a * h + 2 * a * kv) / tp  # rotated q and the output; rotated k and v
-    per_layer += tokens * 4 * a * f / tp  # SwiGLU
+    common = tokens * h * 2 * norm / split
+    common += tokens * (2 * a * h + 2 * a * kv) / tp  # rotated q and the output; rotated k and v
     if keeps_scores:
-        per_layer += MATH_ATTENTION_BYTES_PER_SCORE * shape.heads * s * s * b / tp
-    return per_layer
+        common += MATH_ATTENTION_BYTES_PER_SCORE * shape.heads * s * s * b / tp
+    casts = tokens * h * a / split if state.autocast_copy else 0.0  # one linear's own cast of its input
+    dense = common + 3 * casts + 2 * casts + tokens * 4 * a * f / tp  # q, k, v; gate, up; SwiGLU
+    routed = shape.routed
+    if routed is None:
+        return dense
+    moe = common + 3 * casts + _routed(routed, tokens, h, a, r, casts, ep)
+    return (moe * routed.moe_layers + dense * (shape.layers - routed.moe_layers)) / shape.layers
+
+
+def _routed(routed: RoutedExperts, tokens: int, h: int, a: int, r: int, casts: float, ep: int) -> float:
+    """One MoE block's feed-forward activations (see :func:`gated_layer_activation_bytes`): the router's input
+    cast; the shared expert's two input casts and its SwiGLU (4 of ``a t f_shared``); the routed rows, ``t k`` of
+    them (an even share per expert-parallel rank): their copy in the experts' dtype, the buffer padded per expert
+    for the grouped matmuls (each of the rank's experts' rows rounded up to 16 bytes' worth: ``t k + E/ep x
+    (align - 1)`` rows, the worst case the buffer is sized for), the experts' SwiGLU over it (4 of ``a rows f``),
+    their outputs and those weighted by the gates (in the norm output's dtype, ``r``)."""
+    rows = tokens * routed.top_k
+    align = 16 // a
+    padded = rows + (routed.experts // max(1, ep)) * (align - 1) if routed.grouped else rows
+    shared = 2 * casts + tokens * 4 * a * routed.shared_ffn if routed.shared_ffn else 0.0
+    experts = rows * h * a + padded * h * a + padded * 4 * a * routed.ffn + rows * h * (a + r)
+    return casts + shared + experts
 
 
 def backward_transient_bytes(

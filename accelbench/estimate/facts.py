@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from accelbench.estimate.parallel import (
+    RoutedExperts,
     TransformerShape,
     megatron_flops_per_iteration,
     megatron_recompute_flops,
@@ -95,7 +96,7 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         if isinstance(module, nn.Linear):
             linear.update(id(p) for p in module.parameters())
     summary: dict[str, Any] = job.summary
-    shape = _transformer(summary, units, stored - sum(units), gated=config.workload == "llama")
+    shape = _transformer(summary, units, stored - sum(units), workload=config.workload)
     megatron = job.megatron_flops_per_sample
     # Megatron's dense count has no routed experts: a mixture of experts is counted by its own formula only
     if megatron is None and shape is not None and not summary.get("expert_parameters"):
@@ -133,7 +134,7 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
 
 
 def _transformer(
-    summary: dict[str, Any], units: list[int], outer: int, gated: bool = False
+    summary: dict[str, Any], units: list[int], outer: int, workload: str = ""
 ) -> TransformerShape | None:
     """A transformer's shape from a workload summary, or None when it names none. The vocabulary is the logits'
     width (padded, where the workload pads it: that is what is computed and stored)."""
@@ -154,9 +155,29 @@ def _transformer(
         logit_positions=int(summary["predicted_per_sequence"])
         if summary.get("predicted_per_sequence")
         else None,
-        # a Llama block's widths, where the activation count is its own (a mixture's experts are not counted so)
-        gated_ffn=int(summary["ffn_dim"]) if gated and summary.get("ffn_dim") else None,
-        kv_width=int(summary["n_kv_heads"]) * int(summary["head_dim"])
-        if gated and summary.get("n_kv_heads") and summary.get("head_dim")
-        else None,
+        # a Llama block's widths, or a mixture of experts' with grouped-query attention, whose activations are
+        # counted as their own tensors (a mixture with latent attention, MLA, by the dense GPT formula)
+        **_gated_widths(summary, workload),
     )
+
+
+def _gated_widths(summary: dict[str, Any], workload: str) -> dict[str, Any]:
+    """The Llama-style widths of a ``llama`` or grouped-query ``moe`` summary (:class:`TransformerShape`'s
+    ``gated_ffn``, ``kv_width``, ``routed``), none for other workloads."""
+    if workload not in ("llama", "moe") or not (summary.get("n_kv_heads") and summary.get("head_dim")):
+        return {}
+    widths: dict[str, Any] = {"kv_width": int(summary["n_kv_heads"]) * int(summary["head_dim"])}
+    if workload == "llama":
+        return {**widths, "gated_ffn": int(summary["ffn_dim"])} if summary.get("ffn_dim") else {}
+    if str(summary.get("attention_kind", "")).upper() != "GQA" or not summary.get("n_experts"):
+        return {}
+    ffn = int(summary["ffn_dim"])
+    routed = RoutedExperts(
+        experts=int(summary["n_experts"]),
+        top_k=int(summary["top_k"]),
+        ffn=ffn,
+        shared_ffn=ffn * int(summary.get("shared_experts", 0) or 0),
+        moe_layers=int(summary.get("moe_layers", summary["n_layer"])),
+        grouped=summary.get("experts_kernel", "grouped") != "loop",
+    )
+    return {**widths, "gated_ffn": int(summary.get("dense_ffn_dim", 0) or 0) or ffn, "routed": routed}

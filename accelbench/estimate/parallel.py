@@ -148,6 +148,21 @@ def in_flight_microbatches(schedule: str, stage_rank: int, pp: int, microbatches
 
 
 @dataclass(frozen=True)
+class RoutedExperts:
+    """A mixture of experts' feed-forward as the activation count sees it: ``experts`` SwiGLU experts of hidden
+    width ``ffn``, ``top_k`` of them per token, a shared expert of width ``shared_ffn`` (0: none), in ``moe_layers``
+    of the blocks (the first ones may be dense SwiGLUs of the shape's ``gated_ffn``); ``grouped``: the experts run
+    as grouped matmuls over rows padded per expert (else one matmul per expert)."""
+
+    experts: int
+    top_k: int
+    ffn: int
+    shared_ffn: int
+    moe_layers: int
+    grouped: bool = True
+
+
+@dataclass(frozen=True)
 class TransformerShape:
     """A GPT-like model as the formulas see it: layers ``l``, width ``h``, heads ``a``, context ``s``, vocabulary
     ``V``; ``layer_parameters`` and ``other_parameters`` (embeddings, final norm) where known, else the usual
@@ -167,6 +182,8 @@ class TransformerShape:
     # and the keys' and values' width (n_kv_heads x head_dim); None for a GPT-style block (LayerNorm, 4h GELU MLP)
     gated_ffn: int | None = None
     kv_width: int | None = None
+    # a mixture of experts' routed feed-forward (with gated_ffn its dense blocks' width, where it has any)
+    routed: RoutedExperts | None = None
 
     @property
     def logit_tokens(self) -> int:

@@ -69,11 +69,13 @@ def data_parallel_breakdown(
         facts, micro, state, keeps_scores, device_type=device_type, checkpointing=checkpointing
     )
     sixteen_bit_fsdp = strategy == Strategy.FSDP and stack.fsdp_param_dtype in ("bf16", "fp16")
-    autocast = 0 if sixteen_bit_fsdp else state.autocast_copy * facts.matmul_parameters
+    # the routed experts' weights are copied too (their grouped matmuls cast them as autocast casts a linear's)
+    copied = facts.matmul_parameters + facts.expert_parameters
+    autocast = 0 if sixteen_bit_fsdp else state.autocast_copy * copied
     if autocast:
         notes.assume(
             "autocast keeps a 16-bit copy of every linear weight from forward to backward (2 bytes x "
-            f"{facts.matmul_parameters:,} parameters; whole even under FSDP, whose gathered weights it copies)"
+            f"{copied:,} parameters; whole even under FSDP, whose gathered weights it copies)"
         )
     comm: list[CommOp] = []
     grad_total = n * state.grad
@@ -611,7 +613,7 @@ def expert_parallel_breakdown(
             grad_accum=layout.grad_accum,
         )
         memory, comm = data_parallel_breakdown(
-            dataclasses.replace(facts, unit_parameters=units),
+            dataclasses.replace(facts, unit_parameters=units, expert_parameters=held_experts),
             fsdp,
             state,
             keeps_scores,
@@ -623,13 +625,15 @@ def expert_parallel_breakdown(
             f"expert parallelism over {ep} ranks with FSDP2: each device keeps 1/{world} of every parameter (the "
             f"{replicated:,} replicated ones sharded over all ranks, its ep rank's {held_experts:,} experts' over the "
             f"data axis); a unit gathers its 1/{ep} of the experts; FSDP's collectives counted over every rank (the "
-            "experts' really run over the data axis); activations a dense layer's (Korthikanti et al.)"
+            "experts' really run over the data axis); activations as one device's on its batch (even routing)"
         )
         return memory, [*comm, exchange]
     matmul = (
         facts.matmul_parameters
     )  # the linear layers: attention, router, head (the experts are not nn.Linear)
-    mine = dataclasses.replace(facts, stored_parameters=per_device, matmul_parameters=matmul)
+    mine = dataclasses.replace(
+        facts, stored_parameters=per_device, matmul_parameters=matmul, expert_parameters=held_experts
+    )
     ddp = RunShape(
         strategy=Strategy.DDP.value,
         precision=layout.precision,
@@ -641,7 +645,8 @@ def expert_parallel_breakdown(
     notes.assume(
         f"expert parallelism over {ep} ranks: each holds the {replicated:,} replicated parameters and "
         f"{held_experts:,} of the {facts.expert_parameters:,} routed experts' ({per_device:,} in all); the "
-        "activations are a dense layer's (Korthikanti et al.), not the routed experts' own"
+        "activations are one device's on its batch, its routed rows an even share (with latent attention, MLA, a "
+        "dense layer's: Korthikanti et al.)"
     )
     comm = []
     grad_dtype = element_type(state.grad, layout.precision)
@@ -711,7 +716,7 @@ def expert_pipeline_breakdown(
     notes.assume(
         f"expert parallelism over {ep} ranks inside each of {dims.pp} pipeline stages: each ep rank's pipeline "
         f"trains its own batch; a device holds its stage's replicated parameters and 1/{ep} of its stage's routed "
-        f"experts ({held_experts:,.0f} of them on the first stage); the activations are a dense layer's"
+        f"experts ({held_experts:,.0f} of them on the first stage); the activations as one device's on its microbatches"
     )
     grad_dtype = element_type(state.grad, layout.precision)
     replicas = dims.dp * ep
