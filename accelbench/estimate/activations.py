@@ -139,7 +139,6 @@ def gated_layer_activation_bytes(
     sequence_parallel: bool = False,
     *,
     device_type: str = "cuda",
-    ep: int = 1,
 ) -> float:
     """One Llama-style layer's activations for one microbatch (RMSNorm, rotary grouped-query attention, SwiGLU, no
     dropout), tensor by tensor as autograd saves them, with ``a`` the activations' bytes a value and ``r`` the
@@ -181,20 +180,21 @@ def gated_layer_activation_bytes(
     routed = shape.routed
     if routed is None:
         return dense
-    moe = common + 3 * casts + _routed(routed, tokens, h, a, r, casts, ep)
+    moe = common + 3 * casts + _routed(routed, tokens, h, a, r, casts)
     return (moe * routed.moe_layers + dense * (shape.layers - routed.moe_layers)) / shape.layers
 
 
-def _routed(routed: RoutedExperts, tokens: int, h: int, a: int, r: int, casts: float, ep: int) -> float:
+def _routed(routed: RoutedExperts, tokens: int, h: int, a: int, r: int, casts: float) -> float:
     """One MoE block's feed-forward activations (see :func:`gated_layer_activation_bytes`): the router's input
     cast; the shared expert's two input casts and its SwiGLU (4 of ``a t f_shared``); the routed rows, ``t k`` of
-    them (an even share per expert-parallel rank): their copy in the experts' dtype, the buffer padded per expert
-    for the grouped matmuls (each of the rank's experts' rows rounded up to 16 bytes' worth: ``t k + E/ep x
-    (align - 1)`` rows, the worst case the buffer is sized for), the experts' SwiGLU over it (4 of ``a rows f``),
-    their outputs and those weighted by the gates (in the norm output's dtype, ``r``)."""
+    them (as many on an expert-parallel rank, routing even): their copy in the experts' dtype, the buffer padded
+    per expert for the grouped matmuls (each expert's rows rounded up to 16 bytes' worth: ``t k + E x (align - 1)``
+    rows, the worst case the buffer is sized for; an expert-parallel rank's E/ep experts pad less), the experts'
+    SwiGLU over it (4 of ``a rows f``), their outputs and those weighted by the gates (in the norm output's dtype,
+    ``r``)."""
     rows = tokens * routed.top_k
     align = 16 // a
-    padded = rows + (routed.experts // max(1, ep)) * (align - 1) if routed.grouped else rows
+    padded = rows + routed.experts * (align - 1) if routed.grouped else rows
     shared = 2 * casts + tokens * 4 * a * routed.shared_ffn if routed.shared_ffn else 0.0
     experts = rows * h * a + padded * h * a + padded * 4 * a * routed.ffn + rows * h * (a + r)
     return casts + shared + experts
