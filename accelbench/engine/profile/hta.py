@@ -54,25 +54,16 @@ def _hta_version() -> str:
 
 def _trace_for_hta(trace_file: Path, out: Path) -> Path:
     """The trace as HTA is given it: a copy without the ``gpu_user_annotation`` spans (the device-side projections
-    of host annotations such as ``ProfilerStep#N``: no device work of their own; HTA 0.5.0 counts every event
-    that carries a CUDA stream as a kernel, so a span that carries one would fill the idle time it spans), its
-    timestamps counted from its first event."""
+    of host annotations such as ``ProfilerStep#N``: no device work of their own). HTA 0.5.0 counts every event
+    that carries a CUDA stream as a kernel, so a span that carries one would fill the idle time it spans."""
     opener: Any = gzip.open if trace_file.name.endswith(".gz") else open
     with opener(trace_file, "rt", encoding="utf-8") as src:
         trace = json.load(src)
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if isinstance(events, list):
-        events = [e for e in events if not (isinstance(e, dict) and e.get("cat") == "gpu_user_annotation")]
-        # Timestamps counted from the trace's first event. Kineto writes microseconds since boot (4.9e12 on an
-        # H100 machine), and HTA 0.5.0 takes a busy time as sum(ends) - sum(starts): over a few thousand kernels
-        # those sums reach 1e16, where float64 rounds by whole microseconds, and the busy time by hundreds of them.
-        # On a real trace its temporal breakdown came out negative and failed its own assertion.
-        starts = [e["ts"] for e in events if isinstance(e, dict) and isinstance(e.get("ts"), (int, float))]
-        origin = math.floor(min(starts)) if starts else 0
-        for e in events:
-            if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)):
-                e["ts"] = round(e["ts"] - origin, 3)
-        trace["traceEvents"] = events
+        trace["traceEvents"] = [
+            e for e in events if not (isinstance(e, dict) and e.get("cat") == "gpu_user_annotation")
+        ]
     with open(out, "w", encoding="utf-8") as dst:
         json.dump(trace, dst, indent=0)  # one key per line, as kineto writes: HTA finds "rank": N by line
     return out
