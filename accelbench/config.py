@@ -388,23 +388,19 @@ class RunConfig(BaseModel):
                     + ",".join(a for a in MESH_AXES if a in generic)
                 )
             self._normalise(placement=",".join(order))
-        if "ddp" in sizes and "tp" in sizes:
+        # with ep the data axis is reduced by hand, not by DDP
+        if "ddp" in sizes and "tp" in sizes and "ep" not in sizes:
             raise ValueError(
                 f"--mesh {self.mesh}: DDP cannot hold tensor-parallel (DTensor) parameters; write the data axis as "
                 "dp= (FSDP2) to compose data with tensor parallelism"
             )
         if "ep" in sizes:
-            ep = sizes["ep"]
-            works = f"e.g. --mesh dp=2,ep={ep} (every ep rank also trains its own share of the batch) or pp=2,ep={ep}"
-            if "tp" in sizes:
+            split = [axis for axis in ("pp", "tp") if axis in sizes]
+            if split and "fsdp" in sizes:
+                sizes_of = ",".join(f"{axis}={sizes[axis]}" for axis in split)
                 raise ValueError(
-                    f"--mesh {self.mesh}: the expert axis (ep) composes with a data axis (dp/fsdp or ddp) or with pp, "
-                    f"not with tp; {works}"
-                )
-            if "pp" in sizes and "fsdp" in sizes:
-                raise ValueError(
-                    f"--mesh {self.mesh}: the expert axis (ep) with pp takes a replicated data axis (ddp=) only, not "
-                    f"FSDP2 yet; e.g. --mesh ddp={sizes['fsdp']},pp={sizes['pp']},ep={ep}"
+                    f"--mesh {self.mesh}: the expert axis (ep) with {' and '.join(split)} takes a replicated data "
+                    f"axis (ddp=) only, not FSDP2 yet; e.g. --mesh ddp={sizes['fsdp']},{sizes_of},ep={sizes['ep']}"
                 )
         if self.sequence_parallel and "tp" not in sizes:
             raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")

@@ -358,7 +358,7 @@ def test_the_expert_axis_in_the_mesh() -> None:
             "moe",
             "4 experts per layer do not divide over ep=3 ranks; an ep size must divide 4: 2, 4",
         ),
-        ("tp=2,ep=2", 4, "moe", "composes with a data axis (dp/fsdp or ddp) or with pp, not with tp"),
+        ("fsdp=2,pp=2,tp=2,ep=2", 16, "moe", "with pp and tp takes a replicated data axis (ddp=) only"),
         ("dp=2,pp=2,ep=2", 8, "moe", "not FSDP2 yet; e.g. --mesh ddp=2,pp=2,ep=2"),
     ],
 )

@@ -250,8 +250,9 @@ def test_a_stage_updates_the_biases_of_layers_it_does_not_hold() -> None:
          "attention heads and 64 expert hidden width and 192 dense feed-forward width: 1, 2, 4"),
         ("moe-tiny", "pp=4", 4, {}, "4 pipeline stages (4 ranks x 1 stages each) for a model of 2 layers"),
         ("moe-tiny", "tp=2", 2, {"sequence_parallel": True}, "routed experts take whole sequences"),
-        ("moe-tiny", "tp=2,ep=2", 4, {}, "composes with a data axis (dp/fsdp or ddp) or with pp, not with tp; "
-         "e.g. --mesh dp=2,ep=2 (every ep rank also trains its own share of the batch) or pp=2,ep=2"),
+        ("moe-tiny", "dp=2,tp=2,ep=2", 8, {}, "the expert axis (ep) with tp takes a replicated data axis (ddp=) "
+         "only, not FSDP2 yet; e.g. --mesh ddp=2,tp=2,ep=2"),
+        ("moe-tiny", "tp=2,ep=2", 4, {"sequence_parallel": True}, "routed experts take whole sequences"),
         ("moe-tiny", "fsdp=2,pp=2,ep=2", 8, {}, "with pp takes a replicated data axis (ddp=) only, not FSDP2 yet"),
     ],
 )  # fmt: skip
@@ -433,6 +434,55 @@ def test_estimate_of_expert_parallelism_inside_a_pipeline(
     assert [op for op in q.comm if op.op != "all_reduce"] == [op for op in p.comm if op.op != "all_reduce"]
 
 
+def test_estimate_of_expert_parallelism_beside_tensor_parallelism(
+    corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moe-tiny (2 layers of 4 experts, top-2, width 64), batch 4 of 32 tokens a replica, fp32, --mesh tp=2,ep=2:
+    a device holds half of the blocks' replicated parameters, half of its ep rank's experts (a quarter of all) and
+    the whole embedding, final norm and head; beside tensor parallelism's all-reduces (the dense count's b*s*h and
+    the experts' routed rows), its ep group all-reduces the replicated gradients and exchanges each tp rank's copy of
+    the b*s*k routed rows of h, twice per MoE layer in forward and twice in backward. Each ep rank's tp pair is a
+    replica: FLOPs per device are half a replica's."""
+    from accelbench.estimate import predict
+    from accelbench.estimate.facts import meta_facts
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    host = get_host()
+    config = host.resolve(
+        RunConfig(workload="moe", model="moe-tiny", batch_size=4, data=corpus_dir / "text.txt", mesh="tp=2,ep=2",
+                  devices=4, workload_options={"seq_len": 32, "vocab_size": VOCAB})  # type: ignore[arg-type]
+    )  # fmt: skip
+    facts = meta_facts(host.workload("moe"), config)
+    p = predict(config, facts, device_type="cpu")
+    shape = MODEL_SIZES["moe-tiny"]
+    outside = 2 * VOCAB * shape.dim + shape.dim  # embedding, head, final norm
+    experts = shape.expert_parameters()
+    blocks = shape.parameters(VOCAB) - outside
+    held = (blocks - experts) / 2 + experts / 4 + outside
+    assert p.memory.weights_bytes == 4 * held
+    assert sorted((op.op, op.axis) for op in p.comm) == [
+        ("all_reduce", "ep"),
+        ("all_reduce", "tp"),
+        ("all_reduce", "tp"),
+        ("all_to_all", "ep"),
+    ]
+    gradients = next(op for op in p.comm if op.op == "all_reduce" and op.axis == "ep")
+    assert gradients.message_bytes == 4 * (held - experts / 4)
+    exchange = next(op for op in p.comm if op.op == "all_to_all")
+    assert exchange.count == 4 * 2 and exchange.message_bytes == 4 * 32 * 2 * 64 * 4  # b s k rows of h, fp32
+    assert exchange.bus_bytes == exchange.count * exchange.message_bytes / 2
+    assert p.flops_per_step == pytest.approx(facts.flops_per_sample * 4 / 2)
+    # ddp=2 beside them: the replicated gradients over the 4 replicas of a tp coordinate, the held experts' over
+    # the data axis; the same memory and exchange
+    wider = host.resolve(config.model_copy(update={"mesh": "ddp=2,tp=2,ep=2", "devices": 8}))
+    q = predict(wider, meta_facts(host.workload("moe"), wider), device_type="cpu")
+    assert q.memory.weights_bytes == p.memory.weights_bytes
+    reduced = sorted(
+        (op.axis, op.ranks, op.message_bytes) for op in q.comm if op.op == "all_reduce" and op.axis != "tp"
+    )
+    assert reduced == [("dp", 2, 4 * experts / 4), ("dp", 4, gradients.message_bytes)]
+
+
 def one_process_reference(record: ResultRecord, replicas: int) -> list[float]:
     """The epoch losses a data-parallel run of ``replicas`` replicas reports (its rank 0's share of each step),
     computed by one process training the same model on the replicas' shares together (the global batch, clipped
@@ -541,4 +591,41 @@ def test_expert_parallelism_composes_with_a_pipeline(
     assert all(
         sum(layer) == 2 * 2 * replicas * 4 * 32 * top_k for layer in routed
     )  # epochs, steps, replicas, b s k
+    assert record.workload.get("expert_bias_by_layer") == biases
+
+
+@pytest.mark.parametrize(
+    "model, mesh, replicas",
+    [
+        ("moe-tiny", "tp=2,ep=2", 2),
+        ("deepseek-tiny", "tp=2,ep=2", 2),
+        ("moe-tiny", "ddp=2,tp=2,ep=2", 4),
+        ("deepseek-tiny", "pp=2,tp=2,ep=2", 2),
+    ],
+)
+@pytest.mark.slow
+def test_expert_parallelism_composes_with_tensor_parallelism(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, mesh: str, replicas: int
+) -> None:
+    """--mesh tp=2,ep=2 on four gloo processes: two ep ranks, each a tensor-parallel pair training its own share of
+    the batch; every MoE layer keeps half its experts per ep rank, each of them split over the pair's hidden width,
+    and each tp rank exchanges tokens with the other ep rank of its tp coordinate. With ddp=2 (eight processes) the
+    replicated gradients are averaged over the four replicas of each tp coordinate and the experts' over the data
+    axis; with pp=2 (eight) each replica is a two-stage pipeline of tensor-parallel pairs. The epoch and held-out
+    losses are one process's on the replicas' batches together (fp32; clipping at 1.0 reads the global gradient norm,
+    so a norm summed over the wrong ranks shows in the losses), the routing counts are its, exactly (each pair's tp
+    rank 0 counts), and so are the final expert biases (deepseek-tiny)."""
+    devices = str(4 * replicas // 2 * (2 if "pp=" in mesh else 1))
+    record = run(corpus_dir, tmp_path, model, "--mesh", mesh, "--devices", devices, "--no-tensor-peak")
+    ep = record.executor["expert_parallel"]
+    assert ep["size"] == 2 and ep["experts_per_rank"] == MODEL_SIZES[model].n_experts // 2
+    assert "over the tp axis (2 ranks" in ep["tensor_parallel"]
+    assert ["feed_forward.experts", "module"] in record.executor["tensor_parallel"]["plan"]
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
+    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
+    assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
+    assert record.quality is not None
+    assert [e.val_loss for e in record.quality.epochs] == pytest.approx(held_out, abs=1e-5, rel=0)
+    assert all(e.grad_norm is not None and math.isfinite(e.grad_norm) for e in record.quality.epochs)
+    assert record.workload["routing"]["tokens_per_expert_by_layer"] == routed
     assert record.workload.get("expert_bias_by_layer") == biases

@@ -88,7 +88,8 @@ def executor_for(request: ExecutorRequest) -> Executor:
         from accelbench.parallel_dims import ParallelDims
 
         layout = ParallelDims.of(request.config)
-        if layout.ep > 1 and not layout.pipelined:  # ep with pp: the pipeline's executor shards the experts
+        if layout.ep > 1 and not layout.pipelined and layout.tp == 1:
+            # ep with pp or tp: the mesh executor shards the experts (over ep, then each over tp)
             from accelbench.engine.parallel.ep import ExpertParallelExecutor
 
             return ExpertParallelExecutor(request)

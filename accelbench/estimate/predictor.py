@@ -129,7 +129,8 @@ def predict_step(
     state = state_bytes(layout.precision, layout.strategy)
     keeps_scores = stack.keeps_scores(hardware.device_type, facts.dropout)
     bubble: float | None
-    if layout.dims.ep > 1 and layout.dims.pipelined:  # each ep rank's pipeline a replica on its own batch
+    if layout.dims.ep > 1 and (layout.dims.pipelined or layout.dims.tp > 1):
+        # each ep rank's pipeline, or tensor-parallel group, a replica on its own batch
         memory, comm, flops, bubble = expert_pipeline_breakdown(
             facts, layout, state, keeps_scores, notes, device_type=hardware.device_type, stack=stack
         )

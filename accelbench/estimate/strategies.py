@@ -679,22 +679,24 @@ def expert_pipeline_breakdown(
     device_type: str = "cuda",
     stack: Stack | None = None,
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
-    """Memory, collectives, FLOPs and bubble of one device of ``--mesh pp=P,ep=N`` or ``ddp=D,pp=P,ep=N``
-    (accelbench.engine.parallel.executor): each ep rank's pipeline is a replica on its own batch, so the pipeline's
-    figures (:func:`model_parallel_breakdown`, the first pipeline rank's) hold for blocks keeping 1/N of their routed
-    experts; beside the pipeline's sends, the stage's replicas (ep group, times the data axis) all-reduce the
-    replicated gradients (one flat buffer), the data axis the held experts', and the ep group exchanges the routed
-    rows of each of the stage's MoE layers, per microbatch, twice in forward and twice in backward (nccl-tests' bus
-    bytes, (n-1)/n of each send buffer; even routing assumed)."""
+    """Memory, collectives, FLOPs and bubble of one device of ``--mesh pp=P,ep=N``, ``tp=T,ep=N`` or either with
+    ``ddp=D`` (accelbench.engine.parallel.executor): each ep rank's pipeline (or tensor-parallel group) is a replica
+    on its own batch, so the tp/pp figures (:func:`model_parallel_breakdown`, the first pipeline rank's) hold for
+    blocks keeping 1/N of their routed experts, each split over tp; beside the pipeline's sends and tensor
+    parallelism's all-reduces, the stage's replicas (ep group, times the data axis) all-reduce the replicated
+    gradients (one flat buffer), the data axis the held experts', and the ep group exchanges the routed rows of each
+    of the stage's MoE layers, per microbatch, twice in forward and twice in backward (every tp rank its own copy of
+    them; nccl-tests' bus bytes, (n-1)/n of each send buffer; even routing assumed)."""
     dims, shape = layout.dims, facts.transformer
+    axes = ",".join(f"{axis}={size}" for axis, size in (("pp", dims.pp), ("tp", dims.tp)) if size > 1)
     if not facts.expert_parameters:
         raise ConfigError(
-            f"--mesh pp={dims.pp},ep={dims.ep}: workload {facts.workload!r} has no routed experts to shard; use --workload "
+            f"--mesh {axes},ep={dims.ep}: workload {facts.workload!r} has no routed experts to shard; use --workload "
             "moe"
         )
     if shape is None:
         raise ConfigError(
-            f"--mesh pp={dims.pp},ep={dims.ep}: the pipeline model needs a transformer's shape; workload "
+            f"--mesh {axes},ep={dims.ep}: the tensor/pipeline model needs a transformer's shape; workload "
             f"{facts.workload!r} gives none"
         )
     ep, microbatches = dims.ep, max(1, dims.microbatches)
@@ -711,12 +713,18 @@ def expert_pipeline_breakdown(
     )
     layers_here = shape.layers / dims.pp  # the first pipeline rank's blocks, over its virtual stages
     moe_here = layers_here * facts.moe_layers / shape.layers
-    held_experts = facts.expert_parameters // ep * layers_here / shape.layers
+    held_experts = facts.expert_parameters // ep * layers_here / shape.layers / dims.tp
     replicated = memory.weights_bytes / state.param - held_experts
+    where = (
+        f"inside each of {dims.pp} pipeline stages"
+        if dims.pp > 1
+        else f"beside tensor parallelism over {dims.tp}"
+    )
+    split = f", each split over {dims.tp} tp ranks" if dims.tp > 1 else ""
     notes.assume(
-        f"expert parallelism over {ep} ranks inside each of {dims.pp} pipeline stages: each ep rank's pipeline "
-        f"trains its own batch; a device holds its stage's replicated parameters and 1/{ep} of its stage's routed "
-        f"experts ({held_experts:,.0f} of them on the first stage); the activations as one device's on its microbatches"
+        f"expert parallelism over {ep} ranks {where}: each ep rank's replica trains its own batch; a device holds its "
+        f"stage's replicated parameters and 1/{ep} of its stage's routed experts{split} ({held_experts:,.0f} of them "
+        "on the first stage); the activations as one device's on its microbatches"
     )
     grad_dtype = element_type(state.grad, layout.precision)
     replicas = dims.dp * ep

@@ -18,7 +18,11 @@ fp32 and no dropout the losses match single-device training up to the order of f
 Expert parallelism inside the stages (``--mesh pp=P,ep=N``, or ``ddp=D,pp=P,ep=N``): the N ranks holding the same
 stages (a stage's ep group) each run their own pipeline on their own share of the batch, as data-parallel
 replicas; every MoE layer of a stage keeps its ep rank's E/N experts and exchanges tokens with the group
-(:meth:`accelbench.workloads.moe.model.MoEFeedForward.shard_experts`). The group's ranks run the same schedule on
+(:meth:`accelbench.workloads.moe.model.MoEFeedForward.shard_experts`). With a tp axis as well (``tp=T,ep=N``, with
+pp or ddp too), each ep rank's replica is T ranks: the experts are dealt out over ep first, then every held expert
+is split over its hidden width over tp (Megatron's expert tensor parallelism); the ep group is the ranks of the same
+tp coordinate, which route the same tokens as their tp siblings, so each tp rank exchanges them with its peers and
+computes its slice of the experts they reach, and the slices' partial outputs are summed over tp after they return. The group's ranks run the same schedule on
 batches of the same size, so their exchanges (the schedule's shape inference's too) pair up in the same order. As
 under :mod:`accelbench.engine.parallel.ep`: the replicated gradients are averaged over the group, the experts'
 (summed over the group's tokens by the backward exchange) divided by N, the experts' squares summed over the group in
@@ -29,9 +33,10 @@ axis first.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -108,6 +113,9 @@ class ParallelExecutor(MeshExecutor):
         self._copies: list[TiedCopy] = []
         # (batch size, for evaluation) -> (schedule, microbatches)
         self._schedules: dict[tuple[int, bool], tuple[Any, int]] = {}
+        self._inferred: set[tuple[int, bool]] = (
+            set()
+        )  # the schedules whose first step (shape inference) has run
         self._logs: list[RankLog] = []
         self._stage_plan: StagePlan | None = None
         self._shape: TransformerShape | None = None
@@ -120,8 +128,10 @@ class ParallelExecutor(MeshExecutor):
         # expert parallelism inside the stages (pp with ep): the group of ranks holding the same stages, and the
         # ids of this rank's expert parameters
         self._ep_group: Any = None
+        self._moe_layers: list[Any] = []
         self._expert_ids: set[int] = set()
-        # with a ddp axis as well: the stage's replicas (dp x ep ranks) and the ranks holding the same experts (dp)
+        # with a ddp axis as well: the stage's replicas (dp x ep ranks of one tp coordinate) and the ranks holding the
+        # same experts (dp)
         self._replica_group: Any = None
         self._expert_dp_group: Any = None
         self._experts_per_rank = 0
@@ -159,6 +169,8 @@ class ParallelExecutor(MeshExecutor):
             if layout.tp > 1:
                 parallelize_units(part_units, units.tp_plan, self.mesh["tp"], layout.sequence_parallel)
             self.modules.append(self._data_parallel(part, part_units))
+        if layout.ep > 1:  # tensor parallelism made the held experts' slices new (DTensor) parameters
+            self._expert_ids = {id(p) for layer in self._moe_layers for p in layer.expert_parameters()}
         self.optimizer = _unmixed(
             job.make_optimizer(
                 nn.ModuleList(self.modules), self.device, self.backend.optimizer_implementation(self.device)
@@ -180,6 +192,7 @@ class ParallelExecutor(MeshExecutor):
         layers: list[Any] = [m for part in parts for m in part.modules() if hasattr(m, "shard_experts")]
         for layer in layers:
             layer.shard_experts(group, self.coordinates["ep"], self.layout.ep)
+        self._moe_layers = layers
         self._expert_ids = {id(p) for layer in layers for p in layer.expert_parameters()}
         self._experts_per_rank = layers[0].local_experts if layers else 0
         self._ep_group = self._replica_group = group
@@ -193,13 +206,17 @@ class ParallelExecutor(MeshExecutor):
                     dist.broadcast(param.data, src=source, group=self._replica_group)
 
     def _stage_replicas(self) -> Any:
-        """The process group of the ranks holding this rank's stages (every dp and ep coordinate of its pp rank).
-        Every rank makes every group, in the same order (``new_group`` is collective), and keeps its own."""
+        """The process group of the ranks holding this rank's stages and tensor-parallel slices (every dp and ep
+        coordinate of its pp and tp coordinates). Every rank makes every group, in the same order (``new_group`` is
+        collective), and keeps its own."""
         layout, mine = self.layout, None
-        for pp_rank in range(layout.pp):
-            ranks = [r for r in range(layout.world) if layout.coordinates(r)["pp"] == pp_rank]
-            group = dist.new_group(ranks)
-            if pp_rank == self.coordinates["pp"]:
+
+        def place(coordinates: dict[str, int]) -> tuple[int, int]:
+            return coordinates["pp"], coordinates["tp"]
+
+        for key in sorted({place(layout.coordinates(r)) for r in range(layout.world)}):
+            group = dist.new_group([r for r in range(layout.world) if place(layout.coordinates(r)) == key])
+            if key == place(self.coordinates):
                 mine = group
         return mine
 
@@ -217,7 +234,7 @@ class ParallelExecutor(MeshExecutor):
         for param in {id(p): p for m in self.modules for p in m.parameters() if p.requires_grad}.values():
             if param.grad is None:  # a parameter no token reached on this rank still takes part in the sum
                 param.grad = torch.zeros_like(param)
-            (experts if id(param) in self._expert_ids else replicated).append(param.grad)
+            (experts if id(param) in self._expert_ids else replicated).append(_local(param.grad))
         for grads, group in ((replicated, self._replica_group), (experts, self._expert_dp_group)):
             if not grads:
                 continue
@@ -369,7 +386,7 @@ class ParallelExecutor(MeshExecutor):
         holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
         if timed:
             self.clock.begin_step()
-        with self._autocast:
+        with self._autocast, self._routing_agreed_while_inferring((inputs.shape[0], False)):
             schedule.step(
                 *((inputs,) if holds_first else ()),
                 **({"target": targets, "losses": losses} if holds_last else {}),
@@ -386,6 +403,24 @@ class ParallelExecutor(MeshExecutor):
         if losses:
             return torch.stack([loss.detach() for loss in losses]).mean()
         return torch.zeros((), device=self.device)
+
+    @contextlib.contextmanager
+    def _routing_agreed_while_inferring(self, key: tuple[int, bool]) -> Iterator[None]:
+        """Around the first step of the schedule for ``key`` (see :meth:`_schedule_for`) under ep with tp: torch's
+        pipelining infers a stage's shapes by running it once on uninitialised tensors, different on each
+        tensor-parallel rank, which would route their tokens differently, receive different numbers of rows from
+        the ep group and sum mismatched partial outputs over tp. So the MoE layers take the tp group's first rank's
+        routing for that step (:attr:`accelbench.workloads.moe.model.MoEFeedForward.agree_routing`); on real
+        inputs the tp ranks route alike anyway, and later steps skip the broadcast."""
+        agree = key not in self._inferred and self._ep_group is not None and self.layout.tp > 1
+        for layer in self._moe_layers if agree else ():
+            layer.agree_routing = True
+        try:
+            yield
+        finally:
+            for layer in self._moe_layers if agree else ():
+                layer.agree_routing = False
+            self._inferred.add(key)
 
     def _schedule_for(self, batch: int, evaluation: bool = False) -> tuple[Any, int]:
         """The schedule for batches of ``batch`` samples. Stages fix their microbatch shapes at their first step,
@@ -450,7 +485,7 @@ class ParallelExecutor(MeshExecutor):
         schedule, microbatches = self._schedule_for(inputs.shape[0], evaluation=True)
         losses: list[torch.Tensor] = []
         holds_first, holds_last = 0 in self.stage_ids, self.layout.stages - 1 in self.stage_ids
-        with self._autocast:
+        with self._autocast, self._routing_agreed_while_inferring((inputs.shape[0], True)):
             schedule.eval(
                 *((inputs,) if holds_first else ()),
                 **({"target": targets, "losses": losses} if holds_last else {}),
@@ -517,8 +552,9 @@ class ParallelExecutor(MeshExecutor):
             squares += torch.nn.utils.get_total_norm(plain, foreach=self._foreach).float() ** 2
         if self._ep_group is not None:  # every rank of the group takes part, whatever experts it holds
             held = torch.zeros((), device=self.device, dtype=torch.float32)
-            if experts:
-                held += torch.nn.utils.get_total_norm(experts, foreach=self._foreach).float() ** 2
+            if experts:  # with tp, each expert's slices first reduced over the tp group
+                norm = torch.nn.utils.get_total_norm(experts, foreach=self._foreach)
+                held += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
             dist.all_reduce(held, group=self._ep_group)
             squares += held
         if self.pipelined:
@@ -599,6 +635,16 @@ class ParallelExecutor(MeshExecutor):
                 + f", divided by {layout.dp * layout.ep}",
                 "reported_loss": "the global batch's: the mean of the stage replicas' pipelines' losses",
             }
+            if not self.pipelined:
+                out["expert_parallel"]["replicas"] = (
+                    "each ep rank (with its tensor-parallel siblings) trains its own share of the batch"
+                )
+            if layout.tp > 1:
+                out["expert_parallel"]["tensor_parallel"] = (
+                    f"every held expert split over its hidden width over the tp axis ({layout.tp} ranks, Megatron's "
+                    "expert tensor parallelism); the ep group is the ranks of one tp coordinate, each exchanging the "
+                    "tokens its tp siblings route alike; the slices' partial outputs are summed over tp once back"
+                )
         if layout.tp > 1:
             out["tensor_parallel"] = {
                 "size": layout.tp,

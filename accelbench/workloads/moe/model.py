@@ -474,6 +474,9 @@ class MoEFeedForward(nn.Module):
         # expert parallelism: the group exchanging tokens, and the first expert this rank holds
         self.ep_group: Any = None
         self.ep_size, self.first_expert = 1, 0
+        # under ep with tp: take the tp group's first rank's routing (set by the pipeline executor for a stage's
+        # shape inference, which runs on uninitialised inputs that differ between the tp ranks)
+        self.agree_routing = False
         self.aux_loss: torch.Tensor | None = None
         # tokens routed to each expert by training forwards since the last reset: a plain attribute, not a
         # buffer, so that DDP's buffer broadcast leaves each rank's own count
@@ -528,6 +531,8 @@ class MoEFeedForward(nn.Module):
         else:  # chosen by the biased scores, gated by the unbiased ones
             chosen = (self.affinities(scores, probs) + self.expert_bias).topk(self.top_k, dim=-1).indices
             gates = probs.gather(-1, chosen)
+        if self.agree_routing and self.experts.tp_group is not None:
+            chosen = first_ranks_routing(chosen, self.experts.tp_group)
         gates = (gates / gates.sum(dim=-1, keepdim=True)).type_as(x)
         # the top-k choices sorted by expert: rows of the same expert are contiguous
         choices = chosen.flatten()
@@ -578,6 +583,15 @@ class MoEFeedForward(nn.Module):
         t = probs.shape[1]
         share = counts.float() / (self.top_k * t)  # (batch, experts)
         return (self.n_experts * (share * probs.mean(dim=1)).sum(dim=-1)).mean()
+
+
+def first_ranks_routing(chosen: torch.Tensor, group: Any) -> torch.Tensor:
+    """``chosen`` (each token's top-k experts) as the first rank of ``group`` chose them: its broadcast."""
+    import torch.distributed as dist
+
+    chosen = chosen.contiguous()
+    dist.broadcast(chosen, src=dist.get_global_rank(group, 0), group=group)
+    return chosen
 
 
 def counts_per_sequence(chosen: torch.Tensor, n_experts: int) -> torch.Tensor:
