@@ -394,14 +394,6 @@ class RunConfig(BaseModel):
                 f"--mesh {self.mesh}: DDP cannot hold tensor-parallel (DTensor) parameters; write the data axis as "
                 "dp= (FSDP2) to compose data with tensor parallelism"
             )
-        if "ep" in sizes:
-            split = [axis for axis in ("pp", "tp") if axis in sizes]
-            if split and "fsdp" in sizes:
-                sizes_of = ",".join(f"{axis}={sizes[axis]}" for axis in split)
-                raise ValueError(
-                    f"--mesh {self.mesh}: the expert axis (ep) with {' and '.join(split)} takes a replicated data "
-                    f"axis (ddp=) only, not FSDP2 yet; e.g. --mesh ddp={sizes['fsdp']},{sizes_of},ep={sizes['ep']}"
-                )
         if self.sequence_parallel and "tp" not in sizes:
             raise ValueError("--sequence-parallel shards along the tensor-parallel group: it needs a tp axis")
         unsupported = [

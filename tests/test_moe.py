@@ -358,8 +358,6 @@ def test_the_expert_axis_in_the_mesh() -> None:
             "moe",
             "4 experts per layer do not divide over ep=3 ranks; an ep size must divide 4: 2, 4",
         ),
-        ("fsdp=2,pp=2,tp=2,ep=2", 16, "moe", "with pp and tp takes a replicated data axis (ddp=) only"),
-        ("dp=2,pp=2,ep=2", 8, "moe", "not FSDP2 yet; e.g. --mesh ddp=2,pp=2,ep=2"),
     ],
 )
 def test_bad_expert_meshes_are_refused(mesh: str, devices: int, workload: str, message: str) -> None:

@@ -250,10 +250,7 @@ def test_a_stage_updates_the_biases_of_layers_it_does_not_hold() -> None:
          "attention heads and 64 expert hidden width and 192 dense feed-forward width: 1, 2, 4"),
         ("moe-tiny", "pp=4", 4, {}, "4 pipeline stages (4 ranks x 1 stages each) for a model of 2 layers"),
         ("moe-tiny", "tp=2", 2, {"sequence_parallel": True}, "routed experts take whole sequences"),
-        ("moe-tiny", "dp=2,tp=2,ep=2", 8, {}, "the expert axis (ep) with tp takes a replicated data axis (ddp=) "
-         "only, not FSDP2 yet; e.g. --mesh ddp=2,tp=2,ep=2"),
         ("moe-tiny", "tp=2,ep=2", 4, {"sequence_parallel": True}, "routed experts take whole sequences"),
-        ("moe-tiny", "fsdp=2,pp=2,ep=2", 8, {}, "with pp takes a replicated data axis (ddp=) only, not FSDP2 yet"),
     ],
 )  # fmt: skip
 def test_layouts_the_model_cannot_be_split_into_are_refused(
@@ -481,6 +478,17 @@ def test_estimate_of_expert_parallelism_beside_tensor_parallelism(
         (op.axis, op.ranks, op.message_bytes) for op in q.comm if op.op == "all_reduce" and op.axis != "tp"
     )
     assert reduced == [("dp", 2, 4 * experts / 4), ("dp", 4, gradients.message_bytes)]
+    # fsdp=2 instead: 1/4 of every parameter of the tp slice (the replicated ones over the 4 replicas, the held
+    # experts over the data axis), FSDP's gathers and reduce-scatters counted over the replicas; the same exchange
+    sharded = host.resolve(config.model_copy(update={"mesh": "fsdp=2,tp=2,ep=2", "devices": 8}))
+    f = predict(sharded, meta_facts(host.workload("moe"), sharded), device_type="cpu")
+    assert f.memory.weights_bytes == 4 * (blocks / 2 + outside) / 4
+    assert sorted((op.op, op.axis, op.ranks) for op in f.comm if op.axis != "tp") == [
+        ("all_gather", "dp", 4),
+        ("all_to_all", "ep", 2),
+        ("reduce_scatter", "dp", 4),
+    ]
+    assert next(op for op in f.comm if op.op == "all_to_all") == exchange
 
 
 def one_process_reference(record: ResultRecord, replicas: int) -> list[float]:
@@ -561,6 +569,7 @@ def one_process_on_the_global_batch(
         ("moe-tiny", "pp=2,ep=2", 2),
         ("deepseek-tiny", "pp=2,ep=2", 2),
         ("deepseek-tiny", "ddp=2,pp=2,ep=2", 4),
+        ("deepseek-tiny", "fsdp=2,pp=2,ep=2", 4),
     ],
 )
 @pytest.mark.slow
@@ -572,7 +581,8 @@ def test_expert_parallelism_composes_with_a_pipeline(
     loss weighted 1.0, added in backward by each stage); with ddp=2 as well, eight processes and four pipelines, the
     experts' gradients summed over the data axis too. The epoch and held-out losses are one process's on the
     pipelines' batches together (fp32), and the routing counts are that process's, exactly; so are the final expert
-    biases where the model balances by them too (deepseek-tiny: the loads summed over every rank)."""
+    biases where the model balances by them too (deepseek-tiny: the loads summed over every rank). With fsdp=2 in
+    place of ddp=2, FSDP2 shards each stage over its four replicas and the held experts over the data axis."""
     devices = str(2 * replicas)
     # no tensor-peak measurement: its extra step after the epochs would move the biases once more
     record = run(corpus_dir, tmp_path, model, "--mesh", mesh, "--devices", devices, "--no-tensor-peak")
@@ -580,6 +590,8 @@ def test_expert_parallelism_composes_with_a_pipeline(
     experts = MODEL_SIZES[model].n_experts
     assert ep["size"] == 2 and ep["experts_per_rank"] == experts // 2
     assert len(record.executor["pipeline"]["stage_units"]) == 2
+    if mesh.startswith("fsdp"):  # FSDP2 beside ep: the units over the stage's replicas, the experts over dp
+        assert "over the stage's dp x ep replicas" in record.executor["data_parallel"]["how"]
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
     losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
     assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
@@ -600,6 +612,7 @@ def test_expert_parallelism_composes_with_a_pipeline(
         ("moe-tiny", "tp=2,ep=2", 2),
         ("deepseek-tiny", "tp=2,ep=2", 2),
         ("moe-tiny", "ddp=2,tp=2,ep=2", 4),
+        ("moe-tiny", "fsdp=2,tp=2,ep=2", 4),
         ("deepseek-tiny", "pp=2,tp=2,ep=2", 2),
     ],
 )
@@ -611,7 +624,8 @@ def test_expert_parallelism_composes_with_tensor_parallelism(
     the batch; every MoE layer keeps half its experts per ep rank, each of them split over the pair's hidden width,
     and each tp rank exchanges tokens with the other ep rank of its tp coordinate. With ddp=2 (eight processes) the
     replicated gradients are averaged over the four replicas of each tp coordinate and the experts' over the data
-    axis; with pp=2 (eight) each replica is a two-stage pipeline of tensor-parallel pairs. The epoch and held-out
+    axis (fsdp=2: FSDP2 shards the units over those replicas and the held experts over the data axis); with pp=2
+    (eight) each replica is a two-stage pipeline of tensor-parallel pairs. The epoch and held-out
     losses are one process's on the replicas' batches together (fp32; clipping at 1.0 reads the global gradient norm,
     so a norm summed over the wrong ranks shows in the losses), the routing counts are its, exactly (each pair's tp
     rank 0 counts), and so are the final expert biases (deepseek-tiny)."""
@@ -621,6 +635,10 @@ def test_expert_parallelism_composes_with_tensor_parallelism(
     assert ep["size"] == 2 and ep["experts_per_rank"] == MODEL_SIZES[model].n_experts // 2
     assert "over the tp axis (2 ranks" in ep["tensor_parallel"]
     assert ["feed_forward.experts", "module"] in record.executor["tensor_parallel"]["plan"]
+    if mesh.startswith(
+        "fsdp"
+    ):  # FSDP2 beside ep: the units over the replicas of a tp coordinate, the experts over dp
+        assert "over the stage's dp x ep replicas" in record.executor["data_parallel"]["how"]
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
     losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
     assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)

@@ -1,5 +1,5 @@
 """`accelbench plan`: which configurations it offers (meshes whose product is the job, no tp for a model that cannot
-split), the fits filter, the ranking's order, the winner's command read back by accelbench's own parser, the sweep
+split, expert axes for a mixture of experts), the fits filter, the ranking's order, the winner's command read back by accelbench's own parser, the sweep
 file `accelbench sweep` loads, the JSON round trip, refusals before anything runs, and (slow) a real 2-process
 measurement of the top 2 compared with the prediction."""
 
@@ -46,6 +46,24 @@ def test_meshes_multiply_to_the_job_and_single_only_alone() -> None:
     model_parallel = {(lay.dp, lay.tp, lay.pp) for lay in layouts(8, MODEL_PARALLEL)}
     assert model_parallel == {(8 // (t * p), t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)
                               if 8 % (t * p) == 0 and (t, p) != (1, 1)}  # fmt: skip
+
+
+def test_a_mixture_of_experts_is_offered_expert_parallel_meshes(capsys: pytest.CaptureFixture[str]) -> None:
+    """moe-tiny (4 experts a layer) on 4 devices: the plan offers the expert axis alone (ep=4) and beside a data,
+    tensor or pipeline axis, each ep rank training its own share of the batch (the global batch counts it); a dense
+    model gets no expert axis, and an ep size must divide the experts."""
+    p = plan(capsys, "--workload", "moe", "--model", "moe-tiny", "--devices", "4", "--precisions", "fp32",
+             "--batch-sizes", "4", *H100)  # fmt: skip
+    runs = p.ranked + p.dropped + p.unpriced
+    experts = {r.mesh: r for r in runs if r.mesh and "ep=" in r.mesh}
+    assert set(experts) == {"ep=4", "fsdp=2,ep=2", "ep=2,tp=2", "ep=2,pp=2"}
+    assert experts["ep=4"].global_batch == 16 and experts["ep=2,tp=2"].global_batch == 8
+    assert experts["ep=2,tp=2"].layout == "dp1 tp2 pp1 ep2"
+    assert all(r.strategy == "mesh" and r.samples_per_s for r in experts.values())
+    assert not any(lay.ep > 1 for lay in layouts(8, MODEL_PARALLEL))  # no experts: no expert axis
+    with_experts = layouts(8, MODEL_PARALLEL, experts=6)  # 6 experts: only ep=2 divides them of 2, 4, 8
+    assert {lay.ep for lay in with_experts} == {1, 2}
+    assert all(lay.dp * lay.tp * lay.pp * lay.ep == 8 for lay in with_experts)
 
 
 def test_global_batch_is_split_into_micro_batches() -> None:

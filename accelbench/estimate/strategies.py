@@ -700,6 +700,39 @@ def expert_pipeline_breakdown(
             f"{facts.workload!r} gives none"
         )
     ep, microbatches = dims.ep, max(1, dims.microbatches)
+    layers_here = shape.layers / dims.pp  # the first pipeline rank's blocks, over its virtual stages
+    moe_here = layers_here * facts.moe_layers / shape.layers
+    exchange = _token_exchange(
+        facts,
+        layout,
+        state,
+        samples=layout.batch_size // microbatches,
+        count=round(4 * moe_here) * microbatches,
+        what="routed tokens to their experts' ranks and back (b*s*k rows of h per microbatch), twice per MoE "
+        "layer of the stage in forward and twice in backward; even routing assumed",
+    )
+    if dims.shards_parameters:
+        # FSDP2 beside ep: the replicated parameters sharded over the stage's dp x ep replicas, the held experts
+        # (1/ep) over dp: 1/(dp ep) of every parameter of the stage's tp slice, the tp/pp model's figures for a data
+        # axis of dp x ep replicas of the whole blocks
+        flattened = dataclasses.replace(dims, dp=dims.dp * ep, ep=1)
+        memory, comm, flops, bubble = model_parallel_breakdown(
+            facts,
+            dataclasses.replace(layout, dims=flattened),
+            state,
+            keeps_scores,
+            notes,
+            device_type=device_type,
+            stack=stack,
+        )
+        notes.assume(
+            f"expert parallelism over {ep} ranks with FSDP2 over dp={dims.dp}: each device keeps 1/{dims.dp * ep} of "
+            "every parameter of its stage's tensor-parallel slice (the replicated ones sharded over the stage's "
+            f"{dims.dp * ep} replicas, its ep rank's experts over the data axis); FSDP's collectives counted over the "
+            "replicas (the experts' really run over the data axis); the activations as one device's on its "
+            "microbatches"
+        )
+        return memory, [*comm, exchange], flops, bubble
     away = facts.expert_parameters - facts.expert_parameters // ep  # the experts the other ep ranks hold
     blocks = dataclasses.replace(shape, layer_parameters=shape.parameters_per_layer - away // shape.layers)
     memory, comm, flops, bubble = model_parallel_breakdown(
@@ -711,8 +744,6 @@ def expert_pipeline_breakdown(
         device_type=device_type,
         stack=stack,
     )
-    layers_here = shape.layers / dims.pp  # the first pipeline rank's blocks, over its virtual stages
-    moe_here = layers_here * facts.moe_layers / shape.layers
     held_experts = facts.expert_parameters // ep * layers_here / shape.layers / dims.tp
     replicated = memory.weights_bytes / state.param - held_experts
     where = (
@@ -747,17 +778,7 @@ def expert_pipeline_breakdown(
     )
     if dims.dp > 1:
         comm.append(_experts_over_data_axis(held_experts, state, grad_dtype, dims.dp, "the stage's"))
-    comm.append(
-        _token_exchange(
-            facts,
-            layout,
-            state,
-            samples=layout.batch_size // microbatches,
-            count=round(4 * moe_here) * microbatches,
-            what="routed tokens to their experts' ranks and back (b*s*k rows of h per microbatch), twice per MoE "
-            "layer of the stage in forward and twice in backward; even routing assumed",
-        )
-    )
+    comm.append(exchange)
     return memory, comm, flops, bubble
 
 

@@ -1,5 +1,5 @@
 """The configurations worth considering for a model on a device count: every strategy and mesh layout
-(dp x tp x pp = the job's devices) the model splits into, every per-device batch and accumulation (reaching
+(dp x tp x pp, and ep for a mixture of experts, = the job's devices) the model splits into, every per-device batch and accumulation (reaching
 ``--global-batch`` when given), every precision asked for. Each is a validated
 :class:`~accelbench.config.RunConfig`, exactly what ``accelbench run`` would run; a combination the configuration or
 the model refuses is not offered, and the reason is counted (the plan says how many and why)."""
@@ -25,24 +25,32 @@ PLANNABLE = ("single", *DATA_PARALLEL, *MODEL_PARALLEL)
 
 @dataclass(frozen=True)
 class Layout:
-    """How the job's devices are used: a strategy and its mesh sizes (data-parallel, tensor, pipeline)."""
+    """How the job's devices are used: a strategy and its mesh sizes (data-parallel, tensor, pipeline, expert)."""
 
     strategy: str
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1
 
     @property
     def mesh(self) -> str | None:
-        """``--mesh`` for tensor or pipeline parallelism (the data axis as FSDP2's ``dp``); None for the others."""
+        """``--mesh`` for tensor, pipeline or expert parallelism (the data axis as FSDP2's ``dp``); None for the
+        others."""
         if self.strategy not in MODEL_PARALLEL:
             return None
-        return ",".join(f"{axis}={size}" for axis, size in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
-                        if size > 1)  # fmt: skip
+        sizes = (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("ep", self.ep))
+        return ",".join(f"{axis}={size}" for axis, size in sizes if size > 1)
+
+    @property
+    def replicas(self) -> int:
+        """The replicas training their own share of the batch: the data axis, times the expert axis (each ep rank
+        trains its own share, as a data-parallel replica does)."""
+        return self.dp * self.ep
 
     def text(self) -> str:
-        """dp x tp x pp, as the table shows it."""
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}"
+        """dp x tp x pp (x ep), as the table shows it."""
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" ep{self.ep}" if self.ep > 1 else "")
 
 
 @dataclass
@@ -54,10 +62,11 @@ class Candidates:
     not_offered: Counter[str] = field(default_factory=Counter)
 
 
-def layouts(world: int, strategies: Sequence[str]) -> list[Layout]:
+def layouts(world: int, strategies: Sequence[str], experts: int = 0) -> list[Layout]:
     """Every layout of ``world`` devices the strategies name: one device alone (``single``, only for one device),
     data parallelism over all of them, and the dp x tp x pp meshes whose product is ``world`` (``tp``: tp alone,
-    ``pp``: pp alone, ``mesh``: two or three axes above 1)."""
+    ``pp``: pp alone, ``mesh``: two or three axes above 1). For a mixture of ``experts`` experts per layer, also the
+    meshes with an expert axis whose size divides them (``mesh``, whatever the other axes)."""
     out: list[Layout] = []
     for name in strategies:
         if name == "single":
@@ -65,15 +74,16 @@ def layouts(world: int, strategies: Sequence[str]) -> list[Layout]:
                 out.append(Layout("single"))
         elif name in DATA_PARALLEL and world > 1:
             out.append(Layout(name, dp=world))
-    for tp in _divisors(world):
-        for pp in _divisors(world // tp):
-            dp = world // (tp * pp)
-            axes = sum(size > 1 for size in (dp, tp, pp))
-            if tp == 1 and pp == 1:
-                continue  # data parallelism alone: ddp/fsdp above
-            kind = "mesh" if axes > 1 else ("tp" if tp > 1 else "pp")
-            if kind in strategies:
-                out.append(Layout(kind, dp=dp, tp=tp, pp=pp))
+    for ep in (e for e in _divisors(world) if e == 1 or (experts and experts % e == 0)):
+        for tp in _divisors(world // ep):
+            for pp in _divisors(world // (ep * tp)):
+                dp = world // (ep * tp * pp)
+                axes = sum(size > 1 for size in (dp, tp, pp))
+                if tp == 1 and pp == 1 and ep == 1:
+                    continue  # data parallelism alone: ddp/fsdp above
+                kind = "mesh" if axes > 1 or ep > 1 else ("tp" if tp > 1 else "pp")
+                if kind in strategies:
+                    out.append(Layout(kind, dp=dp, tp=tp, pp=pp, ep=ep))
     return out
 
 
@@ -120,8 +130,8 @@ def enumerate_candidates(
     from accelbench.engine.parallel.mesh import check_model_split
 
     found = Candidates()
-    for layout in layouts(world, strategies):
-        replicas = layout.dp
+    for layout in layouts(world, strategies, units.experts):
+        replicas = layout.replicas
         choices = batch_choices(replicas, batch_sizes, global_batch)
         if not choices:
             found.not_offered[f"{layout.strategy} {layout.text()}: --global-batch {global_batch} is not a "

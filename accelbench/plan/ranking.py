@@ -80,7 +80,7 @@ def price(
         grad_accum=config.grad_accum,
         microbatches=config.microbatches,
         precision=config.precision,
-        global_batch=config.batch_size * layout.dp,
+        global_batch=config.batch_size * layout.replicas,
         options=run_options(config),
         command=run_command(config),
         step_time_s=p.step_time_s,

@@ -228,6 +228,13 @@ class ParallelExecutor(MeshExecutor):
         mean of the replicas' equal-batch losses)."""
         if self._ep_group is None:
             return
+        if (
+            self.layout.shards_parameters
+        ):  # FSDP averaged both in backward: the experts' over the data axis only
+            for param in {id(p): p for m in self.modules for p in m.parameters()}.values():
+                if id(param) in self._expert_ids and param.grad is not None:
+                    _local(param.grad).div_(self.layout.ep)
+            return
         replicas = self.layout.dp * self.layout.ep
         replicated: list[torch.Tensor] = []
         experts: list[torch.Tensor] = []
@@ -248,10 +255,10 @@ class ParallelExecutor(MeshExecutor):
     def _data_parallel(self, part: nn.Module, part_units: list[nn.Module]) -> nn.Module:
         """``part`` sharded (FSDP2, one unit each plus the rest as the root) or replicated (DDP) over the dp axis."""
         kind = self.layout.data_parallel
-        if (
-            self.layout.dp == 1 or kind is None or self.layout.ep > 1
-        ):  # with ep: reduced by hand, as the experts'
+        if self.layout.dp == 1 or kind is None:
             return part
+        if self.layout.ep > 1:  # a ddp axis is reduced by hand with the expert axis
+            return self._shard_beside_experts(part, part_units) if kind == Strategy.FSDP else part
         dp_mesh = self.mesh["dp"]
         if kind == Strategy.DDP:
             from torch.nn.parallel import DistributedDataParallel
@@ -270,6 +277,27 @@ class ParallelExecutor(MeshExecutor):
         for unit in part_units:
             fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard)
+        return part
+
+    def _shard_beside_experts(self, part: nn.Module, part_units: list[nn.Module]) -> nn.Module:
+        """FSDP2 on a data axis beside ep (and pp or tp): each MoE layer's held experts sharded over the data axis
+        (the ranks holding the same experts), each unit and the rest of ``part`` over the stage's dp x ep replicas of
+        this tp coordinate (the dp and ep dimensions of the mesh flattened into one, as torchtitan flattens its data
+        axes: ``DeviceMesh._flatten``, torch 2.13 having no public form of it). FSDP's reduce-scatter then averages
+        the replicated gradients over the replicas and an expert's over the data axis, after the backward exchange
+        summed it over the ep group; :meth:`_average_over_expert_ranks` divides the experts' by N. A pipeline keeps
+        the parameters gathered between a stage's microbatches, as under FSDP alone."""
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = not self.pipelined
+        names = tuple(name for name in self.mesh.mesh_dim_names or () if name in ("dp", "ep"))
+        replicas = self.mesh[names]._flatten("dp_ep")
+        for layer in self._moe_layers:
+            if any(layer is m for m in part.modules()):
+                fully_shard(layer.experts, mesh=self.mesh["dp"], reshard_after_forward=reshard)
+        for unit in part_units:
+            fully_shard(unit, mesh=replicas, reshard_after_forward=reshard)
+        fully_shard(part, mesh=replicas, reshard_after_forward=reshard)
         return part
 
     def _tied_pairs(self, model: nn.Module, units: ModelUnits) -> list[_TiedPair]:
@@ -629,10 +657,14 @@ class ParallelExecutor(MeshExecutor):
                 "replicas": "each ep rank runs its own pipeline on its own share of the batch",
                 "replicated_gradients": f"averaged over the stage's {layout.dp * layout.ep} replicas (its ep group"
                 + (" times the data axis" if layout.dp > 1 else "")
-                + ", one flat all-reduce)",
+                + (", FSDP's reduce-scatter)" if layout.shards_parameters else ", one flat all-reduce)"),
                 "expert_gradients": "summed by the exchange over the ep group"
-                + (f", summed over the data axis ({layout.dp} ranks)" if layout.dp > 1 else "")
-                + f", divided by {layout.dp * layout.ep}",
+                + (
+                    f", averaged over the data axis ({layout.dp} ranks, FSDP's reduce-scatter), divided by {layout.ep}"
+                    if layout.shards_parameters
+                    else (f", summed over the data axis ({layout.dp} ranks)" if layout.dp > 1 else "")
+                    + f", divided by {layout.dp * layout.ep}"
+                ),
                 "reported_loss": "the global batch's: the mean of the stage replicas' pipelines' losses",
             }
             if not self.pipelined:
@@ -656,7 +688,10 @@ class ParallelExecutor(MeshExecutor):
             out["data_parallel"] = {
                 "kind": layout.data_parallel,
                 "size": layout.dp,
-                "how": "FSDP2 fully_shard per unit plus the rest as root"
+                "how": "FSDP2 fully_shard per unit plus the rest as root, over the stage's dp x ep replicas; each "
+                "MoE layer's held experts over the data axis"
+                if layout.shards_parameters and layout.ep > 1
+                else "FSDP2 fully_shard per unit plus the rest as root"
                 if layout.data_parallel == Strategy.FSDP
                 else "gradients all-reduced by hand with the expert axis's (see expert_parallel)"
                 if layout.ep > 1
