@@ -686,7 +686,9 @@ def expert_pipeline_breakdown(
     parallelism's all-reduces, the stage's replicas (ep group, times the data axis) all-reduce the replicated
     gradients (one flat buffer), the data axis the held experts', and the ep group exchanges the routed rows of each
     of the stage's MoE layers, per microbatch, twice in forward and twice in backward (every tp rank its own copy of
-    them; nccl-tests' bus bytes, (n-1)/n of each send buffer; even routing assumed)."""
+    them; nccl-tests' bus bytes, (n-1)/n of each send buffer; even routing assumed). With an FSDP2 data axis
+    (``fsdp=D``) the tp/pp figures are those of a data axis of D x N replicas over the whole blocks, beside the
+    exchange."""
     dims, shape = layout.dims, facts.transformer
     axes = ",".join(f"{axis}={size}" for axis, size in (("pp", dims.pp), ("tp", dims.tp)) if size > 1)
     if not facts.expert_parameters:

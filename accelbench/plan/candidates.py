@@ -1,6 +1,6 @@
 """The configurations worth considering for a model on a device count: every strategy and mesh layout
-(dp x tp x pp, and ep for a mixture of experts, = the job's devices) the model splits into, every per-device batch and accumulation (reaching
-``--global-batch`` when given), every precision asked for. Each is a validated
+(dp x tp x pp, and ep for a mixture of experts, = the job's devices) the model splits into, every per-device batch
+and accumulation (reaching ``--global-batch`` when given), every precision asked for. Each is a validated
 :class:`~accelbench.config.RunConfig`, exactly what ``accelbench run`` would run; a combination the configuration or
 the model refuses is not offered, and the reason is counted (the plan says how many and why)."""
 

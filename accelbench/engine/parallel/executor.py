@@ -22,8 +22,9 @@ replicas; every MoE layer of a stage keeps its ep rank's E/N experts and exchang
 pp or ddp too), each ep rank's replica is T ranks: the experts are dealt out over ep first, then every held expert
 is split over its hidden width over tp (Megatron's expert tensor parallelism); the ep group is the ranks of the same
 tp coordinate, which route the same tokens as their tp siblings, so each tp rank exchanges them with its peers and
-computes its slice of the experts they reach, and the slices' partial outputs are summed over tp after they return. The group's ranks run the same schedule on
-batches of the same size, so their exchanges (the schedule's shape inference's too) pair up in the same order. As
+computes its slice of the experts they reach, and the slices' partial outputs are summed over tp after they return.
+The group's ranks run the same schedule on batches of the same size, so their exchanges (the schedule's shape
+inference's too) pair up in the same order. As
 under :mod:`accelbench.engine.parallel.ep`: the replicated gradients are averaged over the group, the experts'
 (summed over the group's tokens by the backward exchange) divided by N, the experts' squares summed over the group in
 the norm, and the reported loss is the mean of the group's pipelines' (the global batch's). A ddp axis is reduced
@@ -113,9 +114,8 @@ class ParallelExecutor(MeshExecutor):
         self._copies: list[TiedCopy] = []
         # (batch size, for evaluation) -> (schedule, microbatches)
         self._schedules: dict[tuple[int, bool], tuple[Any, int]] = {}
-        self._inferred: set[tuple[int, bool]] = (
-            set()
-        )  # the schedules whose first step (shape inference) has run
+        # the schedules whose first step (torch's shape inference) has run
+        self._inferred: set[tuple[int, bool]] = set()
         self._logs: list[RankLog] = []
         self._stage_plan: StagePlan | None = None
         self._shape: TransformerShape | None = None
@@ -228,9 +228,8 @@ class ParallelExecutor(MeshExecutor):
         mean of the replicas' equal-batch losses)."""
         if self._ep_group is None:
             return
-        if (
-            self.layout.shards_parameters
-        ):  # FSDP averaged both in backward: the experts' over the data axis only
+        if self.layout.shards_parameters:
+            # FSDP averaged both in backward, the experts' over the data axis only: they are left to divide by N
             for param in {id(p): p for m in self.modules for p in m.parameters()}.values():
                 if id(param) in self._expert_ids and param.grad is not None:
                     _local(param.grad).div_(self.layout.ep)
