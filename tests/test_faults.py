@@ -76,6 +76,7 @@ def test_a_full_disk_prints_the_record_and_keeps_it_elsewhere(tmp_path: Path, mo
     assert list(out.iterdir()) == []  # nothing half-written where the disk was full
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_two_process_job_keeps_every_ranks_completed_epochs(tmp_path: Path) -> None:
     """A scheduler's time limit sends SIGTERM to every process of the job (launcher and workers): the record says
     interrupted and keeps the epochs every rank completed, gathered from both ranks; no traceback anywhere."""

@@ -119,6 +119,7 @@ def test_a_profiled_run_keeps_its_timed_epochs_and_records_the_breakdown_and_tra
     assert not list(tmp_path.glob(".trace-*"))  # no temporary left behind
 
 
+@pytest.mark.slow
 def test_two_processes_over_gloo_show_their_communication(tmp_path: Path) -> None:
     proc = accelbench(
         "run", *TINY, "--epochs", "2", "--steps-per-epoch", "3", "--profile", "--profile-steps", "4",

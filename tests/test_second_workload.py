@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from core_support import Site, accelbench
 
 # A plugin distribution that registers one workload and no backend: a small MLP regressing random data.
@@ -108,6 +109,7 @@ def install_toy(site: Site) -> dict[str, str]:
     return site.env()
 
 
+@pytest.mark.slow
 def test_a_plugin_workload_runs_sweeps_compares_and_reports(site: Site, tmp_path: Path) -> None:
     env = install_toy(site)
     out = tmp_path / "results"

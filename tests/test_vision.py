@@ -240,8 +240,10 @@ needs_lightning = pytest.mark.skipif(
 @pytest.mark.parametrize(
     "workload, args",
     [
-        ("resnet50", ["--strategy", "ddp"]),
-        ("efficientnet-b0", ["--strategy", "fsdp"]),  # sharded parameters: contiguous weights, channels-last inputs
+        # multi-process jobs: the full tier (pytest -m slow), which CI runs
+        pytest.param("resnet50", ["--strategy", "ddp"], marks=pytest.mark.slow),
+        # sharded parameters: contiguous weights, channels-last inputs
+        pytest.param("efficientnet-b0", ["--strategy", "fsdp"], marks=pytest.mark.slow),
         pytest.param("efficientnet-b0", ["--strategy", "ddp"], marks=pytest.mark.slow),
         pytest.param("mobilenet-v3-small", ["--strategy", "ddp"], marks=pytest.mark.slow),
         pytest.param("mobilenet-v3-large", ["--strategy", "ddp"], marks=pytest.mark.slow),
