@@ -26,6 +26,7 @@ from torch import nn
 from accelbench.config import RunConfig
 from accelbench.engine.parallel.mesh import check_model_split
 from accelbench.errors import ConfigError
+from accelbench.parallel_dims import ParallelDims
 from accelbench.plugins import get_host
 from accelbench.results import ResultRecord, read_record
 from accelbench.workloads.gpt.data import generate_corpus
@@ -563,6 +564,26 @@ def one_process_on_the_global_batch(
     return losses, held_out, routed, biases or None
 
 
+def assert_trains_as_one_process(
+    record: ResultRecord, corpus_dir: Path, monkeypatch: pytest.MonkeyPatch, replicas: int
+) -> None:
+    """The run's epoch and held-out losses are one process's on the ``replicas`` shares together (fp32, 1e-5), its
+    gradient probe gave a finite norm every epoch, and its routing counts (every replica's tokens once) and final
+    expert biases are that process's, exactly."""
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))  # the tokenizer the run trained
+    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
+    assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
+    assert record.quality is not None
+    assert [e.val_loss for e in record.quality.epochs] == pytest.approx(held_out, abs=1e-5, rel=0)
+    assert all(e.grad_norm is not None and math.isfinite(e.grad_norm) for e in record.quality.epochs)
+    assert record.workload["routing"]["tokens_per_expert_by_layer"] == routed
+    top_k = record.workload["routing"]["top_k"]
+    assert all(
+        sum(layer) == 2 * 2 * replicas * 4 * 32 * top_k for layer in routed
+    )  # epochs, steps, replicas, b s k
+    assert record.workload.get("expert_bias_by_layer") == biases
+
+
 @pytest.mark.parametrize(
     "model, mesh, replicas",
     [
@@ -583,7 +604,7 @@ def test_expert_parallelism_composes_with_a_pipeline(
     pipelines' batches together (fp32), and the routing counts are that process's, exactly; so are the final expert
     biases where the model balances by them too (deepseek-tiny: the loads summed over every rank). With fsdp=2 in
     place of ddp=2, FSDP2 shards each stage over its four replicas and the held experts over the data axis."""
-    devices = str(2 * replicas)
+    devices = str(ParallelDims.from_mesh(mesh).world)
     # no tensor-peak measurement: its extra step after the epochs would move the biases once more
     record = run(corpus_dir, tmp_path, model, "--mesh", mesh, "--devices", devices, "--no-tensor-peak")
     ep = record.executor["expert_parallel"]
@@ -592,18 +613,7 @@ def test_expert_parallelism_composes_with_a_pipeline(
     assert len(record.executor["pipeline"]["stage_units"]) == 2
     if mesh.startswith("fsdp"):  # FSDP2 beside ep: the units over the stage's replicas, the experts over dp
         assert "over the stage's dp x ep replicas" in record.executor["data_parallel"]["how"]
-    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
-    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
-    assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
-    assert record.quality is not None
-    assert [e.val_loss for e in record.quality.epochs] == pytest.approx(held_out, abs=1e-5, rel=0)
-    assert all(e.grad_norm is not None and math.isfinite(e.grad_norm) for e in record.quality.epochs)
-    assert record.workload["routing"]["tokens_per_expert_by_layer"] == routed
-    top_k = record.workload["routing"]["top_k"]
-    assert all(
-        sum(layer) == 2 * 2 * replicas * 4 * 32 * top_k for layer in routed
-    )  # epochs, steps, replicas, b s k
-    assert record.workload.get("expert_bias_by_layer") == biases
+    assert_trains_as_one_process(record, corpus_dir, monkeypatch, replicas)
 
 
 @pytest.mark.parametrize(
@@ -629,21 +639,13 @@ def test_expert_parallelism_composes_with_tensor_parallelism(
     losses are one process's on the replicas' batches together (fp32; clipping at 1.0 reads the global gradient norm,
     so a norm summed over the wrong ranks shows in the losses), the routing counts are its, exactly (each pair's tp
     rank 0 counts), and so are the final expert biases (deepseek-tiny)."""
-    devices = str(4 * replicas // 2 * (2 if "pp=" in mesh else 1))
+    devices = str(ParallelDims.from_mesh(mesh).world)
     record = run(corpus_dir, tmp_path, model, "--mesh", mesh, "--devices", devices, "--no-tensor-peak")
     ep = record.executor["expert_parallel"]
     assert ep["size"] == 2 and ep["experts_per_rank"] == MODEL_SIZES[model].n_experts // 2
     assert "over the tp axis (2 ranks" in ep["tensor_parallel"]
     assert ["feed_forward.experts", "module"] in record.executor["tensor_parallel"]["plan"]
-    if mesh.startswith(
-        "fsdp"
-    ):  # FSDP2 beside ep: the units over the replicas of a tp coordinate, the experts over dp
+    if mesh.startswith("fsdp"):
+        # FSDP2 beside ep: the units over the replicas of a tp coordinate, the experts over dp
         assert "over the stage's dp x ep replicas" in record.executor["data_parallel"]["how"]
-    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
-    losses, held_out, routed, biases = one_process_on_the_global_batch(record, replicas)
-    assert epoch_losses(record) == pytest.approx(losses, abs=1e-5, rel=0)
-    assert record.quality is not None
-    assert [e.val_loss for e in record.quality.epochs] == pytest.approx(held_out, abs=1e-5, rel=0)
-    assert all(e.grad_norm is not None and math.isfinite(e.grad_norm) for e in record.quality.epochs)
-    assert record.workload["routing"]["tokens_per_expert_by_layer"] == routed
-    assert record.workload.get("expert_bias_by_layer") == biases
+    assert_trains_as_one_process(record, corpus_dir, monkeypatch, replicas)
