@@ -2,7 +2,7 @@
 # accelbench on a real NVIDIA GPU: every check of benchmarks/gpu/README.md in few, full batches.
 #
 #   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: functional | speed | final | compiled |
-#                                                              prediction | fast-paths | recheck | all
+#                                                              prediction | fast-paths | recheck | titan | all
 #
 # Runs from the repository root on a machine with a CUDA build of torch. Wheels in .whl/ (made by
 # benchmarks/gpu/prepare.sh: accelbench, accelbench-cuda, pydantic, DeepSpeed, ...) are installed into a private
@@ -173,6 +173,16 @@ if want recheck; then
     step recheck-mfu-autotune 120 "${AB[@]}" run --backend cuda --epochs 3 --idle-baseline-s 0 --quiet \
         --output-dir "$W/records/fast" --model gpt2-large --precision bf16-true --dropout 0 --batch-size 64 \
         --steps-per-epoch 20 --compile --compile-mode max-autotune-no-cudagraphs
+fi
+
+if want titan; then
+    # issue 23's performance point: a llama3-1b-class model (Llama 3.2 1B's shape, head untied) in BF16, accelbench
+    # against torchtitan on this GPU, alternating (needs torchtitan's wheels: TITAN=1 bash benchmarks/gpu/prepare.sh)
+    step titan-shape 30 python3 benchmarks/gpu/titan_side_by_side.py shape
+    step titan-eager 200 python3 benchmarks/gpu/titan_side_by_side.py run "$W/titan-eager.json" --batch-size 4 \
+        --seq-len 2048 --steps 80
+    step titan-compiled 260 python3 benchmarks/gpu/titan_side_by_side.py run "$W/titan-compiled.json" \
+        --batch-size 4 --seq-len 2048 --steps 80 --compile
 fi
 
 if want compiled; then
