@@ -88,6 +88,7 @@ REFERENCES: dict[str, Recipe] = {
     ),
     "llama": Recipe("llama", ("llama-tiny",), {"seq_len": 128}),
     "llama-mini": Recipe("llama", ("llama-mini",), {"seq_len": 128}),
+    "llama-small": Recipe("llama", ("llama-small",), {"seq_len": 128}),
     "bert": Recipe("bert", ("bert-tiny",), {"seq_len": 128}),
     "bert-mini": Recipe("bert", ("bert-mini",), {"seq_len": 128}),
     "bert-small": Recipe("bert", ("bert-small",), {"seq_len": 128}),
