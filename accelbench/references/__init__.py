@@ -92,6 +92,7 @@ REFERENCES: dict[str, Recipe] = {
     "bert": Recipe("bert", ("bert-tiny",), {"seq_len": 128}),
     "bert-mini": Recipe("bert", ("bert-mini",), {"seq_len": 128}),
     "bert-small": Recipe("bert", ("bert-small",), {"seq_len": 128}),
+    "bert-medium": Recipe("bert", ("bert-medium",), {"seq_len": 128}),
     "moe": Recipe("moe", ("moe-tiny",), {"seq_len": 128}),
     "moe-mini": Recipe("moe", ("moe-mini",), {"seq_len": 128}),
     "mobilenet-v3-small": Recipe("mobilenet-v3-small", ("mobilenet-v3-small",), IMAGE),
