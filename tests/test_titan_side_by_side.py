@@ -77,3 +77,18 @@ def test_a_torchtitan_log_without_steady_intervals_is_an_error(script: ModuleTyp
     short = "\n".join(LOG.splitlines()[:3])
     with pytest.raises(RuntimeError, match="no steady interval"):
         script.titan_figures(short)
+
+
+def test_accelbench_figure_is_the_records_steady_tokens_per_second(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    # a real record of a custom llama trained on an H100 (docs/gpu/h100-2026-11-27), where `run` would find it
+    (record,) = (SCRIPT.parents[2] / "docs" / "gpu" / "h100-2026-11-27").rglob(
+        "*_cuda_custom_bf16-mixed_*.json"
+    )
+    (tmp_path / record.name).write_bytes(record.read_bytes())
+    figures = script.accelbench_figures(tmp_path)
+    steady = json.loads(record.read_text())["metrics"]["steady"]
+    assert figures["record"] == record.name and figures["tokens_per_s"] == steady["tokens_per_s"] > 0
+    with pytest.raises(RuntimeError, match="no record"):
+        script.accelbench_figures(tmp_path / "empty")

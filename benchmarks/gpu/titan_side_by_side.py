@@ -215,7 +215,10 @@ def accelbench_command(out: Path, batch: int, seq_len: int, steps: int, compile_
 
 
 def accelbench_figures(out: Path) -> dict[str, Any]:
-    (record,) = sorted(out.glob("*.json"))
+    records = sorted(out.glob("*.json"))  # <time>_<host>_<backend>_custom_bf16-mixed_<id>.json
+    if not records:
+        raise RuntimeError(f"accelbench wrote no record under {out}")
+    record = records[-1]
     data = json.loads(record.read_text())
     steady = data["metrics"]["steady"]
     return {
@@ -250,10 +253,19 @@ def run(out_json: Path, batch: int, seq_len: int, steps: int, pairs: int, compil
         if rc != 0:
             result.setdefault("failures", []).append({"run": i, "who": who, "rc": rc, "tail": text[-3000:]})
             continue
-        if who == "titan":
-            titan.append(titan_figures(text))
-        else:
-            ours.append(accelbench_figures(work / f"accelbench-{i}"))
+        try:
+            if who == "titan":
+                titan.append(titan_figures(text))
+            else:
+                ours.append(accelbench_figures(work / f"accelbench-{i}"))
+        except (
+            RuntimeError,
+            KeyError,
+            ValueError,
+        ) as exc:  # a run that left no figure: said, and the pairs go on
+            result.setdefault("failures", []).append(
+                {"run": i, "who": who, "error": str(exc), "tail": text[-3000:]}
+            )
     shutil.rmtree(folder / "text", ignore_errors=True)  # 5 MB of generated text: not worth carrying back
     result["torchtitan"], result["accelbench"] = titan, ours
     if titan and ours:
