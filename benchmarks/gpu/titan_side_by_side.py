@@ -272,7 +272,11 @@ def run(out_json: Path, batch: int, seq_len: int, steps: int, pairs: int, compil
         t = statistics.median(r["tokens_per_s"] for r in titan)
         a = statistics.median(r["tokens_per_s"] for r in ours)
         result["ratio"] = a / t
-        result["within_target"] = a / t >= TARGET
+        # a plumbing check on a CPU, torchtitan under stand-ins: no verdict on a figure that means nothing
+        if SMOKE:
+            result["smoke_cpu"] = "TITAN_SMOKE_CPU=1: a plumbing check, not a measurement"
+        else:
+            result["within_target"] = a / t >= TARGET
     out_json.write_text(json.dumps(result, indent=2))
     return result
 
