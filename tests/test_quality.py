@@ -372,8 +372,10 @@ def test_the_shipped_references_say_how_they_were_made() -> None:
             assert all(abs(loss - np.log(8)) < 0.01 for t in reference.trajectories.values() for loss in t)
             continue
         assert reference.falls and list(reference.targets()) == [f"ref-epoch{n}" for n in range(1, 5)]
-        for losses in reference.trajectories.values():  # each seed trains: its held-out loss ends below its start,
-            assert losses[-1] < losses[0]  # and falls every epoch but where a plateau's noise lifts it a little
+        # each seed trains: its held-out loss ends below its start, and falls every epoch but where a plateau's
+        # noise lifts it a little
+        for losses in reference.trajectories.values():
+            assert losses[-1] < losses[0]
             assert all(later < earlier + 0.01 for earlier, later in itertools.pairwise(losses))
 
 
