@@ -129,7 +129,7 @@ def assets(folder: Path) -> Path:
     """accelbench's corpus and tokenizer where torchtitan reads them; returns ``folder``."""
     from accelbench.workloads.gpt.data import generate_corpus
     from accelbench.workloads.llama.data import load_corpus
-    from accelbench.workloads.llama.tokenizer import SPECIAL_TOKENS
+    from accelbench.workloads.llama.tokenizer import SPECIAL_TOKENS, pieces
 
     corpus = load_corpus(None, VOCAB)
     tok = folder / "tokenizer"
@@ -140,13 +140,7 @@ def assets(folder: Path) -> Path:
     (tok / "tokenizer_config.json").write_text(json.dumps(config))
     text = generate_corpus().tobytes().decode("ascii")
     # documents of about 16 KiB, cut at line ends, as torchtitan's dataset reads one sample per document
-    docs, start = [], 0
-    while start < len(text):
-        end = min(len(text), start + 16384)
-        cut = text.rfind("\n", start, end) if end < len(text) else end
-        end = cut + 1 if cut > start else end
-        docs.append(text[start:end])
-        start = end
+    docs = pieces(text, 16384)
     data = folder / "text"
     data.mkdir(parents=True, exist_ok=True)
     with open(data / "train.jsonl", "w") as fh:
