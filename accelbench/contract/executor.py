@@ -8,8 +8,9 @@ implement it; ``ExecutorRequest.default_executor`` builds the core's one for the
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,17 @@ class Executor(ABC):
         unchanged; called on every rank after an epoch's timed region. Returns the loss as a detached device
         tensor, or None where this executor cannot evaluate (the run then records no validation loss)."""
         return None
+
+    def norm_statistics_recomputed(
+        self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    ) -> contextlib.AbstractContextManager[int | None]:
+        """A context, entered on every rank before a held-out evaluation where the workload asks for precise batch
+        norm (``TrainingJob.norm_statistics_batches``): inside it the model's batch-norm running statistics are
+        those of ``batches`` (training batches on the device, forward only, train mode, no gradients), and on
+        leaving they are the training's again. It yields how many batches it used, or None where this executor
+        cannot recompute them (the evaluation then reads the training's running statistics, and the record says
+        so). Since contract 3.1."""
+        return contextlib.nullcontext(None)
 
     def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """The total L2 norm of the gradients one forward and backward of a batch gives, as training computes them

@@ -9,7 +9,8 @@ PROJECT = "accelbench"
 # The plugin contract this accelbench implements. A plugin declares the version it was written for
 # (``accelbench_contract = "3.0"``); the same major version and a minor version not newer than this one load.
 # 3.0: a backend is a Backend subclass registered through accelbench_register_backends (2.x: per-backend hooks).
-CONTRACT_VERSION = "3.0"
+# 3.1: Executor.norm_statistics_recomputed (precise batch norm before an evaluation), with a default: 3.0 plugins load.
+CONTRACT_VERSION = "3.1"
 
 hookimpl = pluggy.HookimplMarker(PROJECT)
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -159,6 +160,40 @@ class TorchExecutor(Executor):
                 return self.model(inputs, targets).detach().float()
         finally:
             self.model.train()
+
+    @contextlib.contextmanager
+    def norm_statistics_recomputed(
+        self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    ) -> Iterator[int | None]:
+        """Precise batch norm: every batch-norm layer's running statistics reset and recomputed as the plain
+        average over ``batches`` (momentum None; forward only, train mode, no gradients, the run's autocast),
+        through the bare module: DDP's wrapper would broadcast rank 0's buffers before each forward, while here each
+        rank averages its own shard; FSDP2's hooks are on the module itself. The training's statistics (and
+        momenta) are put back on leaving, so evaluating this way or not trains the same model."""
+        module: torch.nn.Module = getattr(self.model, "module", self.model)
+        norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        if not norms:
+            yield 0
+            return
+        kept = [
+            (m.momentum, {name: buffer.clone() for name, buffer in m.named_buffers(recurse=False)})
+            for m in norms
+        ]
+        try:
+            for m in norms:
+                m.reset_running_stats()
+                m.momentum = None  # a cumulative average over the batches
+            used = 0
+            with torch.no_grad(), self._autocast:
+                for x, y in batches:
+                    module(x, y)
+                    used += 1
+            yield used
+        finally:
+            for m, (momentum, buffers) in zip(norms, kept, strict=True):
+                m.momentum = momentum
+                for name, value in buffers.items():
+                    getattr(m, name).copy_(value)
 
     def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """One forward and backward as a training step makes them (train mode, autocast, the backend's step

@@ -29,6 +29,7 @@ so all ranks decide alike.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,11 @@ from accelbench.contract import Backend, DataShard, Executor
 from accelbench.engine.metrics import RankLog
 from accelbench.results import DIVERGED, STOPPED, EpochQuality, QualityRecord, TargetResult
 from accelbench.workloads import BatchSource, TrainingJob
+from accelbench.workloads.pipeline import HELD_OUT_EPOCH
+
+# The training epoch whose first batches precise batch norm averages over: one no run reaches, as the held-out
+# generated batches' (:data:`~accelbench.workloads.pipeline.HELD_OUT_EPOCH`) is
+NORM_STATISTICS_EPOCH = HELD_OUT_EPOCH - 1
 
 
 class TrainingDiverged(Exception):
@@ -81,6 +87,9 @@ class QualityChecks:
     problem: str | None = None
     validation_note: str | None = None
     probe_note: str | None = None  # why the gradient probe measured nothing, where it failed
+    norm_note: str | None = (
+        None  # how the batch-norm statistics of the evaluation were had, where it was asked
+    )
     first_loss: float | None = None
     _right: list[float] = field(default_factory=lambda: [0.0, 0.0])  # held-out predictions right, made
 
@@ -194,7 +203,10 @@ class QualityChecks:
             )
         return QualityRecord(
             eval_batches=self.config.eval_batches,
-            validation="; ".join(note for note in (self.validation_note, self.probe_note) if note) or None,
+            validation="; ".join(
+                note for note in (self.validation_note, self.norm_note, self.probe_note) if note
+            )
+            or None,
             epochs=list(self.epochs),
             target=target,
             problem=self.problem,
@@ -221,11 +233,34 @@ class QualityChecks:
         try:
             # the probe's dropout draws random numbers: the generators are restored after, so validation on or off
             # trains the same model
-            with self._own_random_numbers():
+            with self._own_random_numbers(), self._norm_statistics() as recomputed:
+                if recomputed is None and self.job.norm_statistics_batches:
+                    self.norm_note = (
+                        f"the batch-norm statistics were not recomputed: this executor "
+                        f"({type(self.executor).__name__}) cannot; evaluated with the training's own"
+                    )
+                elif recomputed:
+                    self.norm_note = (
+                        f"batch-norm statistics recomputed over {recomputed} training batch(es) per rank before "
+                        "each evaluation (precise BN)"
+                    )
                 return self._held_out_batches(validation, outputs)
         finally:
             if hook is not None:
                 hook.remove()
+
+    def _norm_statistics(self) -> contextlib.AbstractContextManager[int | None]:
+        """The executor's precise batch norm over the first ``job.norm_statistics_batches`` batches of a training
+        epoch no run reaches (:data:`NORM_STATISTICS_EPOCH`), this rank's shard of them; 0 where not asked."""
+        wanted = self.job.norm_statistics_batches
+        if not wanted:
+            return contextlib.nullcontext(0)
+        source = self.job.data.batches(NORM_STATISTICS_EPOCH, self.shard.index, self.shard.count)
+        batches = (
+            (inputs.to(self.device), targets.to(self.device))
+            for inputs, targets in itertools.islice(source, wanted)
+        )
+        return self.executor.norm_statistics_recomputed(batches)
 
     def _held_out_batches(
         self, validation: BatchSource, outputs: list[torch.Tensor]

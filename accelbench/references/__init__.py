@@ -67,11 +67,12 @@ class Recipe:
         return {**RECIPE, **self.changes, "workload": self.workload}
 
 
-# The image models: 32 pixels and 8 classes, a number that divides the 64 synthetic JPEGs, so that each image always
-# carries the same label and there is something to learn (at 1000 classes the synthetic labels are noise); no data
-# workers, as the reference runs in one thread (augmentation is seeded per sample, so workers never change the
-# numbers: data_workers is not matched).
-IMAGE = {"image_size": 32, "num_classes": 8, "data_workers": 0}
+# The image models: 32 pixels and 8 classes (each synthetic image is tinted with its class's hue, so any crop shows
+# its class); precise batch norm over 20 training batches before each evaluation, as 80 steps leave MobileNetV3's
+# running statistics (momentum 0.01) near their initial values and the held-out loss at ln 8 whatever was learnt;
+# no data workers, as the reference runs in one thread (augmentation is seeded per sample, so workers never change
+# the numbers: data_workers is not matched).
+IMAGE = {"image_size": 32, "num_classes": 8, "precise_bn": 20, "data_workers": 0}
 # file name (<name>.json) -> how it is made. llama and bert at 128 tokens keep a run under a minute or two on one
 # core; gpt2 at RECIPE takes about 15 minutes a seed on one core (9.8 s a step), so its recipe is a quarter of the
 # tokens a step and half the steps (2.7 s a step).
@@ -97,10 +98,12 @@ REFERENCES: dict[str, Recipe] = {
     "moe-mini": Recipe("moe", ("moe-mini",), {"seq_len": 128}),
     "mobilenet-v3-small": Recipe("mobilenet-v3-small", ("mobilenet-v3-small",), IMAGE),
     "mobilenet-v3-large": Recipe("mobilenet-v3-large", ("mobilenet-v3-large",), IMAGE),
+    "resnet50": Recipe("resnet50", ("resnet50",), IMAGE),
 }
-# Not shipped: efficientnet-b0 and resnet50 at the image recipe. Their held-out loss after an epoch jumps between
-# seeds and epochs (efficientnet-b0 after epoch 4: 11.1, 5.9 and 3.1 for seeds 0, 1, 2; likely their batch-norm
-# statistics, momentum 0.1, following the last batches): a band over three such seeds would pass anything.
+# Not shipped: efficientnet-b0 at the image recipe. Its held-out loss jumps between seeds and epochs, with precise
+# batch norm as without (after epoch 1: 18.3, 7.8 and 44.4 for seeds 0, 1, 2; seed 0 then 3.7, 5.0, 1.6): a band over
+# three such seeds would pass anything. Its stochastic depth (0.2) and dropout, active while the statistics are
+# recomputed in train mode and off in evaluation, are a likely cause; not investigated further.
 MODELS = tuple(model for recipe in REFERENCES.values() for model in recipe.models)
 UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
 # Student's t quantile 0.995 by degrees of freedom (n seeds - 1): a two-sided 99% interval
@@ -170,7 +173,7 @@ class Reference:
     def targets(self) -> dict[str, float]:
         """The named targets (``--target NAME``): ``ref-epochN`` is the upper end of the band after epoch N, the
         held-out loss a run that trains as the reference does reaches by its epoch N 99 times in 100. None where
-        the reference's loss does not fall (the MobileNets': docs/quality.md)."""
+        the reference's loss does not fall (docs/quality.md)."""
         if not self.falls:
             return {}
         return {f"ref-epoch{epoch}": self.band(epoch)[1] for epoch in range(1, self.epochs + 1)}

@@ -138,6 +138,9 @@ class TrainingJob:
     accuracy: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     # counts kept during the timed steps and added to the record's summary (the moe workload's routing balance)
     step_counts: StepCounts | None = None
+    # precise batch norm: before each held-out evaluation, the batch-norm running statistics are recomputed over
+    # this many training batches (Executor.norm_statistics_recomputed); 0: evaluate with the training's own
+    norm_statistics_batches: int = 0
 
 
 @runtime_checkable

@@ -37,6 +37,7 @@ MAX_IMAGE_SIZE = (
     8192  # far above any training crop in use (ImageNet: 224; high-resolution fine-tuning: ~1024)
 )
 MAX_CLASSES = 1_000_000  # far above any classifier head in use (ImageNet-21k: 21,841 classes)
+MAX_PRECISE_BN = 10_000  # training batches averaged for precise batch norm: far above the hundreds it needs
 FLOPS_FORMULA = (
     "3 x forward FLOPs per image (forward: 2 per multiply-accumulate of every convolution and matmul, counted by "
     "torch.utils.flop_counter on one image of the run's size)"
@@ -168,6 +169,12 @@ class VisionWorkload:
             RunOption(name="channels_last", type="bool", default=True,
                       help="channels-last memory format for the model and its inputs (faster convolutions on "
                       "tensor cores and oneDNN)", workload=name),
+            RunOption(name="precise_bn", type="int", default=0, ge=0, le=MAX_PRECISE_BN,
+                      help="precise batch norm: before each held-out evaluation, recompute the batch-norm "
+                      "statistics over this many training batches (untimed; the training's own are kept for "
+                      "training). Short runs need it: MobileNetV3's statistics (momentum 0.01) are still mostly "
+                      "their initial values after hundreds of steps. 0: evaluate with the training's own",
+                      workload=name),
             *data_options(name, f"ImageNet-1k's {IMAGENET_TRAIN_IMAGES:,} training images"),
         ]  # fmt: skip
 
@@ -188,6 +195,8 @@ class VisionWorkload:
             "channels_last": options["channels_last"],
             "data_source": data_label(config),
             "data_workers": options.get("data_workers", "auto"),
+            # only where asked: a run evaluated with the training's statistics keeps the identity it always had
+            **({"precise_bn": options["precise_bn"]} if options.get("precise_bn") else {}),
         }
 
     def units(self, config: RunConfig) -> ModelUnits:

@@ -37,6 +37,9 @@ from accelbench.workloads.vision import IMAGE_SUFFIXES, IMAGENET_TRAIN_IMAGES
 SYNTHETIC_SIZE = (500, 375)  # width, height: ImageNet's most common training image size
 SYNTHETIC_POOL = 64  # distinct synthetic JPEGs, decoded again for every sample
 SYNTHETIC_QUALITY = 90
+SYNTHETIC_TINT = (
+    0.5  # weight of the class colour in a synthetic image (the rest: its own random colour field)
+)
 CROP_SCALE = (0.08, 1.0)
 CROP_RATIO = (3 / 4, 4 / 3)
 VERIFIED_AT_BUILD = 16  # images decoded when the data is opened, so a bad folder is refused before training
@@ -141,7 +144,8 @@ class SyntheticImages(ImageSamples):
         super().__init__(image_size, seed)
         self.samples = samples
         self.num_classes = num_classes
-        self.pool = synthetic_jpegs(SYNTHETIC_POOL, seed)
+        self.pool_labels = [synthetic_label(image, num_classes, seed) for image in range(SYNTHETIC_POOL)]
+        self.pool = synthetic_jpegs(self.pool_labels, num_classes, seed)
         width, height = SYNTHETIC_SIZE
         self.source = (
             f"synthetic: {SYNTHETIC_POOL} seeded {width}x{height} JPEGs (quality {SYNTHETIC_QUALITY}), each "
@@ -155,20 +159,35 @@ class SyntheticImages(ImageSamples):
         return self.pool[index % len(self.pool)], f"synthetic #{index % len(self.pool)}"
 
     def label(self, index: int) -> int:
-        return (index * 2654435761 + self.seed) % self.num_classes  # a fixed, spread-out label per image
+        return self.pool_labels[index % len(self.pool)]
 
 
-def synthetic_jpegs(count: int, seed: int) -> list[bytes]:
-    """``count`` JPEGs of :data:`SYNTHETIC_SIZE`: upsampled random colour grids plus noise."""
+def synthetic_label(image: int, num_classes: int, seed: int) -> int:
+    """The class of the pool's ``image``: fixed per image and spread out over ``num_classes``."""
+    return (image * 2654435761 + seed) % num_classes
+
+
+def class_colour(label: int, num_classes: int) -> np.ndarray:
+    """The colour that marks ``label``'s images: hues evenly spaced around the colour wheel, one per class."""
+    import colorsys
+
+    return np.array(colorsys.hsv_to_rgb(label / num_classes, 1.0, 1.0)) * 255
+
+
+def synthetic_jpegs(labels: list[int], num_classes: int, seed: int) -> list[bytes]:
+    """A JPEG of :data:`SYNTHETIC_SIZE` per label: an upsampled random colour grid plus noise, tinted with the
+    label's :func:`class_colour` (weight :data:`SYNTHETIC_TINT`) so that any crop of it shows its class: held-out
+    crops can then be classified from what training saw, and a run's held-out loss falls as a real one would."""
     from PIL import Image
 
     rng = np.random.default_rng([seed, 424242])
     width, height = SYNTHETIC_SIZE
     out = []
-    for _ in range(count):
+    for label in labels:
         grid = Image.fromarray(rng.integers(0, 256, size=(6, 8, 3), dtype=np.uint8))
-        smooth = np.asarray(grid.resize((width, height), Image.Resampling.BICUBIC), dtype=np.int16)
-        noisy = np.clip(smooth + rng.normal(0, 12, size=smooth.shape), 0, 255).astype(np.uint8)
+        smooth = np.asarray(grid.resize((width, height), Image.Resampling.BICUBIC), dtype=np.float32)
+        tinted = (1 - SYNTHETIC_TINT) * smooth + SYNTHETIC_TINT * class_colour(label, num_classes)
+        noisy = np.clip(tinted + rng.normal(0, 12, size=smooth.shape), 0, 255).astype(np.uint8)
         buffer = io.BytesIO()
         Image.fromarray(noisy).save(buffer, format="JPEG", quality=SYNTHETIC_QUALITY)
         out.append(buffer.getvalue())

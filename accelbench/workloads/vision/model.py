@@ -143,6 +143,7 @@ def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> Traini
         data=data,
         validation=validation,
         accuracy=top1,
+        norm_statistics_batches=int(options.get("precise_bn") or 0),
         make_optimizer=lambda m, device, kernels: make_optimizer(spec, m, kernels, lr),
         flops_per_sample=3.0 * forward,
         flops_formula=FLOPS_FORMULA,
