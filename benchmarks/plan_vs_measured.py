@@ -2,7 +2,7 @@
 
     python benchmarks/plan_vs_measured.py [--model gpt-nano] [--batch-sizes 4,8,16]
         [--strategies ddp,fsdp,deepspeed-zero1,deepspeed-zero2,deepspeed-zero3] [--precisions fp32]
-        [--bus-bandwidth GB/s | --comm DIR] [--steps 4] [--epochs 3] [--out DIR] [--json FILE]
+        [--bus-bandwidth GB/s | --comm DIR] [--steps 4] [--epochs 3] [--repeats R] [--out DIR] [--json FILE]
 
 It runs `accelbench plan --devices 2 --measure-peak ... --measure K` with K the number of ranked configurations (all
 of them), so every candidate runs for real as a short 2-process gloo job through `accelbench sweep` (resumable: run
@@ -41,6 +41,13 @@ def main() -> int:
     parser.add_argument(
         "--epochs", type=int, default=3, help="epochs of each measured run (the first a warm-up)"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per configuration, in passes over all of them (plan --measure-repeats): each is compared by "
+        "its median",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/plan-vs-measured"))
     parser.add_argument("--json", type=Path, help="write the plan (with its comparison) here")
     parser.add_argument(
@@ -60,12 +67,12 @@ def main() -> int:
     if ranked < MIN_CONFIGURATIONS:
         print(f"only {ranked} configurations ranked (want {MIN_CONFIGURATIONS}): add --batch-sizes or --strategies "
               "(DeepSpeed's ZeRO needs deepspeed installed)", file=sys.stderr)  # fmt: skip
-    measured = _accelbench(*common, "--top", str(ranked), "--measure", str(ranked), "--measure-steps",
-                           str(args.steps), "--measure-epochs", str(args.epochs), "--out", str(args.out))  # fmt: skip
+    measuring = ["--top", str(ranked), "--measure", str(ranked), "--measure-steps", str(args.steps),
+                 "--measure-epochs", str(args.epochs), "--measure-repeats", str(args.repeats), "--out", str(args.out)]  # fmt: skip
+    measured = _accelbench(*common, *measuring)
     print(measured.stdout)
     if args.json:
-        done = _accelbench(*common, "--top", str(ranked), "--measure", str(ranked), "--measure-steps",
-                           str(args.steps), "--measure-epochs", str(args.epochs), "--out", str(args.out), "--json")  # fmt: skip
+        done = _accelbench(*common, *measuring, "--json")
         args.json.write_text(done.stdout, encoding="utf-8")  # every point is recorded: nothing runs again
     return 0
 

@@ -17,6 +17,7 @@ from accelbench.cli import build_parser, config_from_args, main, make_config
 from accelbench.plan.candidates import DATA_PARALLEL, MODEL_PARALLEL, batch_choices, layouts
 from accelbench.plan.ranking import spearman
 from accelbench.plan.schema import Plan
+from accelbench.results import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 # an absent device from the plugins' tables and one bus bandwidth: the same prediction on every host
@@ -240,6 +241,11 @@ def test_several_nodes_are_one_job(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["--model", "gpt-nano", "--top", "0"], "--top 0"),
         (
+            ["--model", "gpt-nano", "--measure", "1", "--measure-repeats", "0"],
+            "--measure-repeats 0: give 1 to",
+        ),
+        (["--model", "gpt-nano", "--measure-repeats", "3"], "add --measure K"),
+        (
             ["--model", "gpt-nano", "--device", "H100", "--measure", "1"],
             "--measure 1 runs the configurations",
         ),
@@ -301,12 +307,34 @@ def test_measure_the_top_two_for_real_over_gloo(tmp_path: Path) -> None:
     assert p.comparison.top_pick_gap is not None and p.comparison.top_pick_gap >= 0
     records = sorted(out.glob("*.json"))
     assert len(records) == 2
-    again = accelbench(*args, cwd=ROOT, timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert "already recorded" in again.stderr and sorted(out.glob("*.json")) == records
-    assert "Spearman's rank correlation" in again.stdout and "predicted against measured" in again.stdout
-    assert "waited" in again.stdout  # each run's host contention, from its record
+    assert all(r.measured_runs == 1 and r.spread is None for r in p.comparison.runs)
     assert all(r.waited is None or 0 <= r.waited <= 1 for r in p.comparison.runs)
+    # two repeats: pass 1 reuses both records, pass 2 runs each configuration once more
+    again = accelbench(*args, "--measure-repeats", "2", cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "pass 1 of 2" in again.stderr and "pass 2 of 2" in again.stderr
+    assert again.stderr.index("already recorded") < again.stderr.index("pass 2 of 2")
+    now = sorted(out.glob("*.json"))
+    assert len(now) == 4 and set(records) < set(now)
+    assert "Spearman's rank correlation" in again.stdout and "predicted against measured" in again.stdout
+    assert (
+        "spread" in again.stdout and "waited" in again.stdout
+    )  # each run's host contention, from its record
+    # the same command again runs nothing; each configuration's figure is the median of its two runs
+    listed = accelbench(*args, "--measure-repeats", "2", "--json", cwd=ROOT, timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(out.glob("*.json")) == now
+    repeated = Plan.model_validate_json(listed.stdout).comparison
+    assert repeated is not None
+    for run in repeated.runs:
+        rates = [
+            read_record(f).metrics.steady.samples_per_s  # type: ignore[union-attr]
+            for f in now
+            if read_record(f).config.strategy == run.label.split()[0]
+        ]
+        assert run.measured_runs == 2 and len(rates) == 2
+        assert run.measured_samples_per_s == pytest.approx(sum(rates) / 2)  # the median of two
+        assert run.spread == pytest.approx(abs(rates[0] - rates[1]) / (sum(rates) / 2))
 
 
 def test_plan_calibrate_prices_each_configuration_from_its_traced_operators(

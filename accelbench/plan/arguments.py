@@ -78,6 +78,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                          help=f"epochs per measured point, the first a warm-up (default: {DEFAULT_MEASURE_EPOCHS})")  # fmt: skip
     measure.add_argument("--measure-steps", type=int, default=DEFAULT_MEASURE_STEPS,
                          help=f"steps per epoch of a measured point (default: {DEFAULT_MEASURE_STEPS})")  # fmt: skip
+    measure.add_argument("--measure-repeats", type=int, default=1, metavar="R",
+                         help="measure each configuration R times, in R passes over the top K (a host whose speed "
+                              "drifts during the passes moves every configuration alike), and compare their "
+                              "medians; the spread of each is shown (default: 1)")  # fmt: skip
     device = parser.add_argument_group("the device (as for accelbench estimate)")
     device.add_argument("--device", dest="estimate_device", metavar="NAME",
                         help="plan for a device from the plugins' peak tables (H100, MI250X, ...) instead of the "

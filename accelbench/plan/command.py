@@ -132,6 +132,16 @@ def check_plan_flags(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--measure-steps {args.measure_steps}: give 1 to {MAX_MEASURE_STEPS} steps per epoch"
         )
+    from accelbench.sweep.spec import MAX_REPEATS
+
+    if not 1 <= args.measure_repeats <= MAX_REPEATS:
+        raise ConfigError(
+            f"--measure-repeats {args.measure_repeats}: give 1 to {MAX_REPEATS} runs per configuration"
+        )
+    if args.measure_repeats > 1 and args.measure is None:
+        raise ConfigError(
+            f"--measure-repeats {args.measure_repeats} repeats --measure's runs: add --measure K to run the top K"
+        )
     if args.sweep_file is not None and args.sweep_file.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(
             f"--sweep-file {args.sweep_file}: give a .yaml file name (accelbench sweep reads YAML)"
@@ -295,6 +305,7 @@ def write_sweep_file(path: Path, runs: list[PlannedRun], args: argparse.Namespac
     }
     if measured:
         data["run"] = {"epochs": args.measure_epochs, "steps_per_epoch": args.measure_steps}
+        data["repeats"] = args.measure_repeats
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path

@@ -42,7 +42,15 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Com
     console = err if not args.json else Console(stderr=True)
     console.print(f"measuring the top {len(top)} in {out} (sweep file {path}; finished points are reused)",
                   highlight=False, soft_wrap=True)  # fmt: skip
-    summary = run_sweep(sweep, out, console, live=False)
+    # one pass over the top K per repeat, each run once more (the sweep counts a point's ok records), so that a
+    # host's drift over the passes moves every configuration alike rather than the ones measured last
+    for repeat in range(1, args.measure_repeats + 1):
+        if args.measure_repeats > 1:
+            console.print(f"pass {repeat} of {args.measure_repeats}", highlight=False)
+        sweep.repeats = repeat
+        summary = run_sweep(sweep, out, console, live=False)
+        if summary.interrupted:
+            break
     recorded = Recorded.scan(out)
     runs: list[MeasuredRun] = []
     for i, (run, point) in enumerate(zip(top, sweep.points, strict=True), 1):
@@ -64,6 +72,8 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Com
             measured_rank=None,
             predicted_samples_per_s=run.samples_per_s or 0.0,
             measured_samples_per_s=statistics.median(rates) if rates else None,
+            measured_runs=len(rates),
+            spread=(max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None,
             status=status,
             record=str(files[-1]) if files else None,
             waited=max(waited) if waited else None,
@@ -115,16 +125,21 @@ def show_comparison(comparison: Comparison, out: Console) -> None:
     from rich.table import Table
 
     table = Table(title=f"predicted against measured (records in {comparison.out})")
+    repeated = any(r.measured_runs > 1 for r in comparison.runs)
     for column in ("configuration", "pred. rank", "meas. rank", "pred. samples/s", "meas. samples/s", "error",
-                   "waited", "status"):  # fmt: skip
+                   *(("runs", "spread") if repeated else ()), "waited", "status"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("configuration", "status") else "right")
     for r in comparison.runs:
         m = r.measured_samples_per_s
         error = f"{r.predicted_samples_per_s / m - 1:+.0%}" if m else ""
+        spread = (str(r.measured_runs), f"{r.spread:.0%}" if r.spread is not None else "") if repeated else ()
         table.add_row(escape(r.label), str(r.predicted_rank), str(r.measured_rank or "-"),
-                      f"{r.predicted_samples_per_s:.4g}", f"{m:.4g}" if m else "-", error,
+                      f"{r.predicted_samples_per_s:.4g}", f"{m:.4g}" if m else "-", error, *spread,
                       f"{r.waited:.0%}" if r.waited is not None else "", escape(r.status))  # fmt: skip
     out.print(table)
+    if repeated:
+        out.print("meas. samples/s: the median of each configuration's runs; spread: (fastest - slowest) / median",
+                  highlight=False)  # fmt: skip
     busy = sum(r.contended for r in comparison.runs)
     if busy:
         out.print(f"[yellow]{busy} of {len(comparison.runs)} run(s) found the host contended (their threads waited "

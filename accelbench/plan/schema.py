@@ -49,6 +49,12 @@ class MeasuredRun(_Model):
     measured_rank: int | None
     predicted_samples_per_s: float
     measured_samples_per_s: float | None
+    measured_runs: int = Field(
+        default=1, description="Runs that measured a throughput (--measure-repeats); the median is compared."
+    )
+    spread: float | None = Field(
+        default=None, description="(fastest - slowest) / median over the runs; None for one run."
+    )
     status: str = Field(description="The run's outcome: ok, oom, error, ... (the sweep's).")
     record: str | None = Field(default=None, description="The result record's file.")
     waited: float | None = Field(

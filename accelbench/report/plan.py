@@ -152,7 +152,9 @@ def plan_section(plan_file: PlanFile, anchor: str) -> tuple[list[str], list[Repo
                  "outcome", "host", "record"],
                 (
                     [r.label, str(r.predicted_rank), str(r.measured_rank or "-"), _rate(r.predicted_samples_per_s),
-                     _rate(r.measured_samples_per_s), r.status,
+                     _rate(r.measured_samples_per_s)
+                     + (f" (median of {r.measured_runs}, spread {r.spread:.0%})" if r.spread is not None else ""),
+                     r.status,
                      ("contended" if r.contended else "idle") + (f", waited {r.waited:.0%}" if r.waited else ""),
                      r.record or "-"]
                     for r in comparison.runs
