@@ -71,6 +71,10 @@ def test_precise_bn_averages_the_given_batches_and_puts_the_training_statistics_
         assert torch.allclose(first.running_mean, means.mean(0), atol=1e-5, rtol=1e-4)
         assert torch.allclose(first.running_var, variances.mean(0), atol=1e-5, rtol=1e-4)
         assert int(first.num_batches_tracked) == 3 and first.momentum is None
+        # the forward evaluation runs (dropout off), the batch norms normalising by each batch's statistics
+        modules = list(executor.model.modules())
+        assert all(m.training for m in norms)
+        assert all(not m.training for m in modules if isinstance(m, torch.nn.Dropout))
         assert not torch.equal(first.running_mean, before[0]["running_mean"])
     for m, kept in zip(norms, before, strict=True):
         assert m.momentum == pytest.approx(0.01)  # torchvision's MobileNetV3

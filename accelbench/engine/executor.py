@@ -166,7 +166,8 @@ class TorchExecutor(Executor):
         self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
     ) -> Iterator[int | None]:
         """Precise batch norm: every batch-norm layer's running statistics reset and recomputed as the plain
-        average over ``batches`` (momentum None; forward only, train mode, no gradients, the run's autocast),
+        average over ``batches`` (momentum None; forward only, no gradients, the run's autocast; the rest of the
+        model in eval mode, as evaluation runs it, so that dropout and stochastic depth do not shift the statistics),
         through the bare module: DDP's wrapper would broadcast rank 0's buffers before each forward, while here each
         rank averages its own shard; FSDP2's hooks are on the module itself. The training's statistics (and
         momenta) are put back on leaving, so evaluating this way or not trains the same model."""
@@ -179,8 +180,13 @@ class TorchExecutor(Executor):
             (m.momentum, {name: buffer.clone() for name, buffer in m.named_buffers(recurse=False)})
             for m in norms
         ]
+        training = module.training
         try:
+            # the forward evaluation runs (dropout and stochastic depth off), but with the batch-norm layers
+            # normalising by, and averaging, each batch's own statistics
+            module.eval()
             for m in norms:
+                m.train()
                 m.reset_running_stats()
                 m.momentum = None  # a cumulative average over the batches
             used = 0
@@ -190,6 +196,7 @@ class TorchExecutor(Executor):
                     used += 1
             yield used
         finally:
+            module.train(training)
             for m, (momentum, buffers) in zip(norms, kept, strict=True):
                 m.momentum = momentum
                 for name, value in buffers.items():

@@ -87,6 +87,14 @@ REFERENCES: dict[str, Recipe] = {
         "gpt2 (85M parameters) at batch 16 of 128-token windows takes 9.8 s a step on one core, 15 minutes a "
         "seed; batch 8 of 64-token windows and 10 steps an epoch take 2.7 s a step, about 2.5 minutes a seed",
     ),
+    "gpt2-medium": Recipe(
+        "gpt",
+        ("gpt2-medium",),
+        {"block_size": 64},
+        {"batch_size": 8, "steps_per_epoch": 10},
+        "gpt2-medium at gpt2's recipe (batch 8 of 64-token windows, 10 steps an epoch), for the same reason: the "
+        "common recipe would take about an hour a seed on one core",
+    ),
     "llama": Recipe("llama", ("llama-tiny",), {"seq_len": 128}),
     "llama-mini": Recipe("llama", ("llama-mini",), {"seq_len": 128}),
     "llama-small": Recipe("llama", ("llama-small",), {"seq_len": 128}),
@@ -101,9 +109,9 @@ REFERENCES: dict[str, Recipe] = {
     "resnet50": Recipe("resnet50", ("resnet50",), IMAGE),
 }
 # Not shipped: efficientnet-b0 at the image recipe. Its held-out loss jumps between seeds and epochs, with precise
-# batch norm as without (after epoch 1: 18.3, 7.8 and 44.4 for seeds 0, 1, 2; seed 0 then 3.7, 5.0, 1.6): a band over
-# three such seeds would pass anything. Its stochastic depth (0.2) and dropout, active while the statistics are
-# recomputed in train mode and off in evaluation, are a likely cause; not investigated further.
+# batch norm as without (after epoch 1: 49.9, 12.9 and 71.3 for seeds 0, 1, 2; seed 0 then 3.3, 7.4, 1.9): a band
+# over three such seeds would pass anything. Not its stochastic depth or dropout (off while the statistics are
+# recomputed, as in evaluation); the cause was not found.
 MODELS = tuple(model for recipe in REFERENCES.values() for model in recipe.models)
 UNMATCHED = ("data_workers",)  # identity fields that never change the numbers
 # Student's t quantile 0.995 by degrees of freedom (n seeds - 1): a two-sided 99% interval
