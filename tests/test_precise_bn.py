@@ -60,22 +60,33 @@ def test_precise_bn_averages_the_given_batches_and_puts_the_training_statistics_
     norms = batch_norms(executor.model)
     before = [{n: b.clone() for n, b in m.named_buffers(recurse=False)} for m in norms]
     first = norms[0]
+    dropouts = [m for m in executor.model.modules() if isinstance(m, torch.nn.Dropout)]
     seen: list[torch.Tensor] = []  # what the first batch norm is given, batch by batch
-    hook = first.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
+    modes: list[tuple[bool, list[bool]]] = []  # its mode and the dropouts' while it is given them
+
+    def given(_m: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen.append(args[0].detach().clone())
+        modes.append((first.training, [d.training for d in dropouts]))
+
+    hook = first.register_forward_pre_hook(given)
     with executor.norm_statistics_recomputed(iter(batches)) as used:
         hook.remove()
-        assert used == 3
+        assert used == 3 and dropouts
+        # recomputed under the forward evaluation runs (dropout off), the batch norms normalising by each batch
+        assert all(norm_mode and not any(drop) for norm_mode, drop in modes)
         # momentum None: the plain average of each batch's mean and (unbiased) variance
         means = torch.stack([s.mean(dim=(0, 2, 3)) for s in seen])
         variances = torch.stack([s.var(dim=(0, 2, 3), unbiased=True) for s in seen])
         assert torch.allclose(first.running_mean, means.mean(0), atol=1e-5, rtol=1e-4)
         assert torch.allclose(first.running_var, variances.mean(0), atol=1e-5, rtol=1e-4)
-        assert int(first.num_batches_tracked) == 3 and first.momentum is None
-        # the forward evaluation runs (dropout off), the batch norms normalising by each batch's statistics
-        modules = list(executor.model.modules())
-        assert all(m.training for m in norms)
-        assert all(not m.training for m in modules if isinstance(m, torch.nn.Dropout))
+        assert int(first.num_batches_tracked) == 3
         assert not torch.equal(first.running_mean, before[0]["running_mean"])
+        # inside, the model is as training left it, and a train-mode forward (the gradient probe's, on a held-out
+        # batch) leaves the new statistics as they are
+        assert all(m.training for m in executor.model.modules())
+        recomputed = first.running_mean.clone()
+        executor.gradient_norm(*batches[0])
+        assert torch.equal(first.running_mean, recomputed)
     for m, kept in zip(norms, before, strict=True):
         assert m.momentum == pytest.approx(0.01)  # torchvision's MobileNetV3
         for name, value in kept.items():

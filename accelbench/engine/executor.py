@@ -169,8 +169,10 @@ class TorchExecutor(Executor):
         average over ``batches`` (momentum None; forward only, no gradients, the run's autocast; the rest of the
         model in eval mode, as evaluation runs it, so that dropout and stochastic depth do not shift the statistics),
         through the bare module: DDP's wrapper would broadcast rank 0's buffers before each forward, while here each
-        rank averages its own shard; FSDP2's hooks are on the module itself. The training's statistics (and
-        momenta) are put back on leaving, so evaluating this way or not trains the same model."""
+        rank averages its own shard; FSDP2's hooks are on the module itself. Inside the context the model is in
+        the mode training left it, with the new statistics frozen (momentum 0: a forward in train mode, such as the
+        gradient probe's, leaves them as they are). The training's statistics and momenta are put back on
+        leaving, so evaluating this way or not trains the same model."""
         module: torch.nn.Module = getattr(self.model, "module", self.model)
         norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         if not norms:
@@ -194,6 +196,11 @@ class TorchExecutor(Executor):
                 for x, y in batches:
                     module(x, y)
                     used += 1
+            # inside the context the model is as training left it, its new statistics frozen (momentum 0): the
+            # gradient probe's forward in train mode on a held-out batch must not move them
+            module.train(training)
+            for m in norms:
+                m.momentum = 0.0
             yield used
         finally:
             module.train(training)
