@@ -261,8 +261,8 @@ def test_a_named_target_is_the_reference_band_after_that_epoch() -> None:
         ),
         ({"target": "best"}, "--target best: no such target for gpt-nano"),
         (
-            {"model": "gpt2-medium", "target": "ref-epoch1"},
-            "--target ref-epoch1: the model gpt2-medium has no reference trajectory, so no named targets (models with "
+            {"model": "gpt2-large", "target": "ref-epoch1"},
+            "--target ref-epoch1: the model gpt2-large has no reference trajectory, so no named targets (models with "
             "one: ",
         ),
         (  # the workload's default size, not the GPT's gpt-nano, is what the name is looked up for
@@ -370,10 +370,11 @@ def test_the_shipped_references_say_how_they_were_made() -> None:
         assert low < statistics.fmean(t[-1] for t in reference.trajectories.values()) < high
         assert reference.falls and list(reference.targets()) == [f"ref-epoch{n}" for n in range(1, 5)]
         # each seed trains: its held-out loss ends below its start, and falls every epoch but where a plateau's
-        # noise lifts it a little
+        # noise lifts it by less than 1%, the difference the parity band never resolves (its floor: 1% of the mean;
+        # gpt2-medium's seed 2 after epoch 4: 3.221 then 3.244, +0.7%)
         for losses in reference.trajectories.values():
             assert losses[-1] < losses[0]
-            assert all(later < earlier + 0.01 for earlier, later in itertools.pairwise(losses))
+            assert all(later < earlier * 1.01 for earlier, later in itertools.pairwise(losses))
 
 
 def run_of(name: str, model: str, **changes: object) -> tuple[dict[str, object], dict[str, object]]:
