@@ -112,9 +112,9 @@ class Executor(ABC):
         """A context, entered on every rank before a held-out evaluation where the workload asks for precise batch
         norm (``TrainingJob.norm_statistics_batches``): inside it the model's batch-norm running statistics are
         those of ``batches`` (training batches on the device, forward only, no gradients, the batch norms in train
-        mode and the rest as evaluation runs it), and on leaving they are the training's again. It yields how many batches it used, or None where this executor
-        cannot recompute them (the evaluation then reads the training's running statistics, and the record says
-        so). Since contract 3.1."""
+        mode and the rest as evaluation runs it), and on leaving they are the training's again. It yields how many
+        batches it used, or None where this executor cannot recompute them (the evaluation then reads the
+        training's running statistics, and the record says so). Since contract 3.1."""
         return contextlib.nullcontext(None)
 
     def gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:

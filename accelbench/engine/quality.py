@@ -87,9 +87,7 @@ class QualityChecks:
     problem: str | None = None
     validation_note: str | None = None
     probe_note: str | None = None  # why the gradient probe measured nothing, where it failed
-    norm_note: str | None = (
-        None  # how the batch-norm statistics of the evaluation were had, where it was asked
-    )
+    norm_note: str | None = None  # how the evaluation's batch-norm statistics were had, where it was asked
     first_loss: float | None = None
     _right: list[float] = field(default_factory=lambda: [0.0, 0.0])  # held-out predictions right, made
 

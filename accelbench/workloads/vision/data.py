@@ -37,9 +37,8 @@ from accelbench.workloads.vision import IMAGE_SUFFIXES, IMAGENET_TRAIN_IMAGES
 SYNTHETIC_SIZE = (500, 375)  # width, height: ImageNet's most common training image size
 SYNTHETIC_POOL = 64  # distinct synthetic JPEGs, decoded again for every sample
 SYNTHETIC_QUALITY = 90
-SYNTHETIC_TINT = (
-    0.5  # weight of the class colour in a synthetic image (the rest: its own random colour field)
-)
+# weight of the class colour in a synthetic image (the rest: its own random colour field)
+SYNTHETIC_TINT = 0.5
 CROP_SCALE = (0.08, 1.0)
 CROP_RATIO = (3 / 4, 4 / 3)
 VERIFIED_AT_BUILD = 16  # images decoded when the data is opened, so a bad folder is refused before training
