@@ -66,14 +66,15 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Com
                     waited += [waiting] if waiting is not None else []
                     contended = contended or busy
         status = "ok" if rates else (mine[-1][0] if mine else "failed (no record: see the sweep log)")
+        median = statistics.median(rates) if rates else None
         runs.append(MeasuredRun(
             label=run.label,
             predicted_rank=i,
             measured_rank=None,
             predicted_samples_per_s=run.samples_per_s or 0.0,
-            measured_samples_per_s=statistics.median(rates) if rates else None,
+            measured_samples_per_s=median,
             measured_runs=len(rates),
-            spread=(max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None,
+            spread=(max(rates) - min(rates)) / median if median and len(rates) > 1 else None,
             status=status,
             record=str(files[-1]) if files else None,
             waited=max(waited) if waited else None,

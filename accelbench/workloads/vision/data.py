@@ -142,7 +142,6 @@ class SyntheticImages(ImageSamples):
     def __init__(self, samples: int, num_classes: int, image_size: int, seed: int) -> None:
         super().__init__(image_size, seed)
         self.samples = samples
-        self.num_classes = num_classes
         self.pool_labels = [synthetic_label(image, num_classes, seed) for image in range(SYNTHETIC_POOL)]
         self.pool = synthetic_jpegs(self.pool_labels, num_classes, seed)
         width, height = SYNTHETIC_SIZE
