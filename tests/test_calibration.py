@@ -103,6 +103,25 @@ def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path)
                      cached_only=True) is None  # fmt: skip
 
 
+def test_a_product_too_slow_to_time_is_priced_at_the_largest_timed_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU without 16-bit matrix units runs fp16 products through scalar code (40 s for one 2048^3 product on
+    this project's VM): the grid stops timing what would take too long, instead of taking minutes before a run."""
+    from accelbench.estimate import calibration as module
+
+    monkeypatch.setattr(module, "MAX_MATMUL_CALL_S", 1e-12)  # only the first, smallest product is timed
+    found = tiny_calibration(tmp_path)
+    timed = [p for p in found.matmul if p.timed]
+    assert [(p.m, p.n, p.k) for p in timed] == [(16, 16, 16)]
+    assert len(found.matmul) == 8
+    assert all(p.best_flops_per_s == timed[0].best_flops_per_s for p in found.matmul)
+    assert found.matmul_rate(64, 64, 64) == pytest.approx(timed[0].best_flops_per_s)
+    assert any("7 float32 product(s) of the grid not timed" in note for note in found.notes), found.notes
+    stored = json.loads((tmp_path / CACHE_FILE).read_text())[found.key]
+    assert sum(not p["timed"] for p in stored["matmul"]) == 7  # the cache keeps which were timed
+
+
 def _scaled(calibration: Calibration, factor: float) -> Calibration:
     """The calibration with every rate multiplied by ``factor``: a device measured at another speed."""
     return calibration.model_copy(

@@ -60,8 +60,14 @@ MATMUL_SIZES = (32, 256, 2048)
 # Elementwise streams, total bytes read and written by one call: from cache-resident (48 KiB) to 192 MiB.
 STREAM_BYTES = (3 * 2**14, 3 * 2**18, 3 * 2**22, 3 * 2**26)
 DISPATCH_CALLS = 400  # calls of a one-element operator per timed loop
-REPEAT_BUDGET_S = 0.05  # repeats of one shape run this long (at least MIN_REPEATS)
+# repeats of one shape run this long, and at least MIN_REPEATS of them unless those reach MAX_REPEAT_S
+REPEAT_BUDGET_S = 0.05
 MIN_REPEATS = 5
+MAX_REPEAT_S = 1.0
+# A product that the dtype's fastest timed product says would take longer than this a call is not timed: it is
+# priced at the rate of the largest one timed (a CPU without 16-bit matrix units runs fp16 through scalar code at
+# well under 1 GFLOP/s, and would take 40 s a 2048^3 product, minutes for the grid).
+MAX_MATMUL_CALL_S = 0.25
 # Elementwise work whose arithmetic, not its memory traffic, bounds it on a CPU: each kind's rate (elements/s) is
 # measured on ELEMENTWISE_ELEMENTS fp32 values with the operator named, and applies to the aten operators listed.
 ELEMENTWISE_KINDS: dict[str, tuple[str, frozenset[str]]] = {
@@ -96,7 +102,8 @@ class _Model(BaseModel):
 
 
 class MatmulPoint(_Model):
-    """A timed (m x k) @ (k x n) in ``dtype``: FLOP/s of the best and the median repeat, dispatch taken out."""
+    """A timed (m x k) @ (k x n) in ``dtype``: FLOP/s of the best and the median repeat, dispatch taken out; where
+    not ``timed`` (too slow to time, :data:`MAX_MATMUL_CALL_S`), the rates of the largest product timed."""
 
     dtype: str
     m: int
@@ -104,6 +111,7 @@ class MatmulPoint(_Model):
     k: int
     best_flops_per_s: float
     median_flops_per_s: float
+    timed: bool = True
 
 
 class StreamPoint(_Model):
@@ -265,13 +273,14 @@ def calibrate(
         tiny = _time_matmul(
             device, synchronize, d, 1, 1, 1, 0.0
         )  # a matmul's own dispatch: nothing to compute
-        overhead = 2.0 / tiny.median_flops_per_s
-        matmul += [
-            _time_matmul(device, synchronize, d, m, n, k, overhead)
-            for m in matmul_sizes
-            for n in matmul_sizes
-            for k in matmul_sizes
-        ]
+        matmul += _time_matmul_grid(device, synchronize, d, matmul_sizes, 2.0 / tiny.median_flops_per_s)
+        slow = [p for p in matmul if p.dtype == d and not p.timed]
+        if slow:
+            notes.append(
+                f"{len(slow)} {d} product(s) of the grid not timed: at this device's fastest {d} rate "
+                f"({max(p.best_flops_per_s for p in matmul if p.dtype == d) / 1e9:.3g} GFLOP/s) one call would take "
+                f"over {MAX_MATMUL_CALL_S:g} s; priced at the rate of the largest timed"
+            )
     matmul = _no_faster_than_the_largest(matmul)
     stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
     elementwise = {
@@ -408,11 +417,12 @@ def _repeat(
     run: Callable[[], object], synchronize: Callable[[], None], calls: int = 1
 ) -> tuple[float, float]:
     """Seconds per call of ``run`` (``calls`` calls per timed repeat): best and median of the repeats, which run
-    for :data:`REPEAT_BUDGET_S` (at least :data:`MIN_REPEATS`), each between synchronisations."""
+    for :data:`REPEAT_BUDGET_S` (at least :data:`MIN_REPEATS` unless they reach :data:`MAX_REPEAT_S`), each between
+    synchronisations."""
     run()  # warm-up: kernel selection, lazy initialisation
     times: list[float] = []
     spent = 0.0
-    while spent < REPEAT_BUDGET_S or len(times) < MIN_REPEATS:
+    while spent < REPEAT_BUDGET_S or (len(times) < MIN_REPEATS and spent < MAX_REPEAT_S):
         synchronize()
         start = time.perf_counter()
         for _ in range(calls):
@@ -542,6 +552,29 @@ def _time_matmul(
         best_flops_per_s=flops / _work_time(best, dispatch),
         median_flops_per_s=flops / _work_time(median, dispatch),
     )
+
+
+def _time_matmul_grid(
+    device: torch.device,
+    synchronize: Callable[[torch.device], None],
+    dtype: str,
+    sizes: Sequence[int],
+    dispatch: float,
+) -> list[MatmulPoint]:
+    """Every (m, n, k) of ``sizes`` in ``dtype``, smallest work first; a product that would take longer than
+    :data:`MAX_MATMUL_CALL_S` a call at the fastest rate timed so far is not timed but given the rates of the
+    largest product timed (``timed`` False)."""
+    shapes = sorted(itertools.product(sizes, repeat=3), key=math.prod)
+    points: list[MatmulPoint] = []
+    for m, n, k in shapes:
+        timed = [p for p in points if p.timed]
+        fastest = max((p.best_flops_per_s for p in timed), default=math.inf)
+        if timed and 2.0 * m * n * k / fastest > MAX_MATMUL_CALL_S:
+            largest = max(timed, key=lambda p: p.m * p.n * p.k)
+            points.append(largest.model_copy(update={"m": m, "n": n, "k": k, "timed": False}))
+        else:
+            points.append(_time_matmul(device, synchronize, dtype, m, n, k, dispatch))
+    return points
 
 
 def _cold_sets(
