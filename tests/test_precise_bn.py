@@ -120,6 +120,22 @@ def test_an_evaluation_with_precise_bn_says_so_and_one_whose_executor_cannot_say
     assert "were not recomputed: this executor (Plain) cannot" in (checks.record(1).validation or "")
 
 
+def test_the_gradient_probe_leaves_the_batch_norm_statistics_as_training_left_them() -> None:
+    """The probe's forward runs in train mode on a held-out batch: without the statistics put back, that batch would
+    be folded into the statistics evaluation reads (with or without precise batch norm)."""
+    config, job, executor = mobilenet()
+    for x, y in job.data.batches(0):
+        executor.train_step(x, y)
+    norms = batch_norms(executor.model)
+    before = [b.clone() for m in norms for b in m.buffers(recurse=False)]
+    log = RankLog(0, "host", [0.1], [32], [4], epoch_loss=[2.0])
+    checks = QualityChecks(config, job, executor, executor.backend, torch.device("cpu"), DataShard(0, 1))
+    checks.after_epoch(0, log, torch.tensor([2.0] * 4), 4)
+    assert checks.epochs[0].grad_norm is not None  # the probe ran
+    after = [b for m in norms for b in m.buffers(recurse=False)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 def test_precise_bn_is_part_of_the_identity_only_where_asked_and_bounded() -> None:
     host = get_host()
     workload = host.workload("mobilenet-v3-small")

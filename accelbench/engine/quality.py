@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -260,6 +261,23 @@ class QualityChecks:
         )
         return self.executor.norm_statistics_recomputed(batches)
 
+    @contextlib.contextmanager
+    def _norm_statistics_kept(self) -> Iterator[None]:
+        """The model's batch-norm running statistics as they were, on leaving: the probe's forward runs in train
+        mode on a held-out batch, which would otherwise fold that batch into the statistics evaluation reads."""
+        kept = [
+            (buffer, buffer.clone())
+            for module in self.job.model.modules()
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            for buffer in module.buffers(recurse=False)
+        ]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, value in kept:
+                    buffer.copy_(value)
+
     def _held_out_batches(
         self, validation: BatchSource, outputs: list[torch.Tensor]
     ) -> tuple[float, int, float | None]:
@@ -272,7 +290,8 @@ class QualityChecks:
                 index == 0 and x.shape[0] > 1
             ):  # batch norm cannot train on one sample: no probe on so small a batch
                 try:
-                    probed = self.executor.gradient_norm(x, y)
+                    with self._norm_statistics_kept():
+                        probed = self.executor.gradient_norm(x, y)
                 except (
                     RuntimeError,
                     ValueError,
