@@ -136,6 +136,26 @@ def test_the_gradient_probe_leaves_the_batch_norm_statistics_as_training_left_th
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def test_a_held_out_loss_that_overflows_on_the_running_statistics_is_a_divergence_that_says_why() -> None:
+    """Evaluation normalises with the running statistics, training with each batch's own: where only the former
+    are wrong, the held-out loss is not finite while the training's is, and the run is stopped saying what to try."""
+    from accelbench.engine.quality import TrainingDiverged
+
+    config, job, executor = mobilenet()
+    for x, y in job.data.batches(0):
+        executor.train_step(x, y)
+    with torch.no_grad():
+        # the square root of a negative variance: NaN in evaluation
+        batch_norms(executor.model)[-1].running_var.fill_(-1.0)
+    log = RankLog(0, "host", [0.1], [32], [4], epoch_loss=[2.0])
+    checks = QualityChecks(config, job, executor, executor.backend, torch.device("cpu"), DataShard(0, 1))
+    with pytest.raises(TrainingDiverged) as caught:
+        checks.after_epoch(0, log, torch.tensor([2.0] * 4), 4)
+    message = str(caught.value)
+    assert "validation loss was nan after epoch 1 (step 4), while the training loss was finite (2)" in message
+    assert "--precise-bn N recomputes them" in message
+
+
 def test_precise_bn_is_part_of_the_identity_only_where_asked_and_bounded() -> None:
     host = get_host()
     workload = host.workload("mobilenet-v3-small")

@@ -241,7 +241,9 @@ needs_lightning = pytest.mark.skipif(
     "workload, args",
     [
         # multi-process jobs: the full tier (pytest -m slow), which CI runs
-        pytest.param("resnet50", ["--strategy", "ddp"], marks=pytest.mark.slow),
+        # precise batch norm: the micro-batch of 2 at 32 pixels leaves the last stage's batch norms 2 values a
+        # channel, whose running statistics after 2 steps make evaluation overflow (a non-finite held-out loss)
+        pytest.param("resnet50", ["--strategy", "ddp", "--precise-bn", "4"], marks=pytest.mark.slow),
         # sharded parameters: contiguous weights, channels-last inputs
         pytest.param("efficientnet-b0", ["--strategy", "fsdp"], marks=pytest.mark.slow),
         pytest.param("efficientnet-b0", ["--strategy", "ddp"], marks=pytest.mark.slow),

@@ -145,7 +145,10 @@ class QualityChecks:
         )
         step = (epoch + 1) * steps_per_epoch
         if val_loss is not None and not math.isfinite(val_loss):
-            self._diverged(f"the validation loss was {val_loss} after epoch {epoch + 1} (step {step})")
+            self._diverged(
+                f"the validation loss was {val_loss} after epoch {epoch + 1} (step {step})"
+                + self._evaluation_hint(sums[2] / world)
+            )
         limit = self.config.grad_norm_limit
         if grad_norm is not None and (not math.isfinite(grad_norm) or (limit > 0 and grad_norm > limit)):
             self._diverged(
@@ -333,6 +336,23 @@ class QualityChecks:
         ):  # a device without torch's API
             return torch.random.fork_rng(devices=[])
         return torch.random.fork_rng(devices=[self.device.index or 0], device_type=self.device.type)
+
+    def _evaluation_hint(self, train_loss: float) -> str:
+        """Why a held-out loss may be non-finite while the training's is finite: evaluation normalises with the
+        batch norms' running statistics, which a few steps at a small (micro-)batch leave far from the batches' own
+        (at 1x1 spatial and 2 samples, train mode's output is +-1 whatever came in)."""
+        if not math.isfinite(train_loss) or not any(
+            isinstance(module, torch.nn.modules.batchnorm._BatchNorm) for module in self.job.model.modules()
+        ):
+            return ""
+        recompute = (
+            "" if self.job.norm_statistics_batches else "; --precise-bn N recomputes them before evaluating"
+        )
+        return (
+            f", while the training loss was finite ({train_loss:.4g}): evaluation normalises with the batch norms' "
+            f"running statistics, which a few steps at a small micro-batch leave far from the batches' own{recompute}"
+            ", a larger micro-batch or image gives each batch norm more values"
+        )
 
     def _diverged(self, what: str) -> None:
         self.problem = (
