@@ -8,8 +8,10 @@ is being written it is ignored: a record is owed and must not be cut short.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Iterator
+from types import FrameType
 from typing import Literal
 
 
@@ -33,11 +35,16 @@ class Termination:
         """Handle SIGTERM in this process according to the phase (main thread only, as signals require)."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
-    def _on_sigterm(self, signum: int, frame: object) -> None:
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = True
         if self.phase == "measuring":
             raise RunInterrupted()
         if self.phase == "starting":
+            if _importing(frame):
+                # an exception raised inside an import can leave a C extension half-loaded, and the importing code
+                # may catch it and import again (numpy then fails, "cannot load module more than once per
+                # process", with a traceback): before training there is nothing to unwind, so end here
+                os._exit(130)
             raise SystemExit(130)
 
     @contextlib.contextmanager
@@ -53,6 +60,15 @@ class Termination:
         """A new run in the same process (API users, tests): before training again."""
         self.phase = "starting"
         self.signalled = False
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether the interrupted code runs inside an ``import`` (Python's import machinery is on the stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 TERMINATION = Termination()
