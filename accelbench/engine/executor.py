@@ -174,7 +174,7 @@ class TorchExecutor(Executor):
         gradient probe's, leaves them as they are). The training's statistics and momenta are put back on
         leaving, so evaluating this way or not trains the same model."""
         module: torch.nn.Module = getattr(self.model, "module", self.model)
-        norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        norms = batch_norms(module)
         if not norms:
             yield 0
             return
@@ -249,6 +249,11 @@ class TorchExecutor(Executor):
             "grad_accum": self.request.config.grad_accum,
             "micro_batch": self.request.config.batch_size // self.request.config.grad_accum,
         }
+
+
+def batch_norms(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
+    """The batch-norm layers of ``module`` (every dimension), whose running statistics evaluation reads."""
+    return [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
 
 
 def _implementation(defaults: dict[str, Any]) -> str:

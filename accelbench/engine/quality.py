@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from accelbench.config import RunConfig
 from accelbench.contract import Backend, DataShard, Executor
+from accelbench.engine.executor import batch_norms
 from accelbench.engine.metrics import RankLog
 from accelbench.results import DIVERGED, STOPPED, EpochQuality, QualityRecord, TargetResult
 from accelbench.workloads import BatchSource, TrainingJob
@@ -270,8 +271,7 @@ class QualityChecks:
         mode on a held-out batch, which would otherwise fold that batch into the statistics evaluation reads."""
         kept = [
             (buffer, buffer.clone())
-            for module in self.job.model.modules()
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            for module in batch_norms(self.job.model)
             for buffer in module.buffers(recurse=False)
         ]
         try:
@@ -341,9 +341,7 @@ class QualityChecks:
         """Why a held-out loss may be non-finite while the training's is finite: evaluation normalises with the
         batch norms' running statistics, which a few steps at a small (micro-)batch leave far from the batches' own
         (at 1x1 spatial and 2 samples, train mode's output is +-1 whatever came in)."""
-        if not math.isfinite(train_loss) or not any(
-            isinstance(module, torch.nn.modules.batchnorm._BatchNorm) for module in self.job.model.modules()
-        ):
+        if not math.isfinite(train_loss) or not batch_norms(self.job.model):
             return ""
         recompute = (
             "" if self.job.norm_statistics_batches else "; --precise-bn N recomputes them before evaluating"
