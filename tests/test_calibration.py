@@ -4,6 +4,7 @@ the CPU, with a tiny grid), and the step time summed from them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from accelbench.estimate import predict
 from accelbench.estimate.calibration import (
     CACHE_FILE,
     DRIFT_TOLERANCE,
+    STRIDED_KIND,
     Calibration,
     MatmulPoint,
     StreamPoint,
@@ -24,6 +26,7 @@ from accelbench.estimate.calibration import (
 )
 from accelbench.estimate.facts import meta_facts
 from accelbench.estimate.operators import StepOperators, step_operators
+from accelbench.estimate.step_time import operator_seconds
 from accelbench.plugins import get_host
 
 CPU = torch.device("cpu")
@@ -477,8 +480,58 @@ def test_attention_softmax_is_traced_as_the_four_passes_a_cpu_runs() -> None:
     scores = softmax.elements
     assert softmax.bytes_moved == 8 * scores  # fp32 in, fp32 out
     assert isneginf.bytes_moved == 5 * scores  # fp32 in, a bool per score out
-    assert every.bytes_moved == scores + every.elements  # a bool per score in, one per row out
-    assert where.elements == scores
+    rows = scores // softmax.matmul.n if softmax.matmul else every.bytes_moved - scores
+    assert every.bytes_moved == scores + rows  # a bool per score in, one per row out
+    assert every.elements == where.elements == scores  # priced by the scores each reads, not by the rows out
+
+
+def test_norms_their_gradients_and_the_masking_passes_are_priced_at_their_own_measured_rates(
+    tmp_path: Path,
+) -> None:
+    """Layer norm, its gradient, softmax's gradient and attention's three masking passes over bools run well below
+    a CPU's bandwidth (1-3 elements a ns against an add's 4-6): the calibration times each kind with its own
+    operator, and the step prices each traced call at max(elements / its kind's rate, bytes / bandwidth)."""
+    calibration = tiny_calibration(tmp_path)
+    for kind in ("normalisation", "normalisation_backward", "softmax_backward", "mask_test", "mask_reduce",
+                 "mask_select"):  # fmt: skip
+        assert calibration.elementwise[kind] > 0, kind
+    _, ops = traced("gpt-nano", batch_size=2)
+    slow = calibration.model_copy(update={"elementwise": {k: 1e3 for k in calibration.elementwise}})
+    fast = calibration.model_copy(update={"elementwise": {}})
+    for name, phase in [("native_layer_norm", "forward"), ("native_layer_norm_backward", "backward"),
+                        ("_softmax_backward_data", "backward"), ("isneginf", "forward"), ("all", "forward"),
+                        ("where", "forward")]:  # fmt: skip
+        op = next(op for op in ops.phase(phase) if op.name == name)  # type: ignore[arg-type]
+        assert op.elements > 0 and op.bytes_moved > 0, name
+        slow_work, _ = operator_seconds(op, slow, "cpu")
+        fast_work, _ = operator_seconds(op, fast, "cpu")
+        assert slow_work == pytest.approx(op.elements / 1e3), name  # its kind's rate bounds it
+        assert fast_work == pytest.approx(op.bytes_moved / calibration.stream_rate(op.bytes_moved)), name
+    norm = next(op for op in ops.phase("forward") if op.name == "native_layer_norm")
+    assert norm.elements == 2 * 128 * 48  # its input's (batch x sequence x width), not the per-row statistics
+
+
+def test_a_copy_that_gathers_a_permuted_tensor_is_priced_at_the_measured_permuted_copy_rate(
+    tmp_path: Path,
+) -> None:
+    """Joining q's, k's and v's gradients from the heads' layout (backward's ``cat``) reads tensors that are not
+    contiguous: priced by the element at the calibration's permuted-copy rate. The same operators on contiguous
+    inputs, and other operators on strided ones, are priced as before."""
+    calibration = tiny_calibration(tmp_path)
+    assert calibration.elementwise[STRIDED_KIND] > 0
+    _, ops = traced("gpt-nano", batch_size=2)
+    join = next(op for op in ops.phase("backward") if op.name == "cat")
+    assert join.strided
+    slow = calibration.model_copy(update={"elementwise": {STRIDED_KIND: 1e3}})
+    assert operator_seconds(join, slow, "cpu")[0] == pytest.approx(join.elements / 1e3)
+    contiguous = replace(join, strided=False)
+    assert operator_seconds(contiguous, slow, "cpu")[0] == pytest.approx(
+        join.bytes_moved / calibration.stream_rate(join.bytes_moved)
+    )
+    assert slow.elementwise_rate("mul", strided=True) is None  # not a copy: its bytes at the bandwidth
+    assert not any(
+        op.strided for op in ops.operators if op.name in ("view", "transpose", "t")
+    )  # views move nothing
 
 
 def test_a_batched_product_is_timed_at_the_rate_of_each_of_its_products() -> None:

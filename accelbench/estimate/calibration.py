@@ -12,7 +12,8 @@ CPU) thread count:
   larger than any cache (:data:`STREAM_BYTES`), each call on buffers the previous calls did not touch (so read from
   memory, as a step's backward reads forward's activations), interpolated in log(bytes);
 - the rate (elements/s) of elementwise work that its arithmetic bounds on a CPU, not its memory traffic: random
-  numbers (dropout's ``bernoulli_``), softmax, exp-like activations (:data:`ELEMENTWISE_KINDS`);
+  numbers (dropout's ``bernoulli_``), softmax and its gradient, exp-like activations and theirs, layer norm and
+  its gradient, attention's masking passes over bools (:data:`ELEMENTWISE_KINDS`);
 - the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd; and what an
   operator costs inside a training step beyond its work (:func:`_time_step_dispatch`): a two-block transformer on
   tensors of a few elements, forward and backward through modules and autograd's engine, timed and divided by the
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     import torch
 
 CACHE_FILE = "calibration.json"
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6
 # Matmul grid: each of m, n, k from these (27 shapes). 32: a head's width, a tiny batch; 256: a small model's
 # width; 2048: a micro-batch's tokens, a large model's width. Beyond the grid the rate at its edge is used.
 MATMUL_SIZES = (32, 256, 2048)
@@ -79,8 +80,27 @@ ELEMENTWISE_KINDS: dict[str, tuple[str, frozenset[str]]] = {
         "gelu_backward",
         frozenset({"gelu_backward", "silu_backward", "tanh_backward"}),
     ),
+    # normalisation: a pass for the row's statistics and one to normalise, with a reciprocal square root a row;
+    # its backward adds the weight's and bias's gradients, reduced over the rows
+    "normalisation": ("native_layer_norm", frozenset({"native_layer_norm"})),
+    "normalisation_backward": ("native_layer_norm_backward", frozenset({"native_layer_norm_backward"})),
+    "softmax_backward": (
+        "_softmax_backward_data",
+        frozenset({"_softmax_backward_data", "_log_softmax_backward_data"}),
+    ),
+    # attention's masking of a row masked whole (_safe_softmax): a test of each score, a reduction of bools over
+    # the row and a select broadcast over it, which a CPU runs well below its bandwidth (a byte or a bool each)
+    "mask_test": ("isneginf", frozenset({"isneginf", "isinf", "isnan", "isposinf"})),
+    "mask_reduce": ("all", frozenset({"all", "any"})),
+    "mask_select": ("where", frozenset({"where"})),
 }
+# Copies that gather a tensor whose layout is permuted (an activation split into heads made contiguous again, the
+# gradients of q, k and v joined from the heads' layout) read it across its rows: where an input of one of these
+# operators is not contiguous it is priced by the element at the rate of a permuted copy, measured as this kind.
+STRIDED_KIND = "strided_copy"
+STRIDED_OPERATORS = frozenset({"clone", "copy_", "cat", "_to_copy"})
 ELEMENTWISE_ELEMENTS = 2**20
+ELEMENTWISE_ROW = 128  # a row of a softmax (a sequence), a norm, a reduction
 # The elementwise bandwidth is measured on buffers cycled through, this many bytes in all (several times a CPU's
 # last-level cache slice), at most MAX_BUFFER_SETS sets of them.
 COLD_BYTES = 64 * 2**20
@@ -172,9 +192,12 @@ class Calibration(_Model):
         rates = {float(p.bytes_moved): p.best_bytes_per_s for p in self.stream}
         return math.exp((1.0 - t) * math.log(rates[lo]) + t * math.log(rates[hi]))
 
-    def elementwise_rate(self, operator: str) -> float | None:
-        """Elements/s of ``operator`` where its arithmetic is measured (random numbers, softmax, exp-like
-        activations), else None (memory-bound: :meth:`stream_rate`)."""
+    def elementwise_rate(self, operator: str, strided: bool = False) -> float | None:
+        """Elements/s of ``operator`` (of its largest tensor) where its kind is measured (random numbers,
+        softmax, exp-like activations, norms, masking; a copy of a tensor that is not contiguous, ``strided``),
+        else None (memory-bound: :meth:`stream_rate`)."""
+        if strided and operator in STRIDED_OPERATORS and STRIDED_KIND in self.elementwise:
+            return self.elementwise[STRIDED_KIND]
         for kind, (_, operators) in ELEMENTWISE_KINDS.items():
             if operator in operators and kind in self.elementwise:
                 return self.elementwise[kind]
@@ -285,7 +308,10 @@ def calibrate(
     stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
     elementwise = {
         kind: _time_elementwise(device, synchronize, op, dispatch)
-        for kind, (op, _) in ELEMENTWISE_KINDS.items()
+        for kind, op in [
+            *((kind, op) for kind, (op, _) in ELEMENTWISE_KINDS.items()),
+            (STRIDED_KIND, "permuted"),
+        ]
     }
     after = cpu_usage()
     waiting = None
@@ -630,29 +656,87 @@ def _time_stream(
 def _time_elementwise(
     device: torch.device, synchronize: Callable[[torch.device], None], operator: str, dispatch: float
 ) -> float:
-    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values (rows of 128 for softmax), each call
-    on the next of several sets of input and output (:func:`_cold_sets`), as in a step."""
-    import torch
-
-    shape = (ELEMENTWISE_ELEMENTS // 128, 128)
-    if operator == "bernoulli_":  # in place: the mask overwrites its input
-        masks = _cold_sets(device, torch.float32, shape)
-        run: Callable[[], object] = lambda: next(masks)[0].bernoulli_(0.9)  # noqa: E731 - dropout's keep probability
-    else:
-        sets = _cold_sets(device, torch.float32, shape, shape, shape)
-        aten = torch.ops.aten
-
-        def run() -> None:
-            x, grad, out = next(sets)
-            if operator == "gelu_backward":
-                aten.gelu_backward.grad_input(grad, x, grad_input=out)
-            elif operator == "softmax":
-                aten._softmax.out(x, -1, False, out=out)
-            else:
-                getattr(aten, operator).out(x, out=out)
-
+    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values in rows of
+    :data:`ELEMENTWISE_ROW` (a softmax's, a norm's and a reduction's rows), each call on the next of several sets
+    of inputs and output (:func:`_cold_sets`), as in a step; the elements are those of its largest tensor, as
+    :mod:`accelbench.estimate.step_time` counts them."""
+    run = _elementwise_call(device, operator)
     best, _ = _repeat(run, lambda: synchronize(device))
     return ELEMENTWISE_ELEMENTS / _work_time(best, dispatch)
+
+
+def _elementwise_call(device: torch.device, operator: str) -> Callable[[], object]:
+    """One call of ``operator`` (an :data:`ELEMENTWISE_KINDS` kind's) on the next set of cold tensors."""
+    import torch
+
+    aten = torch.ops.aten
+    rows, width = ELEMENTWISE_ELEMENTS // ELEMENTWISE_ROW, ELEMENTWISE_ROW
+    shape, row = (rows, width), (rows, 1)
+    if operator == "bernoulli_":  # in place: the mask overwrites its input
+        masks = _cold_sets(device, torch.float32, shape)
+        return lambda: next(masks)[0].bernoulli_(0.9)  # dropout's keep probability
+    if operator in ("native_layer_norm", "native_layer_norm_backward"):
+        weight = torch.ones(width, device=device)
+        bias = torch.zeros(width, device=device)
+        if operator == "native_layer_norm":
+            inputs = _cold_sets(device, torch.float32, shape)
+            return lambda: aten.native_layer_norm(next(inputs)[0], [width], weight, bias, 1e-5)
+        sets = _cold_sets(device, torch.float32, shape, shape, row, row)
+
+        def backward() -> object:
+            grad, x, mean, rstd = next(sets)
+            return aten.native_layer_norm_backward(
+                grad, x, [width], mean, rstd, weight, bias, [True, True, True]
+            )
+
+        return backward
+    if operator == "all":  # over each row of a bool per score, as _safe_softmax's test of a row masked whole
+        flags = _cold_sets(device, torch.bool, shape, row)
+
+        def reduce() -> object:
+            x, out = next(flags)
+            return aten.all.out(x, -1, True, out=out)
+
+        return reduce
+    if operator == "where":  # a bool per row broadcast over it, a scalar where it holds, the scores elsewhere
+        zero = torch.zeros((), device=device)
+        conditions = _cold_sets(device, torch.bool, row)
+        sets = _cold_sets(device, torch.float32, shape, shape)
+
+        def select() -> object:
+            x, out = next(sets)
+            return aten.where.self_out(next(conditions)[0], zero, x, out=out)
+
+        return select
+    if (
+        operator == "permuted"
+    ):  # (batch, sequence, heads, width) made contiguous as (batch, heads, sequence, width)
+        batch = ELEMENTWISE_ELEMENTS // (width * 4 * 32)
+        sets = _cold_sets(device, torch.float32, (batch, width, 4, 32), (batch, 4, width, 32))
+
+        def gather() -> object:
+            x, out = next(sets)
+            return out.copy_(x.transpose(1, 2))
+
+        return gather
+    if operator == "isneginf":
+        inputs = _cold_sets(device, torch.float32, shape)
+        outputs = _cold_sets(device, torch.bool, shape)
+        return lambda: aten.isneginf.out(next(inputs)[0], out=next(outputs)[0])
+    sets = _cold_sets(device, torch.float32, shape, shape, shape)
+
+    def run() -> None:
+        x, grad, out = next(sets)
+        if operator == "gelu_backward":
+            aten.gelu_backward.grad_input(grad, x, grad_input=out)
+        elif operator == "_softmax_backward_data":  # the output's gradient, the output
+            aten._softmax_backward_data.out(grad, x, -1, torch.float32, grad_input=out)
+        elif operator == "softmax":
+            aten._softmax.out(x, -1, False, out=out)
+        else:
+            getattr(aten, operator).out(x, out=out)
+
+    return run
 
 
 def _load(path: Path) -> tuple[dict[str, object], str | None]:

@@ -54,9 +54,10 @@ class Operator:
     bytes_moved: float
     matmul: MatmulShape | None = None
     autograd: bool = False
-    elements: int = (
-        0  # of its largest output: what compute-bound elementwise work (random numbers, exp) costs by
-    )
+    # of its largest tensor, input or output: what the elementwise work the calibration times by the element
+    # (random numbers, exp, norms, a reduction over a row) costs by
+    elements: int = 0
+    strided: bool = False  # an input is not contiguous (a copy of it gathers across rows)
 
 
 @dataclass(frozen=True)
@@ -272,8 +273,9 @@ def _operator(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
         flops=flops,
         bytes_moved=moved,
         matmul=_matmul_shape(name, args, out) if flops else None,
-        elements=max((t.numel() for t in outputs), default=0),
+        elements=max((t.numel() for t in (*inputs, *outputs)), default=0),
         autograd=phase == "forward" and any(t.requires_grad for t in inputs),
+        strided=not view and any(not t.is_contiguous() for t in inputs),
     )
 
 

@@ -127,8 +127,8 @@ def exposed_comm(
 def operator_seconds(op: Operator, calibration: Calibration, device_type: str) -> tuple[float, float]:
     """One call of ``op`` at the calibrated rates: its work (the roofline) and its dispatch, in seconds."""
     work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
-    elementwise = calibration.elementwise_rate(op.name)
-    if elementwise and op.elements:  # random numbers, exp: arithmetic, not memory, bounds them
+    elementwise = calibration.elementwise_rate(op.name, op.strided)
+    if elementwise and op.elements:  # random numbers, exp, norms, masks: arithmetic, not memory, bounds them
         work = max(work, op.elements / elementwise)
     if op.flops:
         shape = op.matmul
@@ -143,10 +143,11 @@ def operator_seconds(op: Operator, calibration: Calibration, device_type: str) -
             else calibration.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1], op.dtype)
         )
         work = max(work, op.flops / rate)
-        if op.name == "addmm" and device_type == "cpu" and op.elements:
+        if op.name == "addmm" and device_type == "cpu" and shape is not None:
             # the CPU's addmm first copies the broadcast bias into its output, then accumulates the product
             # there: one more pass over the output, besides the product
-            work += op.elements * _itemsize(op.dtype) * 2 / calibration.stream_rate(op.elements * 8)
+            out = shape.m * shape.n * shape.batch
+            work += out * _itemsize(op.dtype) * 2 / calibration.stream_rate(out * 8)
     if calibration.step_dispatch_s is not None and op.phase != "optimizer":
         dispatch = calibration.step_dispatch_s  # an operator's cost within a step, beyond its work
     else:
@@ -172,7 +173,8 @@ def calibrated_times(
     """Each operator's roofline time at the calibrated rates plus its dispatch (:func:`operator_seconds`; in
     forward and backward the cost of an operator within a training step, where the calibration measured it),
     summed by phase: a matrix multiply takes ``max(FLOPs / rate(m, n, k, dtype), bytes / bandwidth(bytes))``,
-    random numbers, softmax and exp-like activations ``max(elements / their rate, bytes / bandwidth)``, other work
+    the kinds the calibration times by the element (random numbers, softmax, exp-like activations, norms, masks,
+    copies of a permuted tensor) ``max(elements / their rate, bytes / bandwidth)``, other work
     ``bytes / bandwidth`` (elementwise and normalisation work is bound by memory), a view only its dispatch; forward
     and backward count once per micro-batch. On a CPU a batched product (attention's) runs its products one by one,
     each at the rate of its own ``m x n x k``, and the CPU's ``addmm`` adds a pass writing the bias into its output;
