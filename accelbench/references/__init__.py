@@ -1,7 +1,7 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
-For each file of :data:`REFERENCES` (gpt-nano and gpt-micro, gpt-mini, gpt2, llama-tiny, llama-mini, bert-tiny,
-bert-mini, bert-small, moe-tiny, moe-mini, and the MobileNetV3s at 32 pixels) at a fixed recipe (:data:`RECIPE`: fp32, one device,
+For each file of :data:`REFERENCES` (the GPTs from gpt-nano to gpt2-medium, the llamas to llama-small, the BERTs to
+bert-base, moe-tiny, moe-mini and deepseek-tiny, the MobileNetV3s and ResNet-50 at 32 pixels) at a fixed recipe (:data:`RECIPE`: fp32, one device,
 generated data, batch 16, 4 epochs of 20 steps, 4 held-out batches, plus the workload's options; gpt2 at a smaller
 one of its own, :attr:`Recipe.changes`) and :data:`SEEDS`, the held-out loss after every epoch, shipped as
 ``<name>.json`` with how it was made (the recipe, accelbench and torch versions, host, date, the command).
@@ -17,7 +17,7 @@ seeds of a run are tested together by Welch's t-test (:meth:`Reference.seeds_tes
 differently from single-device fp32 and is marked so beside its speed. The same intervals give the named targets
 (``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (every file; name some to redo only those): about 55 minutes
+Regenerate with ``python -m accelbench.references`` (every file; name some to redo only those): about 3 hours
 on a shared 2-core VM, each run on one thread (each file's ``made.seconds`` and ``made.cpu_seconds``).
 """
 
@@ -79,6 +79,8 @@ IMAGE = {"image_size": 32, "num_classes": 8, "precise_bn": 20, "data_workers": 0
 REFERENCES: dict[str, Recipe] = {
     "gpt": Recipe("gpt", ("gpt-nano", "gpt-micro")),
     "gpt-mini": Recipe("gpt", ("gpt-mini",)),
+    "gopher-44m": Recipe("gpt", ("gopher-44m",)),
+    "ipu-384": Recipe("gpt", ("ipu-384",)),
     "gpt2": Recipe(
         "gpt",
         ("gpt2",),
@@ -112,6 +114,7 @@ REFERENCES: dict[str, Recipe] = {
     ),
     "moe": Recipe("moe", ("moe-tiny",), {"seq_len": 128}),
     "moe-mini": Recipe("moe", ("moe-mini",), {"seq_len": 128}),
+    "deepseek-tiny": Recipe("moe", ("deepseek-tiny",), {"seq_len": 128}),
     "mobilenet-v3-small": Recipe("mobilenet-v3-small", ("mobilenet-v3-small",), IMAGE),
     "mobilenet-v3-large": Recipe("mobilenet-v3-large", ("mobilenet-v3-large",), IMAGE),
     "resnet50": Recipe("resnet50", ("resnet50",), IMAGE),
