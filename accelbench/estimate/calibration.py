@@ -708,9 +708,8 @@ def _elementwise_call(device: torch.device, operator: str) -> Callable[[], objec
             return aten.where.self_out(next(conditions)[0], zero, x, out=out)
 
         return select
-    if (
-        operator == "permuted"
-    ):  # (batch, sequence, heads, width) made contiguous as (batch, heads, sequence, width)
+    if operator == "permuted":
+        # a (batch, sequence, heads, width) activation made contiguous as (batch, heads, sequence, width)
         batch = ELEMENTWISE_ELEMENTS // (width * 4 * 32)
         sets = _cold_sets(device, torch.float32, (batch, width, 4, 32), (batch, 4, width, 32))
 
