@@ -1,7 +1,8 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
-For each file of :data:`REFERENCES` (the GPTs from gpt-nano to gpt2-medium, the llamas to llama-small, the BERTs to
-bert-base, moe-tiny, moe-mini and deepseek-tiny, the MobileNetV3s and ResNet-50 at 32 pixels) at a fixed recipe (:data:`RECIPE`: fp32, one device,
+For each file of :data:`REFERENCES` (gpt-nano, gpt-micro, gpt-mini, gopher-44m, ipu-384, gpt2 and gpt2-medium, the
+llamas to llama-small, the BERTs to bert-base, moe-tiny, moe-mini and deepseek-tiny, the MobileNetV3s and ResNet-50
+at 32 pixels) at a fixed recipe (:data:`RECIPE`: fp32, one device,
 generated data, batch 16, 4 epochs of 20 steps, 4 held-out batches, plus the workload's options; gpt2 at a smaller
 one of its own, :attr:`Recipe.changes`) and :data:`SEEDS`, the held-out loss after every epoch, shipped as
 ``<name>.json`` with how it was made (the recipe, accelbench and torch versions, host, date, the command).
