@@ -26,6 +26,7 @@ from accelbench.references import (
     REFERENCE_DIR,
     REFERENCES,
     SEEDS,
+    Recipe,
     Reference,
     data_parallel,
     reference_for,
@@ -342,6 +343,48 @@ def test_two_gloo_ranks_agree_on_validation_and_the_target(tmp_path: Path) -> No
 # ----------------------------------------------------------------------------------------------------------------
 # Parity with the shipped reference trajectories (accelbench.references)
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def test_regenerating_into_a_folder_that_cannot_take_the_file_fails_before_any_training(
+    tmp_path: Path,
+) -> None:
+    """A reference takes up to an hour of runs to make: a folder that cannot hold its file is refused at once, not
+    after the runs (bert-large's hour was once lost to a folder that did not exist)."""
+    from accelbench.references.__main__ import regenerate
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    out = tmp_path / "records"
+    with pytest.raises(OSError, match="cannot write reference files to"):
+        regenerate(("gpt",), folder=blocker / "references", output_dir=out)
+    assert not out.exists()  # no run was started
+
+
+@pytest.mark.slow
+def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regeneration into a folder that does not exist yet makes it and writes the file: one trajectory per seed, each
+    the held-out losses its run's record measured, with how it was made."""
+    import accelbench.references.__main__ as regeneration
+
+    tiny = Recipe(
+        "gpt", ("gpt-nano",), {"block_size": 32}, {"batch_size": 4, "steps_per_epoch": 2, "epochs": 2}
+    )
+    monkeypatch.setattr(regeneration, "REFERENCES", {"tiny": tiny})
+    folder, runs = tmp_path / "not" / "yet" / "there", tmp_path / "runs"
+    written = regeneration.regenerate(("tiny",), folder=folder, output_dir=runs)
+    raw = json.loads((folder / "tiny.json").read_text())
+    assert raw == json.loads(json.dumps(written["tiny"]))
+    assert raw["made"]["recipe"] == tiny.fields and raw["made"]["seconds"] > 0
+    trajectories = raw["models"]["gpt-nano"]["trajectories"]
+    measured = {
+        str(record.config.seed): [q.val_loss for q in record.quality.epochs]
+        for record in (read_record(path) for path in runs.glob("*.json"))
+        if record.quality is not None
+    }
+    assert set(trajectories) == {str(seed) for seed in SEEDS} and trajectories == measured
+    assert all(len(losses) == 2 for losses in trajectories.values())
 
 
 def test_the_shipped_references_say_how_they_were_made() -> None:

@@ -1,7 +1,7 @@
 """Reference loss trajectories: what training a workload right looks like, made by accelbench itself.
 
 For each file of :data:`REFERENCES` (gpt-nano, gpt-micro, gpt-mini, gopher-44m, ipu-384, gpt2 and gpt2-medium, the
-llamas to llama-small, the BERTs to bert-base, moe-tiny, moe-mini and deepseek-tiny, the MobileNetV3s and ResNet-50
+llamas to llama-small, the BERTs to bert-large, moe-tiny, moe-mini and deepseek-tiny, the MobileNetV3s and ResNet-50
 at 32 pixels) at a fixed recipe (:data:`RECIPE`: fp32, one device,
 generated data, batch 16, 4 epochs of 20 steps, 4 held-out batches, plus the workload's options; gpt2 at a smaller
 one of its own, :attr:`Recipe.changes`) and :data:`SEEDS`, the held-out loss after every epoch, shipped as
@@ -18,7 +18,7 @@ seeds of a run are tested together by Welch's t-test (:meth:`Reference.seeds_tes
 differently from single-device fp32 and is marked so beside its speed. The same intervals give the named targets
 (``--target ref-epochN``, :meth:`Reference.targets`).
 
-Regenerate with ``python -m accelbench.references`` (every file; name some to redo only those): about 3 hours
+Regenerate with ``python -m accelbench.references`` (every file; name some to redo only those): about 4 hours
 on a shared 2-core VM, each run on one thread (each file's ``made.seconds`` and ``made.cpu_seconds``).
 """
 
@@ -112,6 +112,13 @@ REFERENCES: dict[str, Recipe] = {
         {"batch_size": 8, "steps_per_epoch": 10},
         "bert-base (110M parameters) at batch 16 and 20 steps an epoch would take about an hour for the three seeds "
         "on one core; batch 8 and 10 steps an epoch, a quarter of that, as gpt2's recipe",
+    ),
+    "bert-large": Recipe(
+        "bert",
+        ("bert-large",),
+        {"seq_len": 128},
+        {"batch_size": 8, "steps_per_epoch": 10},
+        "bert-large (335M parameters) at bert-base's recipe (batch 8, 10 steps an epoch), for the same reason",
     ),
     "moe": Recipe("moe", ("moe-tiny",), {"seq_len": 128}),
     "moe-mini": Recipe("moe", ("moe-mini",), {"seq_len": 128}),

@@ -36,6 +36,15 @@ def regenerate(
         raise ValueError(
             f"no reference recipe named {', '.join(unknown)}; the names: {', '.join(REFERENCES)}"
         )
+    # made (and proved writable) before any training: a reference takes up to an hour of runs to make, and a
+    # folder that cannot take the file would lose them at the end
+    probe = folder / ".accelbench-references-write-test"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise OSError(f"cannot write reference files to {folder}: {error}") from error
     out = output_dir or Path(tempfile.mkdtemp(prefix="accelbench-references-"))
     written: dict[str, dict[str, Any]] = {}
     for name in names:
