@@ -30,6 +30,7 @@ def regenerate(
     from accelbench.engine.runner import run
     from accelbench.hostinfo import usable_cores
     from accelbench.plugins import get_host
+    from accelbench.results import write_output
 
     unknown = [n for n in names if n not in REFERENCES]
     if unknown:
@@ -92,7 +93,8 @@ def regenerate(
             "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
         }
         written[name] = {"made": made, "models": models}
-        (folder / f"{name}.json").write_text(json.dumps(written[name], indent=1) + "\n")
+        # whole or not at all: a file cut short by an interruption would be a shipped reference that cannot load
+        write_output((json.dumps(written[name], indent=1) + "\n").encode(), folder / f"{name}.json")
     return written
 
 
