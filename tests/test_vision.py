@@ -100,6 +100,36 @@ def test_flops_per_image_are_the_published_counts() -> None:
         assert forward_flops(MODELS[name], 224, 1000) == pytest.approx(2 * macs, rel=0.02), name
 
 
+def test_an_efficientnet_head_of_few_classes_starts_with_the_logits_it_has_at_imagenet_scale() -> None:
+    """torchvision draws EfficientNet's classifier uniform in ±1/sqrt(classes): at 8 classes its first logits have a
+    standard deviation near 5 (a loss above ln 8 before any step), and the held-out loss of the image recipe
+    jumped 5-40x between epochs and seeds. build_net draws it as at 1000 classes; the rest is torchvision's."""
+    from accelbench.workloads.vision.model import build_net, classifier_init, load_torchvision
+
+    spec = MODELS["efficientnet-b0"]
+    torch.manual_seed(0)
+    ours = build_net(spec, 8)
+    torch.manual_seed(0)
+    theirs = load_torchvision().models.efficientnet_b0(weights=None, num_classes=8)
+    kept = {n: t for n, t in theirs.state_dict().items() if not n.startswith("classifier")}
+    assert all(torch.equal(ours.state_dict()[n], t) for n, t in kept.items())  # only the head is drawn again
+    weight = ours.classifier[1].weight
+    assert 0.9 * 1000**-0.5 < weight.abs().max() <= 1000**-0.5 < theirs.classifier[1].weight.abs().max() / 10
+    images = torch.randn(16, 3, 32, 32)
+    with torch.no_grad():  # in training mode, as the first steps see them (batch statistics)
+        assert ours.train()(images).std() < 1 < 3 < theirs.train()(images).std()
+    assert classifier_init(spec, 8) is not None and "1/sqrt(1000)" in classifier_init(spec, 8)  # type: ignore[operator]
+    torch.manual_seed(0)
+    at_imagenet = build_net(spec, 1000)  # at 1000 classes (and more) torchvision's model, untouched
+    torch.manual_seed(0)
+    reference = load_torchvision().models.efficientnet_b0(weights=None, num_classes=1000)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(at_imagenet.state_dict().values(), reference.state_dict().values(), strict=True)
+    )
+    assert classifier_init(spec, 1000) is None and classifier_init(MODELS["mobilenet-v3-small"], 8) is None
+
+
 @pytest.mark.parametrize("workload", list(MODELS))
 def test_units_are_the_models_parts_in_order(workload: str) -> None:
     from accelbench.workloads.vision.model import ImageClassifier, build_net

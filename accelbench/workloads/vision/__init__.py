@@ -74,6 +74,9 @@ class VisionModel:
     blocks: tuple[str, ...]  # the repeated units in execution order
     head: tuple[str, ...]
     optimizer: Optimizer
+    # the classifier's weights drawn uniform in ±1/sqrt(classes) (TensorFlow's fan-out rule, which torchvision's
+    # EfficientNet keeps): sized for ImageNet's 1000 classes, it starts a head of few classes with large logits
+    fan_out_classifier: bool = False
 
 
 def _stages(prefix: str, counts: tuple[int, ...], first: int = 0) -> tuple[str, ...]:
@@ -102,6 +105,7 @@ MODELS: dict[str, VisionModel] = {
             blocks=_stages("net.features", (1, 2, 2, 3, 3, 4, 1), first=1),
             head=("net.features.8", "net.avgpool", "net.classifier"),
             optimizer=RMSPROP,
+            fan_out_classifier=True,
         ),
         VisionModel(
             "mobilenet-v3-small",

@@ -53,10 +53,32 @@ class ImageClassifier(nn.Module):
         return F.cross_entropy(self.net(x), labels)
 
 
+IMAGENET_CLASSES = 1000
+
+
 def build_net(spec: VisionModel, num_classes: int) -> nn.Module:
+    """torchvision's model from initialisation. A head that draws its weights by fan-out
+    (:attr:`VisionModel.fan_out_classifier`) and has fewer than ImageNet's 1000 classes is drawn again as at 1000
+    (see :func:`classifier_init`)."""
     models = load_torchvision().models
     net: nn.Module = getattr(models, spec.builder)(weights=None, num_classes=num_classes)
+    if spec.fan_out_classifier and num_classes < IMAGENET_CLASSES:
+        linear = [m for m in net.get_submodule("classifier").modules() if isinstance(m, nn.Linear)][-1]
+        with torch.no_grad():
+            bound = IMAGENET_CLASSES**-0.5
+            linear.weight.uniform_(-bound, bound)
     return net
+
+
+def classifier_init(spec: VisionModel, num_classes: int) -> str | None:
+    """What :func:`build_net` changed of torchvision's initialisation, in words (None: nothing)."""
+    if not (spec.fan_out_classifier and num_classes < IMAGENET_CLASSES):
+        return None
+    return (
+        f"classifier weights uniform in ±1/sqrt({IMAGENET_CLASSES}), as at ImageNet's classes, not torchvision's "
+        f"±1/sqrt({num_classes}): a head of few classes drawn by fan-out starts with logits of standard deviation "
+        "~5, and its held-out loss jumped 5-40x between epochs and seeds (docs/quality.md)"
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -156,6 +178,7 @@ def build_job(spec: VisionModel, config: RunConfig, units: ModelUnits) -> Traini
             "source": f"torchvision {torchvision.__version__} models.{spec.builder}(weights=None): from "
             "initialisation, nothing downloaded",
             "torchvision_notes": list(TORCHVISION_NOTES),
+            **({"initialisation": init} if (init := classifier_init(spec, num_classes)) else {}),
             "parameters": parameters,
             "image_size": image_size,
             "num_classes": num_classes,
