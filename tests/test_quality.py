@@ -265,8 +265,8 @@ def test_a_named_target_is_the_reference_band_after_that_epoch() -> None:
         ),
         ({"target": "best"}, "--target best: no such target for gpt-nano"),
         (
-            {"model": "gpt2-large", "target": "ref-epoch1"},
-            "--target ref-epoch1: the model gpt2-large has no reference trajectory, so no named targets (models with "
+            {"model": "gpt2-xl", "target": "ref-epoch1"},
+            "--target ref-epoch1: the model gpt2-xl has no reference trajectory, so no named targets (models with "
             "one: ",
         ),
         ({"target": "ref-epoch1", "target_loss": 2.0}, "but --target-loss 2 was given too; give one of them"),
