@@ -62,7 +62,7 @@ def build_net(spec: VisionModel, num_classes: int) -> nn.Module:
     (see :func:`classifier_init`)."""
     models = load_torchvision().models
     net: nn.Module = getattr(models, spec.builder)(weights=None, num_classes=num_classes)
-    if spec.fan_out_classifier and num_classes < IMAGENET_CLASSES:
+    if classifier_init(spec, num_classes) is not None:
         linear = [m for m in net.get_submodule("classifier").modules() if isinstance(m, nn.Linear)][-1]
         with torch.no_grad():
             bound = IMAGENET_CLASSES**-0.5
