@@ -16,6 +16,9 @@ from accelbench.estimate import predict
 from accelbench.estimate.calibration import (
     CACHE_FILE,
     DRIFT_TOLERANCE,
+    ELEMENTWISE_ELEMENTS,
+    ELEMENTWISE_KINDS,
+    ELEMENTWISE_LARGE_ELEMENTS,
     STRIDED_KIND,
     Calibration,
     MatmulPoint,
@@ -610,3 +613,111 @@ def test_an_accelerators_phase_is_the_longer_of_its_device_work_and_the_hosts_di
             assert on_gpu.forward_s == pytest.approx(
                 1e-3 * len(ops.phase("forward")), rel=1e-6
             )  # launch-bound
+
+
+def test_an_accelerators_elementwise_rates_are_interpolated_between_its_two_measured_sizes() -> None:
+    """On the H200 (docs/gpu/h200-2026-11-28) a layer norm timed on 2^20 elements ran at 57 Gelem/s, a kernel's
+    fixed cost more than its work; priced at that rate, gpt2's norms at batch 128 (12.6M elements each) took 17 ms
+    of a 31 ms step. An accelerator's kinds are measured at 2^24 elements too, and a tensor between the two sizes
+    gets a rate between them."""
+    from accelbench.estimate.operators import Operator
+
+    small, large = 1e10, 1e11
+    c = _grid_calibration().model_copy(
+        update={
+            "device_type": "cuda",
+            "elementwise": {"normalisation": small, STRIDED_KIND: small},
+            "elementwise_large": {"normalisation": large, STRIDED_KIND: large},
+        }
+    )
+    at = lambda n: c.elementwise_rate("native_layer_norm", elements=n)  # noqa: E731
+    assert at(ELEMENTWISE_ELEMENTS) == pytest.approx(small)
+    assert at(ELEMENTWISE_LARGE_ELEMENTS) == pytest.approx(large)
+    assert at(2**22) == pytest.approx(
+        (small * large) ** 0.5
+    )  # halfway in log(elements): halfway in log(rate)
+    assert at(2**10) == pytest.approx(small) and at(2**30) == pytest.approx(large)  # the edges beyond
+    rates = [at(2**k) for k in range(18, 27)]
+    assert rates == sorted(rates)
+    assert c.elementwise_rate("native_layer_norm") == pytest.approx(small)  # no size given: the small one
+    assert c.elementwise_rate("copy_", strided=True, elements=ELEMENTWISE_LARGE_ELEMENTS) == pytest.approx(
+        large
+    )
+    assert c.elementwise_rate("gelu", elements=2**24) is None  # a kind not measured: memory-bound
+    # the priced work of a norm over 2^24 elements: at the large rate, not 10x slower at the small one
+    op = Operator(name="native_layer_norm", phase="forward", dtype="float32", flops=0.0, bytes_moved=1.0,
+                  elements=ELEMENTWISE_LARGE_ELEMENTS)  # fmt: skip
+    assert operator_seconds(op, c, "cuda")[0] == pytest.approx(ELEMENTWISE_LARGE_ELEMENTS / large)
+    # a CPU's calibration has one size: its rate whatever the elements, as before
+    cpu = c.model_copy(update={"device_type": "cpu", "elementwise_large": {}})
+    assert cpu.elementwise_rate("native_layer_norm", elements=2**24) == pytest.approx(small)
+    assert "2^20-2^24 elements" in c.describe() and "normalisation 10-1e+02" in c.describe()
+    assert "2^20-2^24" not in cpu.describe()
+
+
+def test_a_cpu_calibration_times_its_kinds_at_one_size_and_each_kind_runs_at_another(tmp_path: Path) -> None:
+    """The second size is an accelerator's (a CPU's kinds are bound by their arithmetic at any size, and its
+    calibration stays seconds long); every kind's call is built for any size, as an accelerator's is timed."""
+    from accelbench.estimate.calibration import _time_elementwise
+
+    assert tiny_calibration(tmp_path).elementwise_large == {}
+    for kind, (operator, _) in [*ELEMENTWISE_KINDS.items(), (STRIDED_KIND, ("permuted", None))]:
+        assert _time_elementwise(CPU, _nothing, operator, 0.0, 2**21) > 0, kind
+
+
+def test_a_step_the_device_cannot_trace_is_traced_on_the_cpu_priced_at_the_devices_rates_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the H100 and the H200 llama's and moe's records fell back to the efficiency model (-84% and -97% on the
+    H200): their step could not be traced on the GPU, and nothing said why. A trace the device cannot make is made
+    on the CPU, priced as the device runs it, and the prediction says so."""
+    from types import SimpleNamespace
+
+    import accelbench.estimate.operators as operators_module
+    from accelbench.contract import DeviceInfo
+    from accelbench.engine.prediction import CalibratedRun, cached_calibration
+    from accelbench.estimate.calibration import calibration_key
+    from accelbench.estimate.notes import Notes
+    from accelbench.estimate.predictor import run_shape
+    from accelbench.estimate.step_time import calibrated_times
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    host = get_host()
+    config = host.resolve(RunConfig(workload="gpt", model="gpt-nano", batch_size=2, no_calibration=True))
+    plan = standard_plan("fp32", "ieee-fp32")
+    made_up = _grid_calibration().model_copy(
+        update={"device_type": "cuda", "key": calibration_key("cuda", "Stand-in GPU", "float32", "cuda")}
+    )
+    (tmp_path / CACHE_FILE).write_text(json.dumps({made_up.key: made_up.model_dump()}))
+    real = operators_module.step_operators
+
+    def no_fake_kernel_on_the_gpu(workload, config, plan, device_type, kernels):  # type: ignore[no-untyped-def]
+        if device_type == "cuda":
+            raise NotImplementedError("aten::_fused_rms_norm has no fake kernel for cuda\nmore")
+        return real(workload, config, plan, device_type, kernels)
+
+    monkeypatch.setattr(operators_module, "step_operators", no_fake_kernel_on_the_gpu)
+    backend = SimpleNamespace(
+        name="cuda", info=SimpleNamespace(device_type="cuda"), synchronize=_nothing,
+        optimizer_implementation=lambda device: "fused",
+    )  # fmt: skip
+    run = CalibratedRun(host.workload("gpt"), plan, backend, torch.device("cuda"))  # type: ignore[arg-type]
+    device = DeviceInfo(index=0, name="Stand-in GPU")
+    found = cached_calibration(config, run, device)
+    assert found is not None
+    calibration, ops = found
+    assert calibration.key == made_up.key
+    assert ops.device_type == "cuda"  # priced as the accelerator runs it: batched products stacked, queued
+    assert "traced on the CPU, as the cuda trace failed (NotImplementedError: aten::_fused_rms_norm" in (
+        ops.traced_elsewhere
+    )
+    assert "more" not in ops.traced_elsewhere  # the first line of the error
+    assert ops.operators == real(host.workload("gpt"), config, plan, "cpu", "fused").operators
+    notes = Notes()
+    times = calibrated_times(ops, calibration, run_shape(config), notes)
+    assert "traced on the CPU" in times.description
+    # nothing traceable anywhere: no calibrated prediction (the efficiency model), as before
+    monkeypatch.setattr(
+        operators_module, "step_operators", lambda *a: (_ for _ in ()).throw(RuntimeError("x"))
+    )
+    assert cached_calibration(config, run, device) is None

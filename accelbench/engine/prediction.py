@@ -108,8 +108,19 @@ def cached_calibration(
     kernels = run.backend.optimizer_implementation(run.device)
     try:
         return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
-    except Exception:  # noqa: BLE001 - a model fake tensors cannot trace: the efficiency model predicts instead
+    except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot trace on this device
+        failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if run.device.type == "cpu":
+        return None  # the efficiency model predicts instead
+    # An operator with no fake-tensor kernel for this device (a fused kernel the CPU lacks) stops the trace; the
+    # same step traced on the CPU has the same matmuls and elementwise passes, priced at this device's rates
+    try:
+        operators = step_operators(run.workload, config, run.plan, "cpu", kernels)
+    except Exception:  # noqa: BLE001 - not traceable at all: the efficiency model predicts instead
         return None
+    return calibration, operators.on_device(
+        run.device.type, f"traced on the CPU, as the {run.device.type} trace failed ({failure[:200]})"
+    )
 
 
 def load_comm_records(config: RunConfig) -> Bandwidth | None:

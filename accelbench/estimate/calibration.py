@@ -13,7 +13,10 @@ CPU) thread count:
   memory, as a step's backward reads forward's activations), interpolated in log(bytes);
 - the rate (elements/s) of elementwise work that its arithmetic bounds on a CPU, not its memory traffic: random
   numbers (dropout's ``bernoulli_``), softmax and its gradient, exp-like activations and theirs, layer norm and
-  its gradient, attention's masking passes over bools (:data:`ELEMENTWISE_KINDS`);
+  its gradient, attention's masking passes over bools (:data:`ELEMENTWISE_KINDS`); on an accelerator at a second,
+  larger size too (:data:`ELEMENTWISE_LARGE_ELEMENTS`), as there a kernel's fixed cost dominates a call on 2^20
+  elements and its rate grows with the size up to the memory's bandwidth: :meth:`Calibration.elementwise_rate`
+  interpolates log(rate) in log(elements) between the two;
 - the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd; and what an
   operator costs inside a training step beyond its work (:func:`_time_step_dispatch`): a two-block transformer on
   tensors of a few elements, forward and backward through modules and autograd's engine, timed and divided by the
@@ -100,6 +103,10 @@ ELEMENTWISE_KINDS: dict[str, tuple[str, frozenset[str]]] = {
 STRIDED_KIND = "strided_copy"
 STRIDED_OPERATORS = frozenset({"clone", "copy_", "cat", "_to_copy"})
 ELEMENTWISE_ELEMENTS = 2**20
+# On an accelerator each kind is timed on this many elements too (64 MiB of fp32, beyond an H100's or H200's L2):
+# at 2^20 elements an H200's layer norm runs at 57 Gelem/s, a tenth of what its bandwidth allows a transformer's
+# activation of tens of millions of elements (docs/gpu/h200-2026-11-28)
+ELEMENTWISE_LARGE_ELEMENTS = 2**24
 ELEMENTWISE_ROW = 128  # a row of a softmax (a sequence), a norm, a reduction
 # The elementwise bandwidth is measured on buffers cycled through, this many bytes in all (several times a CPU's
 # last-level cache slice), at most MAX_BUFFER_SETS sets of them.
@@ -153,6 +160,8 @@ class Calibration(_Model):
     matmul: list[MatmulPoint]
     stream: list[StreamPoint]
     elementwise: dict[str, float] = {}  # elements/s by kind (ELEMENTWISE_KINDS), dispatch taken out
+    # the same at ELEMENTWISE_LARGE_ELEMENTS elements, measured on accelerators only (empty on a CPU)
+    elementwise_large: dict[str, float] = {}
     dispatch_s: float
     autograd_dispatch_s: float
     # seconds per operator of a training step whose operators do no work (:func:`_time_step_dispatch`); what the
@@ -192,26 +201,45 @@ class Calibration(_Model):
         rates = {float(p.bytes_moved): p.best_bytes_per_s for p in self.stream}
         return math.exp((1.0 - t) * math.log(rates[lo]) + t * math.log(rates[hi]))
 
-    def elementwise_rate(self, operator: str, strided: bool = False) -> float | None:
-        """Elements/s of ``operator`` (of its largest tensor) where its kind is measured (random numbers,
-        softmax, exp-like activations, norms, masking; a copy of a tensor that is not contiguous, ``strided``),
-        else None (memory-bound: :meth:`stream_rate`)."""
-        if strided and operator in STRIDED_OPERATORS and STRIDED_KIND in self.elementwise:
-            return self.elementwise[STRIDED_KIND]
-        for kind, (_, operators) in ELEMENTWISE_KINDS.items():
-            if operator in operators and kind in self.elementwise:
-                return self.elementwise[kind]
-        return None
+    def elementwise_rate(
+        self, operator: str, strided: bool = False, elements: float | None = None
+    ) -> float | None:
+        """Elements/s of ``operator`` on ``elements`` (of its largest tensor) where its kind is measured (random
+        numbers, softmax, exp-like activations, norms, masking; a copy of a tensor that is not contiguous,
+        ``strided``), else None (memory-bound: :meth:`stream_rate`). Where the kind was measured at two sizes (an
+        accelerator), log(rate) is interpolated in log(elements) between them, the edge's rate beyond."""
+        kind = next(
+            (k for k, (_, operators) in ELEMENTWISE_KINDS.items() if operator in operators),
+            STRIDED_KIND if strided and operator in STRIDED_OPERATORS else None,
+        )
+        if kind is None or kind not in self.elementwise:
+            return None
+        small, large = self.elementwise[kind], self.elementwise_large.get(kind)
+        if large is None or elements is None:
+            return small
+        sizes = [float(ELEMENTWISE_ELEMENTS), float(ELEMENTWISE_LARGE_ELEMENTS)]
+        lo, _, t = _bracket(sizes, float(elements))
+        low, high = (small, large) if lo == sizes[0] else (large, large)
+        return math.exp((1.0 - t) * math.log(low) + t * math.log(high))
 
     def describe(self) -> str:
         square = self.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1])
         small = self.matmul_rate(MATMUL_SIZES[0], MATMUL_SIZES[0], MATMUL_SIZES[0])
         stream = max(p.best_bytes_per_s for p in self.stream)
-        kinds = ", ".join(f"{kind} {rate / 1e9:.2g}" for kind, rate in self.elementwise.items())
+        kinds = ", ".join(
+            f"{kind} {rate / 1e9:.2g}"
+            + (f"-{self.elementwise_large[kind] / 1e9:.2g}" if kind in self.elementwise_large else "")
+            for kind, rate in self.elementwise.items()
+        )
+        sizes = (
+            f" at 2^{int(math.log2(ELEMENTWISE_ELEMENTS))}-2^{int(math.log2(ELEMENTWISE_LARGE_ELEMENTS))} elements"
+            if self.elementwise_large
+            else ""
+        )
         busy = "; the host was busy meanwhile (a lower bound)" if self.contended else ""
         return (
             f"{self.dtype} matmul {small / 1e9:.3g} to {square / 1e9:.3g} GFLOP/s ({MATMUL_SIZES[0]}^3 to "
-            f"{MATMUL_SIZES[-1]}^3), elementwise up to {stream / 1e9:.3g} GB/s ({kinds} Gelem/s), dispatch "
+            f"{MATMUL_SIZES[-1]}^3), elementwise up to {stream / 1e9:.3g} GB/s ({kinds} Gelem/s{sizes}), dispatch "
             f"{self.dispatch_s * 1e6:.2g} us/op ({self.autograd_dispatch_s * 1e6:.2g} us recorded by autograd"
             + (
                 f", {self.step_dispatch_s * 1e6:.2g} us within a training step"
@@ -306,13 +334,16 @@ def calibrate(
             )
     matmul = _no_faster_than_the_largest(matmul)
     stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
-    elementwise = {
-        kind: _time_elementwise(device, synchronize, op, dispatch)
-        for kind, op in [
-            *((kind, op) for kind, (op, _) in ELEMENTWISE_KINDS.items()),
-            (STRIDED_KIND, "permuted"),
-        ]
-    }
+    kinds = [*((kind, op) for kind, (op, _) in ELEMENTWISE_KINDS.items()), (STRIDED_KIND, "permuted")]
+    elementwise = {kind: _time_elementwise(device, synchronize, op, dispatch) for kind, op in kinds}
+    elementwise_large = (
+        {
+            kind: _time_elementwise(device, synchronize, op, dispatch, ELEMENTWISE_LARGE_ELEMENTS)
+            for kind, op in kinds
+        }
+        if device.type != "cpu"
+        else {}
+    )
     after = cpu_usage()
     waiting = None
     if before.wait_s is not None and after.wait_s is not None:
@@ -326,6 +357,7 @@ def calibrate(
         matmul=matmul,
         stream=stream,
         elementwise=elementwise,
+        elementwise_large=elementwise_large,
         dispatch_s=dispatch,
         autograd_dispatch_s=autograd_dispatch,
         step_dispatch_s=step_dispatch,
@@ -430,6 +462,9 @@ def _faster(now: Calibration, earlier: Calibration) -> Calibration:
             "matmul": _no_faster_than_the_largest([better_matmul(p) for p in now.matmul]),
             "stream": [better_stream(p) for p in now.stream],
             "elementwise": {k: max(v, earlier.elementwise.get(k, 0.0)) for k, v in now.elementwise.items()},
+            "elementwise_large": {
+                k: max(v, earlier.elementwise_large.get(k, 0.0)) for k, v in now.elementwise_large.items()
+            },
             "dispatch_s": min(now.dispatch_s, earlier.dispatch_s),
             "autograd_dispatch_s": min(now.autograd_dispatch_s, earlier.autograd_dispatch_s),
             "step_dispatch_s": min(
@@ -654,23 +689,30 @@ def _time_stream(
 
 
 def _time_elementwise(
-    device: torch.device, synchronize: Callable[[torch.device], None], operator: str, dispatch: float
+    device: torch.device,
+    synchronize: Callable[[torch.device], None],
+    operator: str,
+    dispatch: float,
+    elements: int = ELEMENTWISE_ELEMENTS,
 ) -> float:
-    """Elements/s of ``operator`` on :data:`ELEMENTWISE_ELEMENTS` fp32 values in rows of
-    :data:`ELEMENTWISE_ROW` (a softmax's, a norm's and a reduction's rows), each call on the next of several sets
-    of inputs and output (:func:`_cold_sets`), as in a step; the elements are those of its largest tensor, as
+    """Elements/s of ``operator`` on ``elements`` fp32 values in rows of :data:`ELEMENTWISE_ROW` (a softmax's, a
+    norm's and a reduction's rows), each call on the next of several sets of inputs and output
+    (:func:`_cold_sets`), as in a step; the elements are those of its largest tensor, as
     :mod:`accelbench.estimate.step_time` counts them."""
-    run = _elementwise_call(device, operator)
+    run = _elementwise_call(device, operator, elements)
     best, _ = _repeat(run, lambda: synchronize(device))
-    return ELEMENTWISE_ELEMENTS / _work_time(best, dispatch)
+    return elements / _work_time(best, dispatch)
 
 
-def _elementwise_call(device: torch.device, operator: str) -> Callable[[], object]:
-    """One call of ``operator`` (an :data:`ELEMENTWISE_KINDS` kind's) on the next set of cold tensors."""
+def _elementwise_call(
+    device: torch.device, operator: str, elements: int = ELEMENTWISE_ELEMENTS
+) -> Callable[[], object]:
+    """One call of ``operator`` (an :data:`ELEMENTWISE_KINDS` kind's) on ``elements`` values, on the next set of
+    cold tensors."""
     import torch
 
     aten = torch.ops.aten
-    rows, width = ELEMENTWISE_ELEMENTS // ELEMENTWISE_ROW, ELEMENTWISE_ROW
+    rows, width = elements // ELEMENTWISE_ROW, ELEMENTWISE_ROW
     shape, row = (rows, width), (rows, 1)
     if operator == "bernoulli_":  # in place: the mask overwrites its input
         masks = _cold_sets(device, torch.float32, shape)
@@ -710,7 +752,7 @@ def _elementwise_call(device: torch.device, operator: str) -> Callable[[], objec
         return select
     if operator == "permuted":
         # a (batch, sequence, heads, width) activation made contiguous as (batch, heads, sequence, width)
-        batch = ELEMENTWISE_ELEMENTS // (width * 4 * 32)
+        batch = elements // (width * 4 * 32)
         sets = _cold_sets(device, torch.float32, (batch, width, 4, 32), (batch, 4, width, 32))
 
         def gather() -> object:

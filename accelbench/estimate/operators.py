@@ -74,10 +74,16 @@ class StepOperators:
     # (forward and backward, all calls together), and where from; they replace the calibrated times of those
     measured_s: tuple[tuple[str, float], ...] = ()
     measured_source: str = ""
+    # where the operators were traced on another device type than ``device_type`` (the one they are priced for)
+    traced_elsewhere: str = ""
 
     def refined(self, measured_s: dict[str, float], source: str) -> StepOperators:
         """The same operators with measured times for those ``measured_s`` names (aten names, no namespace)."""
         return replace(self, measured_s=tuple(sorted(measured_s.items())), measured_source=source)
+
+    def on_device(self, device_type: str, why: str) -> StepOperators:
+        """The same operators, traced elsewhere (``why`` says where and why), priced as ``device_type`` runs them."""
+        return replace(self, device_type=device_type, traced_elsewhere=why)
 
     def phase(self, phase: Phase) -> list[Operator]:
         return [op for op in self.operators if op.phase == phase]

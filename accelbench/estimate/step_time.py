@@ -127,7 +127,7 @@ def exposed_comm(
 def operator_seconds(op: Operator, calibration: Calibration, device_type: str) -> tuple[float, float]:
     """One call of ``op`` at the calibrated rates: its work (the roofline) and its dispatch, in seconds."""
     work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
-    elementwise = calibration.elementwise_rate(op.name, op.strided)
+    elementwise = calibration.elementwise_rate(op.name, op.strided, op.elements)
     if elementwise and op.elements:  # random numbers, exp, norms, masks: arithmetic, not memory, bounds them
         work = max(work, op.elements / elementwise)
     if op.flops:
@@ -231,7 +231,10 @@ def calibrated_times(
         f"{operators.micro_batches} and the optimizer step ({operators.optimizer_kernels} kernels), at "
         f"{calibration.describe()}"
         + (f"; refined by {operators.measured_source} for {len(by_name)} operator(s)" if by_name else "")
+        + (f"; {operators.traced_elsewhere}" if operators.traced_elsewhere else "")
     )
+    if operators.traced_elsewhere:
+        notes.assume(f"the step's operators were {operators.traced_elsewhere}")
     notes.assume(
         "compute time: each operator's roofline time (matmul rate by shape, or elementwise bandwidth) plus its "
         f"dispatch cost, summed over {len(operators.operators)} traced operators"

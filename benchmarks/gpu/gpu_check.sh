@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # accelbench on a real NVIDIA GPU: every check of benchmarks/gpu/README.md in few, full batches.
 #
-#   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: functional | speed | final | compiled |
-#                                                              prediction | fast-paths | recheck | titan | all
+#   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: titan | parity | functional | speed | final |
+#                                   prediction | fast-paths | recheck | titan-compiled | compiled | all
 #
 # Runs from the repository root on a machine with a CUDA build of torch. Wheels in .whl/ (made by
 # benchmarks/gpu/prepare.sh: accelbench, accelbench-cuda, pydantic, DeepSpeed, ...) are installed into a private
@@ -46,6 +46,24 @@ want() { [[ " $SECTIONS " == *" $1 "* || " $SECTIONS " == *" all "* ]]; }
 
 log "sections: $SECTIONS; budget ${BUDGET}s; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 python3 -c 'import torch, accelbench; print("torch", torch.__version__, "cuda", torch.version.cuda, "accelbench", accelbench.__version__)' | tee -a "$W/summary.txt"
+
+if want titan; then
+    # issue 23's performance point: a llama3-1b-class model (Llama 3.2 1B's shape, head untied) in BF16, accelbench
+    # against torchtitan on this GPU, alternating (needs torchtitan's wheels: TITAN=1 bash benchmarks/gpu/prepare.sh).
+    # Eager first (torchtitan's default); both compiled come last (`titan-compiled`), as compiling costs minutes.
+    step titan-shape 30 python3 benchmarks/gpu/titan_side_by_side.py shape
+    step titan-eager 150 python3 benchmarks/gpu/titan_side_by_side.py run "$W/titan-eager.json" --batch-size 4 \
+        --seq-len 2048 --steps 80
+fi
+
+if want parity; then
+    # issue 26's GPU point: FP8 (both torchao recipes) and bf16-mixed over three seeds against the fp32 reference
+    # trajectory shipped for llama-small; PARITY_CAP_S bounds the sweep (its finished points stay)
+    step parity 60 timeout --signal=INT "${PARITY_CAP_S:-240}" "${AB[@]}" sweep benchmarks/gpu/cuda-parity.toml \
+        --output-dir "$W/records/parity" --quiet
+    step parity-compare 10 "${AB[@]}" compare "$W/records/parity" --vs precision
+    cp "$W/logs/parity-compare.log" "$W/parity-compare.txt" 2>/dev/null
+fi
 
 if want functional; then
     step plugins 20 "${AB[@]}" plugins
@@ -161,7 +179,7 @@ if want recheck; then
     # what the H100 run (docs/gpu/h100-2026-11-27) left to measure again after its fixes: the calibrated step on an
     # accelerator (batched products as one kernel, dispatch overlapped), the profile's own breakdown beside HTA's,
     # the BERT, llama and moe memory counts, BERT against a hand-written loop, and MFU with max-autotune
-    step recheck-ladder 120 "${AB[@]}" sweep benchmarks/gpu/cuda-predict.toml --output-dir "$W/records/recheck" \
+    step recheck-ladder 120 timeout --signal=INT "${RECHECK_CAP_S:-400}" "${AB[@]}" sweep benchmarks/gpu/cuda-predict.toml --output-dir "$W/records/recheck" \
         --quiet
     step recheck-workloads 40 "${AB[@]}" sweep benchmarks/gpu/cuda-workloads.toml --output-dir "$W/records/recheck" \
         --quiet
@@ -175,14 +193,9 @@ if want recheck; then
         --steps-per-epoch 20 --compile --compile-mode max-autotune-no-cudagraphs
 fi
 
-if want titan; then
-    # issue 23's performance point: a llama3-1b-class model (Llama 3.2 1B's shape, head untied) in BF16, accelbench
-    # against torchtitan on this GPU, alternating (needs torchtitan's wheels: TITAN=1 bash benchmarks/gpu/prepare.sh)
-    step titan-shape 30 python3 benchmarks/gpu/titan_side_by_side.py shape
-    step titan-eager 200 python3 benchmarks/gpu/titan_side_by_side.py run "$W/titan-eager.json" --batch-size 4 \
-        --seq-len 2048 --steps 80
-    step titan-compiled 260 python3 benchmarks/gpu/titan_side_by_side.py run "$W/titan-compiled.json" \
-        --batch-size 4 --seq-len 2048 --steps 80 --compile
+if want titan-compiled; then
+    step titan-compiled 200 python3 benchmarks/gpu/titan_side_by_side.py run "$W/titan-compiled.json" --batch-size 4 \
+        --seq-len 2048 --steps 80 --compile
 fi
 
 if want compiled; then
