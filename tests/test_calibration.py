@@ -308,7 +308,7 @@ def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
     better of the two measurements."""
     from accelbench.estimate.calibration import _faster
 
-    earlier = _grid_calibration()
+    earlier = _grid_calibration().model_copy(update={"elementwise_large": {"random": 20.0, "softmax": 30.0}})
     now = earlier.model_copy(
         update={
             "matmul": [
@@ -319,6 +319,7 @@ def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
                 p.model_copy(update={"best_bytes_per_s": p.best_bytes_per_s / 2}) for p in earlier.stream
             ],
             "elementwise": {"random": 1.0, "softmax": 5.0},
+            "elementwise_large": {"random": 40.0, "softmax": 10.0},
             "dispatch_s": 3e-6,
             "autograd_dispatch_s": 1e-6,
         }
@@ -329,6 +330,7 @@ def test_two_busy_calibrations_keep_the_better_figure_of_each() -> None:
     ) == pytest.approx(1e6)
     assert merged.stream == earlier.stream
     assert merged.elementwise == {"random": 2.0, "softmax": 5.0}
+    assert merged.elementwise_large == {"random": 40.0, "softmax": 30.0}  # an accelerator's second size too
     assert (merged.dispatch_s, merged.autograd_dispatch_s) == (1e-6, 1e-6)
 
 
