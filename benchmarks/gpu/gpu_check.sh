@@ -2,7 +2,7 @@
 # accelbench on a real NVIDIA GPU: every check of benchmarks/gpu/README.md in few, full batches.
 #
 #   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: titan | parity | functional | speed | final |
-#                                   prediction | fast-paths | recheck | titan-compiled | compiled | all
+#                                   prediction | fast-paths | recheck | plan | titan-compiled | compiled | all
 #
 # Runs from the repository root on a machine with a CUDA build of torch. Wheels in .whl/ (made by
 # benchmarks/gpu/prepare.sh: accelbench, accelbench-cuda, pydantic, DeepSpeed, ...) are installed into a private
@@ -191,6 +191,15 @@ if want recheck; then
     step recheck-mfu-autotune 120 "${AB[@]}" run --backend cuda --epochs 3 --idle-baseline-s 0 --quiet \
         --output-dir "$W/records/fast" --model gpt2-large --precision bf16-true --dropout 0 --batch-size 64 \
         --steps-per-epoch 20 --compile --compile-mode max-autotune-no-cudagraphs
+fi
+
+if want plan; then
+    # issue 22's plan target on a GPU: 16 single-device configurations of gpt2 (4 precisions x 4 batches) priced
+    # from this GPU's calibration, the top 12 run for real, predicted against measured rank (Spearman >= 0.9, the
+    # top pick within 5% of the best measured); `plan` prints both rankings and their correlation
+    step plan 150 "${AB[@]}" plan --backend cuda --model gpt2 --devices 1 --calibrate \
+        --precisions bf16-mixed,bf16-true,fp16-mixed,fp32 --batch-sizes 16,32,64,128 --top 16 \
+        --measure 12 --out "$W/records/plan"
 fi
 
 if want titan-compiled; then
