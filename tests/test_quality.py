@@ -433,6 +433,29 @@ def run_of(name: str, model: str, **changes: object) -> tuple[dict[str, object],
     return config.model_dump(), dict(identity_of(host.workload(config.workload), config))
 
 
+def test_the_gpu_parity_sweep_runs_each_precision_and_seed_at_llama_smalls_reference_recipe(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/gpu/cuda-parity.toml (gpu_check.sh's `parity`, issue 26's FP8 parity on a GPU) is worth its device
+    time only if compare tests every point against the shipped reference: each point has llama-small's reference
+    identity and recipe, and the file covers both FP8 recipes and the bf16 control over three seeds."""
+    from accelbench.sweep.spec import load_sweep
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gpu" / "cuda-parity.toml"
+    host = get_host()
+    sweep = load_sweep(path, overrides={"backend": "cpu"})  # checked here as a run would; cuda on the GPU
+    references = load_references()
+    seen = set()
+    for point in sweep.points:
+        config = host.resolve(sweep.config(point, tmp_path))
+        identity = dict(identity_of(host.workload(config.workload), config))
+        assert reference_for(config.model_dump(), identity, 1, references) is references["llama-small"], point
+        seen.add((config.precision, config.seed))
+    assert seen == {(p, s) for p in ("fp8-tensorwise", "fp8-rowwise", "bf16-mixed") for s in (0, 1, 2)}
+    # the FP8 points first: a budget that cuts the sweep cuts the control
+    assert sweep.points[0].values["precision"].startswith("fp8")
+
+
 @pytest.mark.parametrize(("name", "model"), [(n, m) for n, r in REFERENCES.items() for m in r.models])
 def test_a_run_at_its_references_recipe_has_its_identity_and_is_tested_against_it(
     name: str, model: str
