@@ -929,15 +929,17 @@ def test_bf16_true_trains_but_not_as_fp32_does(tmp_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "bert", "mobilenet-v3-small", "gpt2", "deepseek-tiny"])
+@pytest.mark.parametrize(
+    "name", ["llama", "bert", "mobilenet-v3-small", "efficientnet-b0", "gpt2", "deepseek-tiny"]
+)
 def test_a_seed_the_reference_was_not_made_with_trains_within_each_workloads_reference(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llama-tiny, bert-tiny, mobilenet-v3-small, gpt2 and deepseek-tiny (latent attention, bias-balanced experts)
-    at their recipes (gpt2's its own: batch 8 of 64-character windows, 10 steps an epoch), seed 7, with the data
-    workers as the user leaves them (not the reference's 0 for the image model: they never change the numbers):
-    compare finds each run's reference and passes its trajectory."""
-    if name == "mobilenet-v3-small" and importlib.util.find_spec("torchvision") is None:
+    """llama-tiny, bert-tiny, mobilenet-v3-small, efficientnet-b0 (at batch 32), gpt2 and deepseek-tiny (latent
+    attention, bias-balanced experts) at their recipes (gpt2's its own: batch 8 of 64-character windows, 10 steps an
+    epoch), seed 7, with the data workers as the user leaves them (not the reference's 0 for the image models: they
+    never change the numbers): compare finds each run's reference and passes its trajectory."""
+    if name in ("mobilenet-v3-small", "efficientnet-b0") and importlib.util.find_spec("torchvision") is None:
         pytest.skip("needs torchvision (pip install 'accelbench[vision]')")
     made_as = REFERENCES[name]
     (model,), options = made_as.models, made_as.options
