@@ -657,6 +657,7 @@ def test_an_accelerators_elementwise_rates_are_interpolated_between_its_two_meas
     assert "2^20-2^24" not in cpu.describe()
 
 
+@pytest.mark.slow  # every kind timed at a second size
 def test_a_cpu_calibration_times_its_kinds_at_one_size_and_each_kind_runs_at_another(tmp_path: Path) -> None:
     """The second size is an accelerator's (a CPU's kinds are bound by their arithmetic at any size, and its
     calibration stays seconds long); every kind's call is built for any size, as an accelerator's is timed."""

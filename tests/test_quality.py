@@ -433,6 +433,7 @@ def run_of(name: str, model: str, **changes: object) -> tuple[dict[str, object],
     return config.model_dump(), dict(identity_of(host.workload(config.workload), config))
 
 
+@pytest.mark.slow  # 9 s: nine points resolved and traced for their identity
 def test_the_gpu_parity_sweep_runs_each_precision_and_seed_at_llama_smalls_reference_recipe(
     tmp_path: Path,
 ) -> None:
