@@ -60,6 +60,7 @@ def cached_calibration(
     from the host, whose timings say nothing of it)."""
     from accelbench.estimate.calibration import (
         DRIFT_TOLERANCE,
+        _first_line,
         calibrate,
         calibration_drift,
         needs_spot_check,
@@ -109,7 +110,7 @@ def cached_calibration(
     try:
         return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
     except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot trace on this device
-        failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        failure = f"{type(exc).__name__}: {_first_line(exc)}"
     if run.device.type == "cpu":
         return None  # the efficiency model predicts instead
     # An operator with no fake-tensor kernel for this device (a fused kernel the CPU lacks) stops the trace; the
@@ -119,7 +120,7 @@ def cached_calibration(
     except Exception:  # noqa: BLE001 - not traceable at all: the efficiency model predicts instead
         return None
     return calibration, operators.on_device(
-        run.device.type, f"traced on the CPU, as the {run.device.type} trace failed ({failure[:200]})"
+        run.device.type, f"traced on the CPU, as the {run.device.type} trace failed ({failure})"
     )
 
 

@@ -196,10 +196,7 @@ class Calibration(_Model):
 
     def stream_rate(self, bytes_moved: float) -> float:
         """Bytes/s of elementwise work moving ``bytes_moved``, interpolated in log(bytes), the edge beyond."""
-        sizes = sorted(float(p.bytes_moved) for p in self.stream)
-        lo, hi, t = _bracket(sizes, bytes_moved)
-        rates = {float(p.bytes_moved): p.best_bytes_per_s for p in self.stream}
-        return math.exp((1.0 - t) * math.log(rates[lo]) + t * math.log(rates[hi]))
+        return _log_interpolate({float(p.bytes_moved): p.best_bytes_per_s for p in self.stream}, bytes_moved)
 
     def elementwise_rate(
         self, operator: str, strided: bool = False, elements: float | None = None
@@ -217,10 +214,9 @@ class Calibration(_Model):
         small, large = self.elementwise[kind], self.elementwise_large.get(kind)
         if large is None or elements is None:
             return small
-        sizes = [float(ELEMENTWISE_ELEMENTS), float(ELEMENTWISE_LARGE_ELEMENTS)]
-        lo, _, t = _bracket(sizes, float(elements))
-        low, high = (small, large) if lo == sizes[0] else (large, large)
-        return math.exp((1.0 - t) * math.log(low) + t * math.log(high))
+        return _log_interpolate(
+            {float(ELEMENTWISE_ELEMENTS): small, float(ELEMENTWISE_LARGE_ELEMENTS): large}, elements
+        )
 
     def describe(self) -> str:
         square = self.matmul_rate(MATMUL_SIZES[-1], MATMUL_SIZES[-1], MATMUL_SIZES[-1])
@@ -260,6 +256,12 @@ def _bracket(axis: Sequence[float], value: float) -> tuple[float, float, float]:
     i = bisect.bisect_right(axis, value)
     lo, hi = axis[i - 1], axis[i]
     return lo, hi, (math.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+
+def _log_interpolate(rates: dict[float, float], value: float) -> float:
+    """``rates`` (by size) at ``value``: log(rate) interpolated linearly in log(size), the edge's rate beyond."""
+    lo, hi, t = _bracket(sorted(rates), value)
+    return math.exp((1.0 - t) * math.log(rates[lo]) + t * math.log(rates[hi]))
 
 
 def calibration_key(backend: str, device_name: str, dtype: str, device_type: str) -> str:
