@@ -2,7 +2,7 @@
 # accelbench on a real NVIDIA GPU: every check of benchmarks/gpu/README.md in few, full batches.
 #
 #   bash benchmarks/gpu/gpu_check.sh OUTDIR SECTION...   SECTION: titan | parity | functional | speed | final |
-#                                   prediction | fast-paths | recheck | plan | titan-compiled | compiled | all
+#                                   prediction | fast-paths | recheck | recheck-extras | plan | titan-compiled | compiled | all
 #
 # Runs from the repository root on a machine with a CUDA build of torch. Wheels in .whl/ (made by
 # benchmarks/gpu/prepare.sh: accelbench, accelbench-cuda, pydantic, DeepSpeed, ...) are installed into a private
@@ -16,7 +16,9 @@ shift
 SECTIONS=${*:-all}
 BUDGET=${GPU_CHECK_BUDGET_S:-560}
 START=$(date +%s)
-W="$OUT/work"
+# GPU_CHECK_WORK: a work folder that outlives the call (on a machine kept warm between calls), so that a second
+# call resumes the first's interrupted sweeps and plan instead of starting them again
+W="${GPU_CHECK_WORK:-$OUT/work}"
 mkdir -p "$W/records" "$W/logs"
 export PYTHONUNBUFFERED=1
 # accelbench's caches (the calibration each run's prediction is timed with, the measured peaks) inside the results,
@@ -176,13 +178,18 @@ if want fast-paths; then
 fi
 
 if want recheck; then
-    # what the H100 run (docs/gpu/h100-2026-11-27) left to measure again after its fixes: the calibrated step on an
-    # accelerator (batched products as one kernel, dispatch overlapped), the profile's own breakdown beside HTA's,
-    # the BERT, llama and moe memory counts, BERT against a hand-written loop, and MFU with max-autotune
+    # issue 22's step and memory targets on a GPU: each record's prediction (calibrated on this GPU) against what it
+    # measured, over the GPT ladder, BERT and ResNet, then llama and moe (whose step is traced on the CPU when the
+    # device cannot trace it)
     step recheck-ladder 120 timeout --signal=INT "${RECHECK_CAP_S:-400}" "${AB[@]}" sweep benchmarks/gpu/cuda-predict.toml --output-dir "$W/records/recheck" \
         --quiet
-    step recheck-workloads 40 "${AB[@]}" sweep benchmarks/gpu/cuda-workloads.toml --output-dir "$W/records/recheck" \
+    step recheck-workloads 40 timeout --signal=INT "${WORKLOADS_CAP_S:-150}" "${AB[@]}" sweep benchmarks/gpu/cuda-workloads.toml --output-dir "$W/records/recheck" \
         --quiet
+fi
+
+if want recheck-extras; then
+    # the rest of the H100 run's list: the profile's own breakdown beside HTA's, BERT against a hand-written loop,
+    # and MFU with max-autotune (the H200 run of 2026-11-28 measured none of them)
     step recheck-profile 30 "${AB[@]}" run --backend cuda --model gpt2 --precision bf16-mixed --batch-size 64 \
         --epochs 2 --steps-per-epoch 10 --profile --profile-steps 3 --idle-baseline-s 0 \
         --output-dir "$W/records/profile"
