@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from accelbench.workloads import Workload
 
 
+# why a prediction is not calibrated when nobody asked for one (``--no-calibration``, or no run to calibrate for)
+NO_CALIBRATION = "--no-calibration"
+
+
 @dataclass(frozen=True)
 class CalibratedRun:
     """What the calibrated step time needs of a run: its workload, the precision plan that ran, the backend and
@@ -54,10 +58,11 @@ class CalibratedRun:
 
 def cached_calibration(
     config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
-) -> tuple[Calibration, StepOperators] | None:
+) -> tuple[Calibration, StepOperators] | str:
     """This device's calibration and the run's traced step: the cached one (measured again where, an hour or more
-    on, the device has drifted from it), else measured now, unless ``--no-calibration``; None without one (or where the device is fed
-    from the host, whose timings say nothing of it)."""
+    on, the device has drifted from it), else measured now, unless ``--no-calibration``. Without one, why not (the
+    efficiency model predicts instead): ``--no-calibration``, a device fed from the host (whose timings say
+    nothing of it), or a step that could not be traced, with the error."""
     from accelbench.estimate.calibration import (
         DRIFT_TOLERANCE,
         _first_line,
@@ -69,7 +74,7 @@ def cached_calibration(
     from accelbench.estimate.peak import cache_dir, matmul_dtype
 
     if run.device.type != run.backend.info.device_type:
-        return None
+        return f"the {run.backend.info.device_type} device is fed from the {run.device.type}, whose timings say nothing of it"
     dtype = matmul_dtype(run.plan)
 
     def calibration_of_device(cached_only: bool = False, refresh: bool = False) -> Calibration | None:
@@ -105,20 +110,27 @@ def cached_calibration(
         )
         calibration = calibration_of_device()
     if calibration is None:
-        return None
+        return (
+            NO_CALIBRATION
+            if config.no_calibration
+            else f"no calibration of this device for {dtype} was measured"
+        )
     kernels = run.backend.optimizer_implementation(run.device)
     try:
         return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
     except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot trace on this device
         failure = f"{type(exc).__name__}: {_first_line(exc)}"
     if run.device.type == "cpu":
-        return None  # the efficiency model predicts instead
+        return f"the step could not be traced ({failure})"
     # An operator with no fake-tensor kernel for this device (a fused kernel the CPU lacks) stops the trace; the
     # same step traced on the CPU has the same matmuls and elementwise passes, priced at this device's rates
     try:
         operators = step_operators(run.workload, config, run.plan, "cpu", kernels)
-    except Exception:  # noqa: BLE001 - not traceable at all: the efficiency model predicts instead
-        return None
+    except Exception as exc:  # noqa: BLE001 - not traceable at all: the efficiency model predicts instead
+        return (
+            f"the step could not be traced on the {run.device.type} ({failure}) nor on the CPU "
+            f"({type(exc).__name__}: {_first_line(exc)})"
+        )
     return calibration, operators.on_device(
         run.device.type, f"traced on the CPU, as the {run.device.type} trace failed ({failure})"
     )
@@ -155,7 +167,8 @@ def predict_run(
 
     try:
         bandwidth = load_comm_records(config)
-        found = cached_calibration(config, calibrated, device) if calibrated is not None else None
+        found = cached_calibration(config, calibrated, device) if calibrated is not None else NO_CALIBRATION
+        uncalibrated = found if isinstance(found, str) else None
         p = predict(
             config,
             facts,
@@ -164,10 +177,15 @@ def predict_run(
             peak=peak,
             bandwidth=bandwidth,
             runtime_bytes=runtime_bytes or 0.0,
-            calibration=found[0] if found else None,
-            operators=found[1] if found else None,
+            calibration=None if isinstance(found, str) else found[0],
+            operators=None if isinstance(found, str) else found[1],
         )
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
         return RunPrediction.absent(str(exc))
     source = f"accelbench comm records in {config.comm_records}" if bandwidth is not None else None
-    return RunPrediction.from_prediction(p, bandwidth_source=source)
+    prediction = RunPrediction.from_prediction(p, bandwidth_source=source)
+    if uncalibrated is None or uncalibrated == NO_CALIBRATION:
+        return prediction
+    # a calibration was wanted and none priced the step: the record says why, for whoever reads a miss
+    why = f"step time at the efficiency, not calibrated: {uncalibrated}"
+    return prediction.model_copy(update={"note": "; ".join(n for n in (prediction.note, why) if n)})

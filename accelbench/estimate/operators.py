@@ -243,9 +243,29 @@ def _safe_softmax(recorder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return recorder.run(aten.where.self, whole, torch.zeros((), dtype=out.dtype, device=out.device), out)
 
 
-# Kernels that reach a dispatch mode whole but run as several passes, recorded as those passes.
+def _grouped_mm(recorder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``torch._grouped_mm`` (the MoE experts' products), recorded as it runs. Its fake kernel enforces CUDA's rule
+    (bfloat16 inputs) on every device, where the CPU's kernel also multiplies float32 and float16: in those, the
+    output's shape comes from the same product in bfloat16, returned in the dtype the kernel returns."""
+    import torch
+
+    grouped = torch.ops.aten._grouped_mm.default
+    a, b, *rest = args
+    if a.dtype == torch.bfloat16:
+        out = grouped(*args, **kwargs)
+    else:
+        dtype = kwargs.get("out_dtype") or a.dtype
+        as_bf16 = {**kwargs, "out_dtype": None}
+        out = grouped(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **as_bf16).to(dtype)
+    recorder.operators.append(_operator(grouped, args, kwargs, out, recorder.phase))
+    return out
+
+
+# Kernels that reach a dispatch mode whole but run as several passes, recorded as those passes, or whose fake
+# kernel refuses what the device runs.
 _COMPOSITE: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
-    "_safe_softmax": _safe_softmax
+    "_safe_softmax": _safe_softmax,
+    "_grouped_mm": _grouped_mm,
 }
 
 
@@ -302,7 +322,40 @@ def _registry() -> dict[Any, Callable[..., int]]:
         packet = getattr(aten, name, None)
         if packet is not None and same in flop_registry:
             registry[packet] = flop_registry[same]
+    grouped = getattr(aten, "_grouped_mm", None)  # the MoE experts' kernel, which torch's registry lacks
+    if grouped is not None and grouped not in registry:
+        registry[grouped] = _grouped_mm_flops
     return registry
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> MatmulShape:
+    """``torch._grouped_mm(a, b, offs)`` (output ``out``) as ``groups`` products of (m, n, k), what is grouped
+    shared out evenly (as a balanced router shares the rows): 2-D x 3-D groups the rows of ``a`` (the experts'
+    forward), 2-D x 2-D the contracted dimension (their weight gradients; ``out`` has a matrix per group), 3-D x
+    2-D the columns of ``b``, and 3-D x 3-D is a batch."""
+    if a.dim() == 2 and b.dim() == 2:
+        groups = int(out.shape[0])
+        return MatmulShape(int(a.shape[0]), int(b.shape[1]), max(1, int(a.shape[1]) // groups), groups)
+    if a.dim() == 2:
+        groups = int(b.shape[0])
+        return MatmulShape(max(1, int(a.shape[0]) // groups), int(b.shape[2]), int(a.shape[1]), groups)
+    if b.dim() == 2:
+        groups = int(a.shape[0])
+        return MatmulShape(int(a.shape[1]), max(1, int(b.shape[1]) // groups), int(a.shape[2]), groups)
+    return MatmulShape(int(a.shape[1]), int(b.shape[2]), int(a.shape[2]), int(a.shape[0]))
+
+
+def _grouped_mm_flops(
+    a: torch.Tensor, b: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
+    """2 x the multiply-adds of ``torch._grouped_mm``: every row of every group against its group's matrix."""
+    if a.dim() == 2 and b.dim() == 2:  # the contracted dimension is the one split into groups
+        return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
+    if a.dim() == 2:
+        return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[2])
+    if b.dim() == 2:
+        return 2 * int(a.shape[1]) * int(a.shape[2]) * int(b.shape[1])
+    return 2 * int(a.shape[0]) * int(a.shape[1]) * int(a.shape[2]) * int(b.shape[2])
 
 
 def _flop_formula(func: Any) -> Callable[..., int] | None:
@@ -321,6 +374,8 @@ def _matmul_shape(name: str, args: tuple[Any, ...], out: Any) -> MatmulShape | N
     if name in ("bmm", "baddbmm"):
         a, b = (tensors[1], tensors[2]) if name == "baddbmm" else (tensors[0], tensors[1])
         return MatmulShape(int(a.shape[1]), int(b.shape[2]), int(a.shape[2]), int(a.shape[0]))
+    if name == "_grouped_mm" and isinstance(out, torch.Tensor):
+        return _grouped_mm_shape(tensors[0], tensors[1], out)
     if "attention" in name:
         offset = (
             1 if name.endswith("backward") else 0

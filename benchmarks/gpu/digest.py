@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows, problems = [], []
     for path in sorted(args.folder.rglob("*.json")):
-        if "records" not in path.parts:
+        if "records" not in path.parts or ".accelbench-points" in path.parts:
             continue
         try:
             rows.append(row(path, args.folder))

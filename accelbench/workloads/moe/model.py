@@ -537,7 +537,11 @@ class MoEFeedForward(nn.Module):
         # the top-k choices sorted by expert: rows of the same expert are contiguous
         choices = chosen.flatten()
         order = choices.argsort(stable=True)
-        counts = torch.bincount(choices, minlength=self.n_experts)
+        # each expert's rows: a scatter rather than bincount, whose output length depends on the data (the step
+        # traces under fake tensors for the prediction)
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=choices.device).scatter_add_(
+            0, choices, torch.ones_like(choices)
+        )
         source = order // self.top_k  # the token of each sorted choice
         rows = tokens[source]
         if self.ep_group is None:
