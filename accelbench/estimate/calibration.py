@@ -16,7 +16,9 @@ CPU) thread count:
   its gradient, attention's masking passes over bools (:data:`ELEMENTWISE_KINDS`); on an accelerator at a second,
   larger size too (:data:`ELEMENTWISE_LARGE_ELEMENTS`), as there a kernel's fixed cost dominates a call on 2^20
   elements and its rate grows with the size up to the memory's bandwidth: :meth:`Calibration.elementwise_rate`
-  interpolates log(rate) in log(elements) between the two;
+  interpolates log(rate) in log(elements) between the two. There the calls of a kind are queued back to back
+  between synchronisations (:data:`ACCELERATOR_ELEMENTWISE_CALLS`), as a step's operators run, and a layer norm's
+  rows are a transformer's hidden width (:data:`ACCELERATOR_NORM_ROW`);
 - the dispatch cost: the time per call of an operator on one element, plain and recorded by autograd; and what an
   operator costs inside a training step beyond its work (:func:`_time_step_dispatch`): a two-block transformer on
   tensors of a few elements, forward and backward through modules and autograd's engine, timed and divided by the
@@ -108,6 +110,15 @@ ELEMENTWISE_ELEMENTS = 2**20
 # activation of tens of millions of elements (docs/gpu/h200-2026-11-28)
 ELEMENTWISE_LARGE_ELEMENTS = 2**24
 ELEMENTWISE_ROW = 128  # a row of a softmax (a sequence), a norm, a reduction
+# On an accelerator a call is queued and a step's operators run back to back: each elementwise kind is timed over
+# this many calls between synchronisations, so that the launch and the synchronisation's round trip (tens of
+# microseconds, more than the work of a kernel on 2^20 elements) are not taken for the kernel's work. On the H200
+# (2026-11-28) one call per repeat gave rates that moved 2x from one calibration to the next.
+ACCELERATOR_ELEMENTWISE_CALLS = 20
+# A layer norm's row on an accelerator: a transformer's hidden width (768 to 8,192), the rows its kernels are made
+# for. Rows of ELEMENTWISE_ROW gave the H200 80 Gelem/s on 2^24 elements, a fifth of its copy bandwidth, and
+# over-priced the norms of GPT steps at batch 128 (+35% on gpt2-medium).
+ACCELERATOR_NORM_ROW = 1024
 # The elementwise bandwidth is measured on buffers cycled through, this many bytes in all (several times a CPU's
 # last-level cache slice), at most MAX_BUFFER_SETS sets of them.
 COLD_BYTES = 64 * 2**20
@@ -702,7 +713,8 @@ def _time_elementwise(
     (:func:`_cold_sets`), as in a step; the elements are those of its largest tensor, as
     :mod:`accelbench.estimate.step_time` counts them."""
     run = _elementwise_call(device, operator, elements)
-    best, _ = _repeat(run, lambda: synchronize(device))
+    calls = 1 if device.type == "cpu" else ACCELERATOR_ELEMENTWISE_CALLS
+    best, _ = _repeat(run, lambda: synchronize(device), calls)
     return elements / _work_time(best, dispatch)
 
 
@@ -720,6 +732,9 @@ def _elementwise_call(
         masks = _cold_sets(device, torch.float32, shape)
         return lambda: next(masks)[0].bernoulli_(0.9)  # dropout's keep probability
     if operator in ("native_layer_norm", "native_layer_norm_backward"):
+        if device.type != "cpu":
+            rows, width = elements // ACCELERATOR_NORM_ROW, ACCELERATOR_NORM_ROW
+            shape, row = (rows, width), (rows, 1)
         weight = torch.ones(width, device=device)
         bias = torch.zeros(width, device=device)
         if operator == "native_layer_norm":
