@@ -17,8 +17,11 @@ SECTIONS=${*:-all}
 BUDGET=${GPU_CHECK_BUDGET_S:-560}
 START=$(date +%s)
 # GPU_CHECK_WORK: a work folder that outlives the call (on a machine kept warm between calls), so that a second
-# call resumes the first's interrupted sweeps and plan instead of starting them again
+# call resumes the first's interrupted sweeps and plan instead of starting them again. It must be ignored by the
+# repository's own .gitignore (gpuwork/ is): the device tool lays the tree anew on each call and keeps only ignored
+# outputs (a folder ignored by .git/info/exclude alone was wiped between two calls on 2026-11-28).
 W="${GPU_CHECK_WORK:-$OUT/work}"
+mkdir -p "$OUT"
 mkdir -p "$W/records" "$W/logs"
 export PYTHONUNBUFFERED=1
 # accelbench's caches (the calibration each run's prediction is timed with, the measured peaks) inside the results,
