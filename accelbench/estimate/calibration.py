@@ -7,7 +7,9 @@ CPU) thread count:
 
 - dense matrix multiplies over a small grid of shapes (m, n, k each from :data:`MATMUL_SIZES`: skinny and small
   ones too, as a transformer's are at small batch), in the precision's matmul dtype and in fp32 (what autocast
-  leaves in fp32); :meth:`Calibration.matmul_rate` interpolates log(rate) linearly in log(m), log(n), log(k);
+  leaves in fp32); :meth:`Calibration.matmul_rate` interpolates log(rate) linearly in log(m), log(n), log(k). On an
+  accelerator each timed repeat queues products back to back (:data:`ACCELERATOR_QUEUED_MULTIPLY_ADDS`), as a
+  step runs them;
 - the bandwidth of an elementwise operator (``add``: two streams read, one written) over sizes from 48 KiB to far
   larger than any cache (:data:`STREAM_BYTES`), each call on buffers the previous calls did not touch (so read from
   memory, as a step's backward reads forward's activations), interpolated in log(bytes);
@@ -115,6 +117,9 @@ ELEMENTWISE_ROW = 128  # a row of a softmax (a sequence), a norm, a reduction
 # microseconds, more than the work of a kernel on 2^20 elements) are not taken for the kernel's work. On the H200
 # (2026-11-28) one call per repeat gave rates that moved 2x from one calibration to the next.
 ACCELERATOR_ELEMENTWISE_CALLS = 20
+# Likewise an accelerator's products are queued until a timed repeat holds this many multiply-adds (about 0.1 ms
+# of an H200's bf16 work; a 256^3 product is under 1 us of it, and one call per repeat timed it at 11-20 TFLOP/s).
+ACCELERATOR_QUEUED_MULTIPLY_ADDS = 5e10
 # A layer norm's row on an accelerator: a transformer's hidden width (768 to 8,192), the rows its kernels are made
 # for. Rows of ELEMENTWISE_ROW gave the H200 80 Gelem/s on 2^24 elements, a fifth of its copy bandwidth, and
 # over-priced the norms of GPT steps at batch 128 (+35% on gpt2-medium).
@@ -616,7 +621,10 @@ def _time_matmul(
         torch.mm(a, b, out=out)
 
     flops = 2.0 * m * n * k
-    calls = max(1, min(DISPATCH_CALLS, int(2e6 // (m * n * k))))  # tiny products: several per timed repeat
+    # tiny products: several per timed repeat; on an accelerator, queued until a repeat holds some work, as a step's
+    # products run back to back (one call between synchronisations times the launch and the round trip)
+    queued = 2e6 if device.type == "cpu" else ACCELERATOR_QUEUED_MULTIPLY_ADDS
+    calls = max(1, min(DISPATCH_CALLS, int(queued // (m * n * k))))
     best, median = _repeat(product, lambda: synchronize(device), calls)
     return MatmulPoint(
         dtype=dtype,
