@@ -209,7 +209,7 @@ if want plan; then
     # top pick within 5% of the best measured); `plan` prints both rankings and their correlation
     step plan 150 "${AB[@]}" plan --backend cuda --model gpt2 --devices 1 --calibrate \
         --precisions bf16-mixed,bf16-true,fp16-mixed,fp32 --batch-sizes 16,32,64,128 --top 16 \
-        --measure 12 --out "$W/records/plan"
+        --measure 12 --measure-steps 20 --out "$W/records/plan"
 fi
 
 if want titan-compiled; then
