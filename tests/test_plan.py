@@ -362,3 +362,21 @@ def test_plan_calibrate_prices_each_configuration_from_its_traced_operators(
         assert rates[batch] != pytest.approx(flat[batch], rel=0.01)
     assert main([*argv, "--calibrate", "--device", "H100"]) == 2
     assert "--calibrate" in capsys.readouterr().err
+
+
+def test_points_an_interrupted_measurement_did_not_reach_are_not_run_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the H200 (2026-11-28) the call's budget interrupted `plan --measure 12`: the point it had not reached
+    was listed as 'failed (no record: see the sweep log)', where nothing had failed. It is 'not run
+    (interrupted)', and the command exits as the interrupted sweep did (130), so that a script resumes it."""
+    import accelbench.sweep.runner as runner
+    from accelbench.cli import main
+    from accelbench.sweep.runner import SweepSummary
+
+    monkeypatch.setattr(runner, "run_sweep", lambda *args, **kwargs: SweepSummary(interrupted=True))
+    argv = ["plan", "--model", "gpt-nano", "--devices", "1", "--backend", "cpu", "--precisions", "fp32",
+            "--batch-sizes", "4,8", "--measure", "2", "--out", str(tmp_path / "plan"), "--json"]  # fmt: skip
+    assert main(argv) == 130
+    measured = json.loads(capsys.readouterr().out)["comparison"]["runs"]
+    assert [run["status"] for run in measured] == ["not run (interrupted)"] * 2

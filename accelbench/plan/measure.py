@@ -65,7 +65,10 @@ def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Com
                     files.append(file)
                     waited += [waiting] if waiting is not None else []
                     contended = contended or busy
-        status = "ok" if rates else (mine[-1][0] if mine else "failed (no record: see the sweep log)")
+        unrecorded = (
+            "not run (interrupted)" if summary.interrupted else "failed (no record: see the sweep log)"
+        )
+        status = "ok" if rates else (mine[-1][0] if mine else unrecorded)
         median = statistics.median(rates) if rates else None
         runs.append(MeasuredRun(
             label=run.label,
