@@ -707,7 +707,7 @@ def test_a_step_the_device_cannot_trace_is_traced_on_the_cpu_priced_at_the_devic
     run = CalibratedRun(host.workload("gpt"), plan, backend, torch.device("cuda"))  # type: ignore[arg-type]
     device = DeviceInfo(index=0, name="Stand-in GPU")
     found = cached_calibration(config, run, device)
-    assert not isinstance(found, str), found
+    assert isinstance(found, tuple), found
     calibration, ops = found
     assert calibration.key == made_up.key
     assert ops.device_type == "cuda"  # priced as the accelerator runs it: batched products stacked, queued

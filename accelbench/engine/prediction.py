@@ -41,10 +41,6 @@ if TYPE_CHECKING:
     from accelbench.workloads import Workload
 
 
-# why a prediction is not calibrated when nobody asked for one (``--no-calibration``, or no run to calibrate for)
-NO_CALIBRATION = "--no-calibration"
-
-
 @dataclass(frozen=True)
 class CalibratedRun:
     """What the calibrated step time needs of a run: its workload, the precision plan that ran, the backend and
@@ -58,11 +54,12 @@ class CalibratedRun:
 
 def cached_calibration(
     config: RunConfig, run: CalibratedRun, device: DeviceInfo | None
-) -> tuple[Calibration, StepOperators] | str:
+) -> tuple[Calibration, StepOperators] | str | None:
     """This device's calibration and the run's traced step: the cached one (measured again where, an hour or more
-    on, the device has drifted from it), else measured now, unless ``--no-calibration``. Without one, why not (the
-    efficiency model predicts instead): ``--no-calibration``, a device fed from the host (whose timings say
-    nothing of it), or a step that could not be traced, with the error."""
+    on, the device has drifted from it), else measured now, unless ``--no-calibration``. Without one the efficiency
+    model predicts instead: None where that was asked for (``--no-calibration`` and none cached), else why (a
+    device fed from the host, whose timings say nothing of it, or a step that could not be traced, with the
+    error)."""
     from accelbench.estimate.calibration import (
         DRIFT_TOLERANCE,
         _first_line,
@@ -74,7 +71,10 @@ def cached_calibration(
     from accelbench.estimate.peak import cache_dir, matmul_dtype
 
     if run.device.type != run.backend.info.device_type:
-        return f"the {run.backend.info.device_type} device is fed from the {run.device.type}, whose timings say nothing of it"
+        return (
+            f"the {run.backend.info.device_type} device is fed from the {run.device.type}, whose timings say "
+            "nothing of it"
+        )
     dtype = matmul_dtype(run.plan)
 
     def calibration_of_device(cached_only: bool = False, refresh: bool = False) -> Calibration | None:
@@ -110,11 +110,7 @@ def cached_calibration(
         )
         calibration = calibration_of_device()
     if calibration is None:
-        return (
-            NO_CALIBRATION
-            if config.no_calibration
-            else f"no calibration of this device for {dtype} was measured"
-        )
+        return None if config.no_calibration else f"no calibration of this device for {dtype} was measured"
     kernels = run.backend.optimizer_implementation(run.device)
     try:
         return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
@@ -167,8 +163,8 @@ def predict_run(
 
     try:
         bandwidth = load_comm_records(config)
-        found = cached_calibration(config, calibrated, device) if calibrated is not None else NO_CALIBRATION
-        uncalibrated = found if isinstance(found, str) else None
+        found = cached_calibration(config, calibrated, device) if calibrated is not None else None
+        calibration, operators = found if isinstance(found, tuple) else (None, None)
         p = predict(
             config,
             facts,
@@ -177,15 +173,15 @@ def predict_run(
             peak=peak,
             bandwidth=bandwidth,
             runtime_bytes=runtime_bytes or 0.0,
-            calibration=None if isinstance(found, str) else found[0],
-            operators=None if isinstance(found, str) else found[1],
+            calibration=calibration,
+            operators=operators,
         )
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
         return RunPrediction.absent(str(exc))
     source = f"accelbench comm records in {config.comm_records}" if bandwidth is not None else None
     prediction = RunPrediction.from_prediction(p, bandwidth_source=source)
-    if uncalibrated is None or uncalibrated == NO_CALIBRATION:
+    if not isinstance(found, str):
         return prediction
     # a calibration was wanted and none priced the step: the record says why, for whoever reads a miss
-    why = f"step time at the efficiency, not calibrated: {uncalibrated}"
+    why = f"step time at the efficiency, not calibrated: {found}"
     return prediction.model_copy(update={"note": "; ".join(n for n in (prediction.note, why) if n)})

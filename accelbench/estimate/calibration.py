@@ -734,15 +734,14 @@ def _elementwise_call(
     import torch
 
     aten = torch.ops.aten
-    rows, width = elements // ELEMENTWISE_ROW, ELEMENTWISE_ROW
+    norm = operator in ("native_layer_norm", "native_layer_norm_backward")
+    width = ACCELERATOR_NORM_ROW if norm and device.type != "cpu" else ELEMENTWISE_ROW
+    rows = elements // width
     shape, row = (rows, width), (rows, 1)
     if operator == "bernoulli_":  # in place: the mask overwrites its input
         masks = _cold_sets(device, torch.float32, shape)
         return lambda: next(masks)[0].bernoulli_(0.9)  # dropout's keep probability
-    if operator in ("native_layer_norm", "native_layer_norm_backward"):
-        if device.type != "cpu":
-            rows, width = elements // ACCELERATOR_NORM_ROW, ACCELERATOR_NORM_ROW
-            shape, row = (rows, width), (rows, 1)
+    if norm:
         weight = torch.ones(width, device=device)
         bias = torch.zeros(width, device=device)
         if operator == "native_layer_norm":

@@ -21,8 +21,7 @@ START=$(date +%s)
 # repository's own .gitignore (gpuwork/ is): the device tool lays the tree anew on each call and keeps only ignored
 # outputs (a folder ignored by .git/info/exclude alone was wiped between two calls on 2026-11-28).
 W="${GPU_CHECK_WORK:-$OUT/work}"
-mkdir -p "$OUT"
-mkdir -p "$W/records" "$W/logs"
+mkdir -p "$OUT" "$W/records" "$W/logs"
 export PYTHONUNBUFFERED=1
 # accelbench's caches (the calibration each run's prediction is timed with, the measured peaks) inside the results,
 # so that the prediction can be re-derived and checked afterwards, off the GPU
