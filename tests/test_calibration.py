@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.utils.flop_counter import flop_registry
 
 from accelbench.config import RunConfig
 from accelbench.contract import standard_plan
@@ -31,6 +33,7 @@ from accelbench.estimate.facts import meta_facts
 from accelbench.estimate.operators import StepOperators, step_operators
 from accelbench.estimate.step_time import operator_seconds
 from accelbench.plugins import get_host
+from accelbench.workloads.llama import shape_of
 
 CPU = torch.device("cpu")
 TINY_GRID = {"matmul_sizes": (16, 64), "stream_bytes": (3 * 2**12, 3 * 2**20)}
@@ -768,6 +771,54 @@ def test_a_moe_step_traces_with_its_grouped_expert_products_counted(precision: s
         assert 2 * shape.m * shape.n * shape.k * shape.batch == pytest.approx(op.flops, rel=0.02)
     facts = meta_facts(host.workload("moe"), config)
     assert ops.flops_per_step() == pytest.approx(facts.flops_per_sample * 8, rel=0.03)
+
+
+def test_grouped_query_attention_is_counted_where_torchs_formula_wants_equal_heads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the H200 (2026-11-28, torch 2.11) llama's and moe's records fell back to the efficiency model (-87% to
+    -99%): torch's attention FLOP formulas before 2.13 assert that keys and values have the query's heads
+    (``sdpa_flop_count: query/key/value shapes are incompatible``), which grouped-query attention breaks, so the
+    trace stopped on the GPU and again on the CPU. Torch 2.11's rule stands in for every attention formula here
+    (torch 2.13's own would count the same); the step traces, and each attention kernel counts its FLOPs at the
+    query's heads: 4 b h s^2 d forward (scores and values), 10 b h s^2 d backward (the scores recomputed)."""
+    import accelbench.estimate.operators as operators_module
+
+    def equal_heads(formula: Any) -> Any:
+        def strict(*args: Any, **kwargs: Any) -> int:
+            shapes = [
+                a.shape if isinstance(a, torch.Tensor) else a
+                for a in args
+                if isinstance(a, (torch.Tensor, torch.Size))
+            ]
+            if len({shape[1] for shape in shapes[:4] if len(shape) == 4}) > 1:
+                raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+            return formula(*args, **kwargs)
+
+        return strict
+
+    registry = dict(flop_registry)
+    for packet in [p for p in registry if "attention" in p.__name__]:
+        registry[packet] = equal_heads(registry[packet])
+    monkeypatch.setattr("torch.utils.flop_counter.flop_registry", registry)
+    operators_module._registry.cache_clear()
+    monkeypatch.setattr(operators_module, "_TRACED", {})
+    try:
+        host = get_host()
+        config = host.resolve(
+            RunConfig(workload="llama", model="llama-mini", batch_size=2, workload_options={"seq_len": 64})  # type: ignore[arg-type]
+        )
+        shape = shape_of(config)
+        assert shape.n_kv_heads < shape.n_heads  # grouped-query attention
+        ops = step_operators(
+            host.workload("llama"), config, standard_plan("fp32", "ieee-fp32"), "cpu", "fused"
+        )
+    finally:
+        operators_module._registry.cache_clear()
+    attention = [op for op in ops.operators if "attention" in op.name]
+    b_h_s2_d = 2 * shape.n_heads * 64 * 64 * shape.head_dim * shape.n_layers
+    assert sum(op.flops for op in attention if op.phase == "forward") == 4 * b_h_s2_d
+    assert sum(op.flops for op in attention if op.phase == "backward") == 10 * b_h_s2_d
 
 
 def test_an_accelerators_elementwise_kinds_are_timed_queued_and_its_norms_on_rows_of_a_hidden_width(

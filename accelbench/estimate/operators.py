@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -325,7 +325,32 @@ def _registry() -> dict[Any, Callable[..., int]]:
     grouped = getattr(aten, "_grouped_mm", None)  # the MoE experts' kernel, which torch's registry lacks
     if grouped is not None and grouped not in registry:
         registry[grouped] = _grouped_mm_flops
+    for packet, formula in list(registry.items()):
+        if "attention" in packet.__name__:
+            registry[packet] = partial(_grouped_query_flops, formula, packet.__name__)
     return registry
+
+
+def _grouped_query_flops(formula: Callable[..., int], name: str, *args: Any, **kwargs: Any) -> int:
+    """An attention kernel's FLOPs by torch's ``formula``, with grouped-query attention's keys and values (fewer
+    heads than the queries, llama's and moe's) counted at the query's heads, as the kernel broadcasts them: torch
+    before 2.13 refuses such shapes (``sdpa_flop_count: query/key/value shapes are incompatible``), which stopped
+    llama's and moe's traces on the H200's torch 2.11. The formulas take shapes where they take tensors."""
+    import torch
+
+    first = 1 if name.endswith("backward") else 0  # the backward's first argument is the output's gradient
+    heads = 1 if name.startswith("_scaled_dot_product") else 2  # (b, h, s, d), else the kernels' (b, s, h, d)
+    query = args[first] if len(args) > first + 2 else None
+    if isinstance(query, torch.Tensor) and query.dim() == 4:
+        shaped = list(args)
+        for index in (first + 1, first + 2):  # the keys, the values
+            kv = args[index]
+            if isinstance(kv, torch.Tensor) and kv.dim() == 4 and kv.shape[heads] != query.shape[heads]:
+                shape = list(kv.shape)
+                shape[heads] = query.shape[heads]
+                shaped[index] = torch.Size(shape)
+        args = tuple(shaped)
+    return formula(*args, **kwargs)
 
 
 def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> MatmulShape:
