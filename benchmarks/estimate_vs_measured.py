@@ -17,7 +17,9 @@ fitted to them:
   count (accelbench.estimate.calibration: matmul rates by shape, elementwise bandwidth, dispatch cost; cached) over
   the step's traced operators (accelbench.estimate.operators);
 - bus bandwidth: an `accelbench comm` record of all_reduce, all_gather and reduce_scatter over 2 gloo processes
-  (measured here unless --comm names one);
+  (measured here unless --comm names one), each also timed as a step meets it (`--in-step 5,20,80`: after that
+  many milliseconds of compute on both ranks, the wait for the slower rank included), which is what the
+  prediction prices the collectives at (`--isolated-comm`: at their bus bandwidth alone, as before);
 - the runtime a process holds besides its model (the CPU backend's peak is the resident-set high-water mark, which
   counts the interpreter, torch and its libraries): measured in a fresh interpreter that imports what a worker
   imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
@@ -90,13 +92,17 @@ def runtime_bytes(threads: int, strategy: str) -> int:
     return sorted(values)[1]
 
 
+IN_STEP_MS = "5,20,80"  # the compute before each in-step call: FSDP's units to DDP's whole step, on this CPU
+
+
 def comm_record(folder: Path) -> Path:
     """Measure all_reduce, all_gather and reduce_scatter over two gloo processes with `accelbench comm`."""
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "accelbench.cli", "comm", "--devices", "2", "--ops",
          "all_reduce,all_gather,reduce_scatter", "--dtypes", "fp32", "--min-bytes", "16KiB", "--max-bytes",
-         "64MiB", "--factor", "4", "--iters", "10", "--warmup", "3", "--output-dir", str(folder), "-q"],
+         "64MiB", "--factor", "4", "--iters", "10", "--warmup", "3", "--in-step", IN_STEP_MS, "--output-dir",
+         str(folder), "-q"],
         check=True,
     )  # fmt: skip
     return folder
@@ -199,7 +205,16 @@ def main() -> None:
         help="intra-op threads of every process (default 1: one process is one core, the unit 2 processes double)",
     )
     parser.add_argument("--epochs", type=int, default=4, help="epochs (the first is the warm-up)")
-    parser.add_argument("--comm", type=Path, help="comm records to read instead of measuring")
+    parser.add_argument(
+        "--comm",
+        type=Path,
+        help="comm records to read instead of measuring (with --again: instead of its record)",
+    )
+    parser.add_argument(
+        "--isolated-comm",
+        action="store_true",
+        help="price the collectives at their bus bandwidth timed alone, not as a step meets them (--in-step)",
+    )
     parser.add_argument("--out", type=Path, help="where records go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write the table's data here")
     parser.add_argument(
@@ -242,8 +257,10 @@ def main() -> None:
         calibrations[threads] = calibrate(device, backend.synchronize, backend="cpu", device_name=name,
                                           dtype="float32", refresh=args.refresh_calibration)  # fmt: skip
         print(f"calibration, {threads} thread(s): {calibrations[threads].describe()}", flush=True)
-    comm = Path(previous["comm"]) if previous else args.comm or comm_record(out / "comm")
+    comm = args.comm or (Path(previous["comm"]) if previous else comm_record(out / "comm"))
     bandwidth = load_bus_bandwidth([comm])
+    if args.isolated_comm:
+        bandwidth.in_step = []
     if previous:
         runtimes = {k: int(v) for k, v in previous["runtime_bytes"].items()}
     else:

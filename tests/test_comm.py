@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -83,6 +84,42 @@ def test_every_collective_is_measured_checked_and_recorded(
     assert "#wrong" in proc.stdout and "busbw" in proc.stdout and "out-of-place" in proc.stdout
     assert proc.stdout.count("# peak bus bandwidth") == len(OPS) * 2
     assert f"{2**20:>12} {2**18:>12}   fp32    sum    -1" in proc.stdout  # all_reduce at 1 MiB
+
+
+@pytest.mark.slow
+def test_in_step_times_over_two_processes_price_the_estimates_collectives(tmp_path: Path) -> None:
+    """A real 2-process job with --in-step: every size of the strategies' variant timed after each compute length,
+    the compute near what was asked, the record saying how it was timed; `accelbench estimate --comm` then prices
+    FSDP's gathers and reduce-scatters on this CPU at those times (the sibling all_gather's for reduce_scatter)."""
+    folder = tmp_path / "comm"
+    proc = accelbench(
+        "comm", "--devices", "2", "--ops", "all_gather,all_reduce", "--sizes", "64KiB,1MiB", "--warmup", "1",
+        "--iters", "3", "--in-step", "10,2", "--output-dir", str(folder),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (path,) = folder.glob("*.json")
+    record = read_comm_record(path)
+    assert record.config.in_step_ms == [2.0, 10.0] and "slower rank" in (record.in_step_timing or "")
+    for m in record.measurements:
+        if m.variant != COLLECTIVES[m.op].variants[0]:
+            assert m.in_step == []
+            continue
+        ratios = [t.compute_ms / asked for t, asked in zip(m.in_step, (2.0, 10.0), strict=True)]
+        assert all(0.3 < r < 3 for r in ratios), ratios  # sized from a probe; a shared host moves it
+        assert all(t.time_us > 0 and t.alone_us == m.time_us for t in m.in_step)
+    assert proc.stdout.count("in step (") == 4  # a line under each of the 4 rows (2 collectives x 2 sizes)
+
+    estimate = accelbench(
+        "estimate", "--model", "gpt-nano", "--strategy", "fsdp", "--devices", "2", "--peak-tflops", "0.05",
+        "--comm", str(folder), "--json",
+    )  # fmt: skip
+    assert estimate.returncode == 0, estimate.stderr
+    prediction = json.loads(estimate.stdout)
+    prediction = prediction.get("prediction", prediction)
+    assert {op["op"] for op in prediction["comm"]} == {"all_gather", "reduce_scatter"}
+    for op in prediction["comm"]:
+        assert op["bandwidth_source"].startswith("in step: all_gather fp32 over 2 ranks"), op
+    assert any("accelbench comm --in-step" in a for a in prediction["assumptions"])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -216,6 +253,37 @@ def test_an_interrupted_job_keeps_the_sizes_measured(one_rank: Job, monkeypatch:
     assert outcome.status == "interrupted" and "after 2 measurement(s)" in (outcome.message or "")
 
 
+def test_in_step_times_follow_the_asked_compute_and_only_the_strategies_variant(one_rank: Job) -> None:
+    """--in-step times each size's call after about the asked milliseconds of products (measured, the same count on
+    every rank), for the variant strategies run only (all_reduce's in-place; out-of-place where both are offered),
+    with the call's time alone beside it; the record still validates, and the table prints the line."""
+    import io
+
+    from accelbench.comm.render import TablePrinter
+
+    one_rank.config = one_rank.config.model_copy(
+        update={"in_step_ms": [2.0, 8.0], "ops": ["all_reduce", "all_gather"]}
+    )
+    rows: list[Any] = []
+    measurements, outcome = measure(one_rank, rows.append)
+    assert outcome.status == "ok"
+    for m in measurements:
+        if m.variant != COLLECTIVES[m.op].variants[0]:
+            assert m.in_step == []  # all_gather in place: not what a strategy runs
+            continue
+        short, long = m.in_step
+        assert (
+            0.5 < short.compute_ms < 8 and 2 < long.compute_ms < 32 and long.compute_ms > 2 * short.compute_ms
+        )
+        assert short.time_us >= 0 and long.time_us >= 0 and short.alone_us == m.time_us
+    out = io.StringIO()
+    printer = TablePrinter(out, 1)
+    for row in rows:
+        printer.row(row)
+    assert out.getvalue().count("in step (") == len(rows)
+    assert "ms of compute" in out.getvalue()
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Input: sizes, names, jobs that cannot measure; records that are not records
 # --------------------------------------------------------------------------------------------------------------
@@ -247,6 +315,11 @@ def test_message_sizes_as_people_write_them() -> None:
             "--min-bytes 1 MiB is larger than --max-bytes 1 KiB",
         ),
         (["--iters", "0"], "--iters 0: at least 1 timed iteration"),
+        (["--in-step", "0"], "--in-step 0: 0 ms is not a step's compute between two collectives"),
+        (["--in-step", "5,-1"], "--in-step 5,-1: -1 ms is not a step's compute"),
+        (["--in-step", "5,fast"], "'fast' is not a number of milliseconds; give e.g. --in-step 5,20,80"),
+        (["--in-step", "nan"], "nan ms is not a step's compute"),
+        (["--in-step", "1,2,3,4,5,6,7,8,9"], "at most 8 compute lengths"),
         (["--devices", "1"], "collective bandwidth needs 2 or more ranks, and this job has 1"),
         pytest.param(
             ["--backend", "ipu"],

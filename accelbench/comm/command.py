@@ -18,7 +18,13 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from accelbench.comm.options import comm_config, describe
-from accelbench.comm.records import CommConfig, CommRecord, read_comm_record, write_comm_record
+from accelbench.comm.records import (
+    IN_STEP_TIMING,
+    CommConfig,
+    CommRecord,
+    read_comm_record,
+    write_comm_record,
+)
 from accelbench.errors import BackendError, ConfigError
 from accelbench.exitcodes import ExitCode
 from accelbench.results import check_writable
@@ -219,6 +225,7 @@ def measure_here(
         world_size=launch.world_size,
         nodes=launch.nnodes,
         launcher=launch.launcher,
+        in_step_timing=IN_STEP_TIMING if config.in_step_ms else None,
         measurements=measurements,
     )
     try:

@@ -28,6 +28,8 @@ MAX_MESSAGE_BYTES = 2**50
 # microseconds each) take seconds per size, and every timed iteration's time is kept (a float per iteration, on the
 # device and in Python): more is a typo, and 10^12 would never finish and fill memory.
 MAX_ITERS = 100_000
+MAX_IN_STEP_MS = 10_000.0  # --in-step: a step's compute between two of its collectives, at most (10 s)
+MAX_IN_STEP_LENGTHS = 8
 HOST_MEMORY_SHARE = 0.8  # of the host's available memory the ranks on it may take for buffers (CPU devices)
 # Elements filled or checked at a time (accelbench.comm.run): the index arithmetic's scratch stays bounded.
 CHUNK = 1 << 24
@@ -222,6 +224,13 @@ def add_comm_arguments(parser: argparse.ArgumentParser) -> None:
         "--iters", type=int, default=20, metavar="N", help="timed iterations per size (default: 20)"
     )
     what.add_argument(
+        "--in-step",
+        metavar="MS",
+        help="also time each collective as a training step meets it: after about MS milliseconds of matrix "
+        "products on every rank (comma-separated for several, e.g. 5,20,80), waiting for the slower rank included; "
+        "what `accelbench estimate` prices a step's collectives at when the record has it",
+    )
+    what.add_argument(
         "--no-check",
         dest="check",
         action="store_false",
@@ -290,6 +299,7 @@ def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
         raise ConfigError(
             f"--warmup {args.warmup}: 0 or more untimed iterations per size, and at most {MAX_ITERS}"
         )
+    in_step = parse_in_step(args.in_step) if getattr(args, "in_step", None) is not None else []
     launch = launch_config(args, args.backend)
     config = CommConfig(
         backend=args.backend,
@@ -303,9 +313,32 @@ def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
         nnodes=launch.nnodes,
         collective_timeout=launch.collective_timeout,
         threads=launch.threads,
+        in_step_ms=in_step,
         output_dir=args.output_dir,
     )
     return config, launch
+
+
+def parse_in_step(text: str) -> list[float]:
+    """``--in-step``'s compute lengths in milliseconds: positive, finite, at most :data:`MAX_IN_STEP_MS`, at most
+    :data:`MAX_IN_STEP_LENGTHS` of them, ascending and distinct."""
+    lengths: set[float] = set()
+    for part in (t.strip() for t in text.split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ConfigError(
+                f"--in-step {text}: {part!r} is not a number of milliseconds; give e.g. --in-step 5,20,80"
+            ) from None
+        if not (math.isfinite(value) and 0 < value <= MAX_IN_STEP_MS):
+            raise ConfigError(
+                f"--in-step {text}: {part} ms is not a step's compute between two collectives (more than 0, at "
+                f"most {MAX_IN_STEP_MS:g} ms)"
+            )
+        lengths.add(value)
+    if len(lengths) > MAX_IN_STEP_LENGTHS:
+        raise ConfigError(f"--in-step {text}: at most {MAX_IN_STEP_LENGTHS} compute lengths")
+    return sorted(lengths)
 
 
 def implausible(record: CommRecord) -> str | None:
@@ -320,6 +353,9 @@ def implausible(record: CommRecord) -> str | None:
             value = getattr(m, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 return f"measurements.{i}.{name}: {value} is not a measured figure (finite, 0 or more)"
+        for j, timed in enumerate(m.in_step):
+            if not (math.isfinite(timed.time_us) and math.isfinite(timed.compute_ms)):
+                return f"measurements.{i}.in_step.{j}: {timed.time_us} us after {timed.compute_ms} ms is not measured"
     return None
 
 
@@ -328,7 +364,12 @@ def describe(config: CommConfig) -> str:
     sizes = config.sizes
     span = size_label(sizes[0]) if len(sizes) == 1 else f"{size_label(sizes[0])}..{size_label(sizes[-1])}"
     factors = "; ".join(f"{op}: {COLLECTIVES[op].formula}" for op in config.ops)
+    in_step = (
+        f"; each also timed after about {', '.join(f'{ms:g}' for ms in config.in_step_ms)} ms of compute (in step)"
+        if config.in_step_ms
+        else ""
+    )
     return (
         f"{len(sizes)} size(s) {span}, {', '.join(config.dtypes)}, {config.warmup} warm-up + {config.iters} timed "
-        f"iterations, results {'checked' if config.check else 'not checked'}; busbw = algbw x ({factors})"
+        f"iterations, results {'checked' if config.check else 'not checked'}; busbw = algbw x ({factors}){in_step}"
     )

@@ -60,7 +60,31 @@ class CommConfig(_Model):
     nnodes: int = Field(gt=0)
     collective_timeout: float = Field(gt=0, description="Seconds a rank waits for its peers.")
     threads: int | None = Field(default=None, description="torch intra-op threads per rank (CPU).")
+    in_step_ms: list[float] = Field(
+        default_factory=list,
+        description="--in-step: the compute, in milliseconds, each rank runs before every in-step call (empty: "
+        "the collectives were timed alone only).",
+    )
     output_dir: Path = Path("results")
+
+
+IN_STEP_TIMING = (
+    "In a step (--in-step): every rank joins the aligning all_reduce, then runs a fixed number of matrix products "
+    "(about the compute asked for, the same count on every rank), synchronises, reads the clock, runs the "
+    "collective, synchronises and reads the clock again; time_us is the mean over ranks and iterations of that "
+    "call's time, which holds the wait for the slower rank, as a step's synchronous collective does."
+)
+
+
+class InStepTime(_Model):
+    """A collective's time when it follows compute on every rank, as in a training step (``--in-step``)."""
+
+    compute_ms: float = Field(gt=0, description="The compute before each call, measured: mean over ranks.")
+    time_us: float = Field(ge=0, description="A call's time after it: mean over ranks and iterations.")
+    alone_us: float | None = Field(
+        default=None,
+        description="The same call timed alone in this measurement (time_us of the measurement).",
+    )
 
 
 class CommMeasurement(_Model):
@@ -95,6 +119,11 @@ class CommMeasurement(_Model):
         default=None,
         description="Elements that differed from the expected result, summed over ranks; None: not checked.",
     )
+    in_step: list[InStepTime] = Field(
+        default_factory=list,
+        description="The call's time after each --in-step compute (the out-of-place variant where both are "
+        "offered; none where it was not asked for or the call failed).",
+    )
 
 
 class CommRecord(_Model):
@@ -116,6 +145,9 @@ class CommRecord(_Model):
     nodes: int = 1
     launcher: str = Field(default="none", description="torchrun (also --devices N), slurm, openmpi, mpich.")
     timing: str = Field(default=TIMING, description="How a time was measured, in words.")
+    in_step_timing: str | None = Field(
+        default=None, description="How an in-step time was measured (--in-step), in words."
+    )
     measurements: list[CommMeasurement]
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -209,6 +241,8 @@ __all__ = [
     "CommConfig",
     "CommMeasurement",
     "CommRecord",
+    "IN_STEP_TIMING",
+    "InStepTime",
     "comm_record_in",
     "comm_record_name",
     "is_comm_record",

@@ -58,6 +58,13 @@ def row_line(row: Sequence[CommMeasurement]) -> str:
     return " ".join([start, *(_variant_cells(by_variant.get(v)) for v in VARIANTS)])
 
 
+def in_step_line(m: CommMeasurement) -> str:
+    """Under a size's row, its call's time in a step (``--in-step``) beside its time alone."""
+    timed = ", ".join(f"{t.time_us:.2f} us after {t.compute_ms:.3g} ms of compute" for t in m.in_step)
+    alone = f" (alone {m.time_us:.2f} us)" if m.time_us is not None else ""
+    return f"#{'':>12} in step ({m.variant}): {timed}{alone}"
+
+
 def peak_line(measurements: Sequence[CommMeasurement]) -> str:
     """The footer of one collective x type: its highest bus bandwidth and where, and the average over sizes
     (nccl-tests' "Avg bus bandwidth")."""
@@ -95,6 +102,9 @@ class TablePrinter:
                 print(line, file=self.out)
         self._seen += row
         print(row_line(row), file=self.out, flush=True)
+        timed = next((m for m in row if m.in_step), None)
+        if timed is not None:
+            print(in_step_line(timed), file=self.out, flush=True)
 
     def close(self) -> None:
         """End the section being printed with its peak."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from accelbench.comm.collectives import COLLECTIVES, DTYPE_BYTES, Collective, Variant, size_label
 from accelbench.comm.options import CHUNK, HOST_MEMORY_SHARE, buffer_bytes
-from accelbench.comm.records import CommConfig, CommMeasurement, MeasurementStatus, summarise
+from accelbench.comm.records import CommConfig, CommMeasurement, InStepTime, MeasurementStatus, summarise
 from accelbench.engine.runner import is_out_of_memory
 from accelbench.engine.signals import TERMINATION, RunInterrupted
 from accelbench.results import Outcome
@@ -37,6 +37,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 
 # agreed codes, most serious last: the all_reduce MAX of the ranks' codes is what all of them act on
 _OK, _OOM, _UNSUPPORTED, _ERROR = 0, 1, 2, 3
+COMPUTE_SIDE = 256  # --in-step's products: 256^3 multiply-adds each (about 0.2 ms on one CPU core, microseconds on a GPU)
+COMPUTE_PROBE = 20  # products timed to size the compute
 _STATUS: dict[int, MeasurementStatus] = {_OOM: "oom", _UNSUPPORTED: "unsupported", _ERROR: "error"}
 
 Values = Callable[[torch.Tensor], torch.Tensor]  # element positions (int64) -> their values (float32)
@@ -207,6 +209,7 @@ class Measuring:
         self.device = job.device
         self.measurements: list[CommMeasurement] = []
         self._flag = torch.zeros(1, dtype=torch.int64, device=job.device)
+        self._compute: Compute | None = None  # --in-step's products, made at first use
 
     # agreement -----------------------------------------------------------------------------------------------
     def agree(self, code: int) -> int:
@@ -316,14 +319,54 @@ class Measuring:
             dist.all_reduce(counted)
             wrong = int(counted.item())
         median = statistics.median(per_iteration)
+        in_step = (
+            [self.in_step(case, ms, median) for ms in config.in_step_ms]
+            if variant == collective.variants[0]  # out-of-place where both are offered: what strategies run
+            else []
+        )
         figures = {"iters": config.iters, "time_us": median, "time_us_min": min(per_iteration),
-                   "time_us_max": max(per_iteration), "wrong": wrong}  # fmt: skip
+                   "time_us_max": max(per_iteration), "wrong": wrong, "in_step": in_step}  # fmt: skip
         if wrong:  # a wrong result is a failure, not a bandwidth
             return CommMeasurement(**base, **figures, status="wrong",  # type: ignore[arg-type]
                                    message=f"{wrong} element(s) differ from the expected result")  # fmt: skip
         algbw = size / (median * 1e-6) / 1e9 if median > 0 else None
         busbw = algbw * collective.bus_factor(self.ranks) if algbw is not None else None
         return CommMeasurement(**base, **figures, status="ok", algbw_gbps=algbw, busbw_gbps=busbw)  # type: ignore[arg-type]
+
+    def in_step(self, case: Case, compute_ms: float, alone_us: float) -> InStepTime:
+        """The call as a training step meets it (``--in-step``): after about ``compute_ms`` of matrix products
+        on every rank, aligned before the products as a step's ranks leave its previous collective together. Each
+        rank's time of the call holds its wait for the slower rank; the mean over ranks and iterations is what a
+        step's time gains from the call."""
+        if self._compute is None:
+            self._compute = Compute.measured(self.device, self.synchronize, self.agree_seconds)
+        products = self._compute.products(compute_ms)
+        self._compute.run(products)  # warm-up
+        case.run()
+        self.synchronize()
+        computed = called = 0.0
+        iters = self.job.config.iters
+        for _ in range(iters):
+            self.align()
+            self.synchronize()
+            start = time.perf_counter()
+            self._compute.run(products)
+            self.synchronize()
+            middle = time.perf_counter()
+            case.run()
+            self.synchronize()
+            called += time.perf_counter() - middle
+            computed += middle - start
+        sums = torch.tensor([computed, called], dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums)
+        computed, called = (float(v) / (iters * self.ranks) for v in sums.tolist())
+        return InStepTime(compute_ms=computed * 1e3, time_us=called * 1e6, alone_us=alone_us)
+
+    def agree_seconds(self, seconds: float) -> float:
+        """The largest of the ranks' ``seconds``: what every rank sizes its compute by."""
+        value = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
 
     def host_room(self) -> int | None:
         """Bytes each rank on this host may take on a CPU device (None elsewhere: the allocator says when it is
@@ -335,6 +378,39 @@ class Measuring:
 
         available = psutil.virtual_memory().available
         return int(available * HOST_MEMORY_SHARE / max(1, self.job.launch.local_world_size))
+
+
+class Compute:
+    """``--in-step``'s compute: square fp32 products of :data:`COMPUTE_SIDE`, queued back to back; the same count on
+    every rank, sized by the slowest rank's time for one product."""
+
+    def __init__(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, seconds_per_product: float
+    ) -> None:
+        self.a, self.b, self.out = a, b, out
+        self.seconds_per_product = seconds_per_product
+
+    @classmethod
+    def measured(
+        cls, device: torch.device, synchronize: Callable[[], None], agree: Callable[[float], float]
+    ) -> Compute:
+        a = torch.randn(COMPUTE_SIDE, COMPUTE_SIDE, device=device)
+        b, out = torch.randn_like(a), torch.empty_like(a)
+        compute = cls(a, b, out, 0.0)
+        compute.run(COMPUTE_PROBE)  # warm-up
+        synchronize()
+        start = time.perf_counter()
+        compute.run(COMPUTE_PROBE)
+        synchronize()
+        compute.seconds_per_product = agree((time.perf_counter() - start) / COMPUTE_PROBE)
+        return compute
+
+    def products(self, milliseconds: float) -> int:
+        return max(1, round(milliseconds * 1e-3 / max(self.seconds_per_product, 1e-9)))
+
+    def run(self, products: int) -> None:
+        for _ in range(products):
+            torch.mm(self.a, self.b, out=self.out)
 
 
 def _short(exc: BaseException) -> str:

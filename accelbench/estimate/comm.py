@@ -52,11 +52,74 @@ class BandwidthSample(BaseModel):
     source: str = ""
 
 
-class BusBandwidth(Bandwidth):
-    """Measured bus bandwidth (see the module's docstring for how a lookup is answered)."""
+class InStepSample(BaseModel):
+    """One collective's time after ``compute_s`` of compute on every rank (``accelbench comm --in-step``)."""
 
-    def __init__(self, samples: Iterable[BandwidthSample]) -> None:
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: str
+    dtype: str = "fp32"
+    world_size: int = Field(ge=1)
+    size_bytes: float = Field(gt=0)
+    compute_s: float = Field(gt=0)
+    time_s: float = Field(ge=0)
+    source: str = ""
+
+
+class BusBandwidth(Bandwidth):
+    """Measured bus bandwidth (see the module's docstring for how a lookup is answered), and the collectives'
+    times in a step where they were measured so."""
+
+    def __init__(self, samples: Iterable[BandwidthSample], in_step: Iterable[InStepSample] = ()) -> None:
         self.samples = list(samples)
+        self.in_step = list(in_step)
+
+    def lookup_in_step(
+        self, op: str, ranks: int, message_bytes: float, dtype: str, compute_s: float
+    ) -> tuple[float, str] | None:
+        """A call's time after ``compute_s`` of compute: the same collective (else a sibling) and type (else
+        another), the nearest number of ranks; at each measured size, log-linear between the two compute lengths
+        around ``compute_s`` (the nearest outside them), then log-log between the sizes around the message (the
+        nearest outside them)."""
+        for candidate, note in [c for c in self._candidates(op) if not c[1] or c[0] in SIBLINGS.get(op, ())]:
+            mine = [s for s in self.in_step if s.op == candidate]
+            if not mine:
+                continue
+            same_type = [s for s in mine if s.dtype == dtype]
+            kind = dtype if same_type else sorted({s.dtype for s in mine})[0]
+            typed = [s for s in mine if s.dtype == kind]
+            world = min({s.world_size for s in typed}, key=lambda w: (abs(math.log(w / ranks)), -w))
+            sizes = sorted({s.size_bytes for s in typed if s.world_size == world})
+            at_size = {
+                size: _along(
+                    [
+                        (s.compute_s, s.time_s)
+                        for s in typed
+                        if s.world_size == world and s.size_bytes == size
+                    ],
+                    compute_s,
+                    log_value=False,
+                )
+                for size in sizes
+            }
+            seconds = _along(sorted(at_size.items()), message_bytes, log_value=True)
+            lengths = sorted({s.compute_s for s in typed if s.world_size == world})
+            text = (
+                f"{candidate} {kind} over {world} ranks at {_size(message_bytes)} after {compute_s * 1e3:.3g} ms of "
+                f"compute: {seconds * 1e3:.3g} ms a call (measured after {lengths[0] * 1e3:.3g} to "
+                f"{lengths[-1] * 1e3:.3g} ms, at {_size(sizes[0])} to {_size(sizes[-1])})"
+            )
+            if world != ranks:
+                text += f" (none measured over {ranks} ranks)"
+            if not same_type:
+                text += f" (no {dtype} measured)"
+            if note:
+                text += f" ({note})"
+            origins = sorted({s.source for s in typed if s.source and s.world_size == world})
+            if origins:
+                text += f"; from {', '.join(origins)}"
+            return seconds, text
+        return None
 
     @classmethod
     def constant(cls, bytes_per_s: float, source: str) -> BusBandwidth:
@@ -127,6 +190,26 @@ def _interpolate(points: Sequence[BandwidthSample], size: float) -> tuple[float,
     raise AssertionError("unreachable: the size lies between two measured sizes")
 
 
+def _along(points: Sequence[tuple[float, float]], x: float, log_value: bool) -> float:
+    """The value at ``x`` of measured (x, value) ``points``: linear in log(x) between the two around it (in log
+    value too where ``log_value``), the nearest end's value outside them; several values at one x, their mean."""
+    merged: dict[float, list[float]] = {}
+    for at, value in points:
+        merged.setdefault(at, []).append(value)
+    curve = sorted((at, sum(values) / len(values)) for at, values in merged.items())
+    if x <= curve[0][0]:
+        return curve[0][1]
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+        if x0 <= x <= x1:
+            t = math.log(x / x0) / math.log(x1 / x0)
+            if log_value and y0 > 0 and y1 > 0:
+                return math.exp(math.log(y0) + t * math.log(y1 / y0))
+            return y0 + t * (y1 - y0)
+    raise AssertionError("unreachable: x lies between two measured points")
+
+
 def _gbps(value: float) -> str:
     return f"{value / 1e9:.3g} GB/s"
 
@@ -142,6 +225,7 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
     """The bandwidth samples of every comm record in ``paths``: files (each must be a comm record), or folders
     (whose ``*.json`` comm records are read; other records there are skipped)."""
     samples: list[BandwidthSample] = []
+    in_step: list[InStepSample] = []
     for path in paths:
         path = Path(path)
         try:
@@ -172,6 +256,11 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
                     busbw_bytes_per_s=m.busbw_gbps * 1e9,
                     source=label,
                 )
+                in_step += [
+                    InStepSample(op=m.op, dtype=m.dtype, world_size=record.world_size, size_bytes=m.size_bytes,
+                                 compute_s=t.compute_ms * 1e-3, time_s=t.time_us * 1e-6, source=label)
+                    for t in m.in_step
+                ]  # fmt: skip
             samples += chosen.values()
     if not samples:
         where = ", ".join(str(p) for p in paths)
@@ -179,4 +268,4 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
             f"--comm {where}: no bandwidth measured there (comm records of schema 'accelbench.comm' with ok "
             "measurements: run `accelbench comm --devices N` on the system predicted for)"
         )
-    return BusBandwidth(samples)
+    return BusBandwidth(samples, in_step)

@@ -16,6 +16,13 @@ class Bandwidth:
         """(bytes/s, where the figure comes from), or None when nothing is known for ``op``."""
         raise NotImplementedError
 
+    def lookup_in_step(
+        self, op: str, ranks: int, message_bytes: float, dtype: str, compute_s: float
+    ) -> tuple[float, str] | None:
+        """(seconds a call takes when it follows ``compute_s`` of compute on every rank, where the figure comes
+        from), or None when no such time was measured (``accelbench comm --in-step``)."""
+        return None
+
 
 @dataclass(frozen=True)
 class Hardware:

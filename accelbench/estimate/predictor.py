@@ -51,6 +51,7 @@ from accelbench.estimate.step_time import (
     calibrated_times,
     compute_time,
     exposed_comm,
+    in_step_comm,
     optimizer_time,
     time_comm,
 )
@@ -178,6 +179,7 @@ def predict_step(
         time_model = (
             f"efficiency {efficiency:g} of the peak FLOP/s; AdamW's streamed bytes over the memory bandwidth"
         )
+    comm = in_step_comm(comm, compute_s, optimizer_s, overlap, hardware, notes)
     comm_s = None if any(op.time_s is None for op in comm) else sum(op.time_s or 0.0 for op in comm)
     overlap_text, exposed = exposed_comm(comm, comm_s, compute_s, overlap, hardware, notes)
     step = None

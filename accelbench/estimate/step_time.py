@@ -47,6 +47,53 @@ def time_comm(comm: Sequence[CommOp], hardware: Hardware, notes: Notes) -> list[
     return timed
 
 
+def in_step_comm(
+    comm: Sequence[CommOp],
+    compute_s: float | None,
+    optimizer_s: float | None,
+    overlap: Overlap,
+    hardware: Hardware,
+    notes: Notes,
+) -> list[CommOp]:
+    """Where every collective is exposed (``overlap`` none: a CPU's), each priced as a step meets it, where the
+    comm records measured that (``accelbench comm --in-step``): a call after its share of the step's compute
+    (forward, backward and the optimizer over the step's calls), the wait for the slower rank included, in place
+    of its bus bytes over the bus bandwidth of calls timed alone."""
+    if (
+        not comm
+        or compute_s is None
+        or hardware.bandwidth is None
+        or overlap_mode(overlap, hardware) != "none"
+    ):
+        return list(comm)
+    calls = sum(op.count for op in comm)
+    segment = (compute_s + (optimizer_s or 0.0)) / max(1, calls)
+    timed, priced = [], 0
+    for op in comm:
+        found = hardware.bandwidth.lookup_in_step(op.op, op.ranks, op.message_bytes, op.dtype, segment)
+        if found is not None:
+            per_call, where = found
+            op = op.model_copy(
+                update={"time_s": per_call * op.count, "bandwidth_source": f"in step: {where}"}
+            )
+            priced += 1
+        timed.append(op)
+    if priced:
+        notes.assume(
+            f"collectives priced as a step meets them ({priced} of {len(comm)} kinds, accelbench comm --in-step): "
+            f"each call after {segment * 1e3:.3g} ms of compute (the step's over its {calls} calls), the wait for "
+            "the slower rank included"
+        )
+    return timed
+
+
+def overlap_mode(overlap: Overlap, hardware: Hardware) -> Literal["none", "backward"]:
+    """``auto`` resolved: ``none`` on a CPU (gloo runs on the cores that compute), ``backward`` elsewhere."""
+    if overlap == "auto":
+        return "none" if hardware.device_type == "cpu" else "backward"
+    return overlap
+
+
 def compute_time(
     flops: float, hardware: Hardware, efficiency: float, bubble: float | None, notes: Notes
 ) -> float | None:
@@ -104,9 +151,7 @@ def exposed_comm(
         return "nothing to communicate", 0.0
     if comm_s is None:
         return "unknown (no bandwidth)", None
-    mode = overlap
-    if mode == "auto":
-        mode = "none" if hardware.device_type == "cpu" else "backward"
+    mode = overlap_mode(overlap, hardware)
     if mode == "none" or compute_s is None:
         text = "none: every collective is exposed (t_compute + t_comm, seed 001)"
         if overlap == "auto":
