@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,8 +40,9 @@ SIBLINGS = {
 }
 
 
-class BandwidthSample(BaseModel):
-    """One measured point: a collective in ``dtype`` over ``world_size`` ranks on ``size_bytes`` (the whole array)."""
+class _Sample(BaseModel):
+    """One measured point of a collective in ``dtype`` over ``world_size`` ranks on ``size_bytes`` (the whole
+    array), from ``source``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,22 +50,23 @@ class BandwidthSample(BaseModel):
     dtype: str = "fp32"
     world_size: int = Field(ge=1)
     size_bytes: float = Field(gt=0)
-    busbw_bytes_per_s: float = Field(gt=0)
     source: str = ""
 
 
-class InStepSample(BaseModel):
+class BandwidthSample(_Sample):
+    """The bus bandwidth of a collective timed alone."""
+
+    busbw_bytes_per_s: float = Field(gt=0)
+
+
+class InStepSample(_Sample):
     """One collective's time after ``compute_s`` of compute on every rank (``accelbench comm --in-step``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    op: str
-    dtype: str = "fp32"
-    world_size: int = Field(ge=1)
-    size_bytes: float = Field(gt=0)
     compute_s: float = Field(gt=0)
     time_s: float = Field(ge=0)
-    source: str = ""
+
+
+Sample = TypeVar("Sample", bound=_Sample)
 
 
 class BusBandwidth(Bandwidth):
@@ -81,45 +84,25 @@ class BusBandwidth(Bandwidth):
         another), the nearest number of ranks; at each measured size, log-linear between the two compute lengths
         around ``compute_s`` (the nearest outside them), then log-log between the sizes around the message (the
         nearest outside them)."""
-        for candidate, note in [c for c in self._candidates(op) if not c[1] or c[0] in SIBLINGS.get(op, ())]:
-            mine = [s for s in self.in_step if s.op == candidate]
-            if not mine:
-                continue
-            same_type = [s for s in mine if s.dtype == dtype]
-            kind = dtype if same_type else sorted({s.dtype for s in mine})[0]
-            typed = [s for s in mine if s.dtype == kind]
-            world = min({s.world_size for s in typed}, key=lambda w: (abs(math.log(w / ranks)), -w))
-            sizes = sorted({s.size_bytes for s in typed if s.world_size == world})
-            at_size = {
-                size: _along(
-                    [
-                        (s.compute_s, s.time_s)
-                        for s in typed
-                        if s.world_size == world and s.size_bytes == size
-                    ],
-                    compute_s,
-                    log_value=False,
-                )
-                for size in sizes
-            }
-            seconds = _along(sorted(at_size.items()), message_bytes, log_value=True)
-            lengths = sorted({s.compute_s for s in typed if s.world_size == world})
-            text = (
-                f"{candidate} {kind} over {world} ranks at {_size(message_bytes)} after {compute_s * 1e3:.3g} ms of "
-                f"compute: {seconds * 1e3:.3g} ms a call (measured after {lengths[0] * 1e3:.3g} to "
-                f"{lengths[-1] * 1e3:.3g} ms, at {_size(sizes[0])} to {_size(sizes[-1])})"
+        candidates = [c for c in self._candidates(op) if not c[1] or c[0] in SIBLINGS.get(op, ())]
+        found = _select(self.in_step, candidates, ranks, message_bytes, dtype)
+        if found is None:
+            return None
+        points, head, tail = found
+        sizes = sorted({s.size_bytes for s in points})
+        at_size = {
+            size: _along(
+                [(s.compute_s, s.time_s) for s in points if s.size_bytes == size], compute_s, log_value=False
             )
-            if world != ranks:
-                text += f" (none measured over {ranks} ranks)"
-            if not same_type:
-                text += f" (no {dtype} measured)"
-            if note:
-                text += f" ({note})"
-            origins = sorted({s.source for s in typed if s.source and s.world_size == world})
-            if origins:
-                text += f"; from {', '.join(origins)}"
-            return seconds, text
-        return None
+            for size in sizes
+        }
+        seconds = _along(sorted(at_size.items()), message_bytes, log_value=True)
+        lengths = sorted({s.compute_s for s in points})
+        return seconds, (
+            f"{head} after {compute_s * 1e3:.3g} ms of compute: {seconds * 1e3:.3g} ms a call (measured after "
+            f"{lengths[0] * 1e3:.3g} to {lengths[-1] * 1e3:.3g} ms, at {_size(sizes[0])} to {_size(sizes[-1])})"
+            f"{tail}"
+        )
 
     @classmethod
     def constant(cls, bytes_per_s: float, source: str) -> BusBandwidth:
@@ -127,29 +110,12 @@ class BusBandwidth(Bandwidth):
         return _Constant(bytes_per_s, source)
 
     def lookup(self, op: str, ranks: int, message_bytes: float, dtype: str) -> tuple[float, str] | None:
-        for candidate, note in self._candidates(op):
-            mine = [s for s in self.samples if s.op == candidate]
-            if not mine:
-                continue
-            same_type = [s for s in mine if s.dtype == dtype]
-            typed = same_type or mine
-            kind = typed[0].dtype if same_type else sorted({s.dtype for s in mine})[0]
-            typed = [s for s in typed if s.dtype == kind]
-            world = min({s.world_size for s in typed}, key=lambda w: (abs(math.log(w / ranks)), -w))
-            points = sorted((s for s in typed if s.world_size == world), key=lambda s: s.size_bytes)
-            busbw, where = _interpolate(points, message_bytes)
-            text = f"{candidate} {kind} over {world} ranks at {_size(message_bytes)}: {where}"
-            if world != ranks:
-                text += f" (none measured over {ranks} ranks)"
-            if not same_type:
-                text += f" (no {dtype} measured)"
-            if note:
-                text += f" ({note})"
-            origins = sorted({s.source for s in points if s.source})
-            if origins:
-                text += f"; from {', '.join(origins)}"
-            return busbw, text
-        return None
+        found = _select(self.samples, self._candidates(op), ranks, message_bytes, dtype)
+        if found is None:
+            return None
+        points, head, tail = found
+        busbw, where = _interpolate(points, message_bytes)
+        return busbw, f"{head}: {where}{tail}"
 
     def _candidates(self, op: str) -> list[tuple[str, str]]:
         out = [(op, "")]
@@ -157,6 +123,34 @@ class BusBandwidth(Bandwidth):
         others = sorted({s.op for s in self.samples} - {c for c, _ in out})
         out += [(o, f"no {op} or its siblings measured: {o} stands in") for o in others]
         return out
+
+
+def _select(
+    samples: Sequence[Sample],
+    candidates: Sequence[tuple[str, str]],
+    ranks: int,
+    message_bytes: float,
+    dtype: str,
+) -> tuple[list[Sample], str, str] | None:
+    """The samples a lookup reads: the first candidate collective measured, in ``dtype`` (else the first type
+    measured), over the number of ranks nearest ``ranks``, by size; with the head of the text that says so and its
+    tail (what stands in for what was asked, and the records it comes from). None when no candidate was measured."""
+    for candidate, note in candidates:
+        mine = [s for s in samples if s.op == candidate]
+        if not mine:
+            continue
+        same_type = any(s.dtype == dtype for s in mine)
+        kind = dtype if same_type else sorted({s.dtype for s in mine})[0]
+        typed = [s for s in mine if s.dtype == kind]
+        world = min({s.world_size for s in typed}, key=lambda w: (abs(math.log(w / ranks)), -w))
+        points = sorted((s for s in typed if s.world_size == world), key=lambda s: s.size_bytes)
+        tail = f" (none measured over {ranks} ranks)" if world != ranks else ""
+        tail += "" if same_type else f" (no {dtype} measured)"
+        tail += f" ({note})" if note else ""
+        origins = sorted({s.source for s in points if s.source})
+        tail += f"; from {', '.join(origins)}" if origins else ""
+        return points, f"{candidate} {kind} over {world} ranks at {_size(message_bytes)}", tail
+    return None
 
 
 class _Constant(BusBandwidth):
