@@ -3,7 +3,9 @@ real tiny trainings on the CPU."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import itertools
 import json
 import statistics
@@ -15,6 +17,10 @@ import torch
 from core_support import TINY, accelbench
 
 from accelbench.cli import main, make_config
+from accelbench.compare.parity import CSV_FIELDS as PARITY_FIELDS
+from accelbench.compare.parity import parity
+from accelbench.compare.render import CSV_FIELDS
+from accelbench.compare.summary import RunFigures
 from accelbench.config import RunConfig
 from accelbench.engine.executor import TorchExecutor
 from accelbench.engine.runner import identity_of, run
@@ -879,6 +885,66 @@ def test_the_seeds_test_is_welchs_t_test_with_the_bands_floor() -> None:
         THREE_SEEDS.seeds_test([3.0])
 
 
+def figures_of_run(final: float, first_outside: int | None = None, model: str | None = "m") -> RunFigures:
+    """A run's figures as compare reads them from a record tested against reference ``model``."""
+    return RunFigures(
+        epoch_s=(),
+        samples_per_s=(),
+        tokens_per_s=(),
+        joules_per_sample=(),
+        peak_memory_bytes=None,
+        mfu=None,
+        compile_s=None,
+        warmup_s=None,
+        reference_val_loss=final,
+        outside_reference=0.0 if first_outside is None else 1.0,
+        reference_first_outside=None if first_outside is None else float(first_outside),
+        reference_model=model,
+    )
+
+
+def test_one_parity_verdict_feeds_the_text_csv_and_json() -> None:
+    """Against THREE_SEEDS (final 3.00, 3.02, 3.04): one run within is ✓ with no test over seeds; runs 3.05, 3.07,
+    3.09 pass Welch's test (0.05 < 0.0752); 3.15, 3.17, 3.19 are each within their band (3.02 ± 0.229) but their
+    mean is 0.15 off, beyond the test's 0.0752; a run outside from epoch 2 beside one outside from epoch 1 makes the
+    cell outside from epoch 1, and the test over seeds is then not run. CSV's fields are the verdict's, flat."""
+    references = {"m": THREE_SEEDS}
+    one = parity([figures_of_run(3.05)], references)
+    assert one is not None and (one.verdict, one.seeds, one.text()) == ("within", 0, "✓ ref")
+    passing = parity([figures_of_run(3.05), figures_of_run(3.07), figures_of_run(3.09)], references)
+    assert passing is not None and (passing.verdict, passing.seeds) == ("within", 3)
+    assert passing.seeds_difference == pytest.approx(0.05) and passing.text() == "✓ ref (3 seeds)"
+    off = parity([figures_of_run(3.15), figures_of_run(3.17), figures_of_run(3.19)], references)
+    assert off is not None and off.verdict == "seeds off"
+    assert off.seeds_difference == pytest.approx(0.15) and off.seeds_half_width == pytest.approx(
+        0.0752, abs=1e-4
+    )
+    assert off.text() == "✗ 3 seeds off ref by +0.150 (> 0.075)"
+    outside = parity(
+        [figures_of_run(3.05), figures_of_run(3.6, first_outside=2), figures_of_run(3.7, first_outside=1)],
+        references,
+    )
+    assert outside is not None and outside.text() == "✗ outside ref after epoch 1 (2/3 runs)"
+    assert (outside.seeds, outside.seeds_difference) == (0, None)
+    assert outside.csv_fields() == {
+        "parity": "outside",
+        "parity_reference": "m",
+        "parity_runs": 3,
+        "parity_runs_outside": 2,
+        "parity_first_outside_epoch": 1,
+        "parity_seeds": 0,
+        "parity_seeds_difference": None,
+        "parity_seeds_half_width": None,
+    }
+    assert tuple(outside.csv_fields()) == PARITY_FIELDS and set(PARITY_FIELDS) <= set(CSV_FIELDS)
+    unknown = parity(
+        [figures_of_run(3.05), figures_of_run(3.07)], {}
+    )  # no shipped reference by that name: no test over seeds
+    assert unknown is not None and (unknown.verdict, unknown.seeds) == ("within", 0)
+    untested = RunFigures((), (), (), (), None, None, None, None)
+    assert parity([untested], references) is None
+
+
 @pytest.mark.slow
 def test_two_seeds_of_a_run_are_tested_together_and_a_broken_plan_is_flagged_after_its_first_bad_epoch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -896,6 +962,12 @@ def test_two_seeds_of_a_run_are_tested_together_and_a_broken_plan_is_flagged_aft
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "good"), "--wide"]) == 0
     assert "✓ ref (2 seeds)" in capsys.readouterr().out
+    cell = compare_cell(tmp_path / "good", capsys)
+    assert cell["parity"]["verdict"] == "within" and cell["parity"]["reference"] == "gpt-nano"
+    assert (
+        cell["parity"]["seeds"] == 2
+        and abs(cell["parity"]["seeds_difference"]) < cell["parity"]["seeds_half_width"]
+    )
     backend = get_host().select_backend("cpu")
     monkeypatch.setattr(backend, "executor", ReversedGradients)
     for seed in (7, 8):
@@ -906,6 +978,14 @@ def test_two_seeds_of_a_run_are_tested_together_and_a_broken_plan_is_flagged_aft
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "bad"), "--wide"]) == 0
     assert "✗ outside ref after epoch 1 (2/2 runs)" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "bad"), "--format", "csv"]) == 0
+    (row,) = csv.DictReader(io.StringIO(capsys.readouterr().out))
+    assert (row["parity"], row["parity_runs_outside"], row["parity_first_outside_epoch"]) == (
+        "outside",
+        "2",
+        "1",
+    )
+    assert row["parity_seeds"] == "0" and row["parity_seeds_difference"] == ""
 
 
 @pytest.mark.slow

@@ -26,9 +26,10 @@ from accelbench.compare.keys import (
     match_value,
     parse_axis,
 )
+from accelbench.compare.parity import Parity, parity
 from accelbench.compare.records import RecordSet
 from accelbench.compare.stats import DEFAULT_ALPHA, Spread, mann_whitney_p, noise_verdict
-from accelbench.compare.summary import RunSummary
+from accelbench.compare.summary import RunSummary, shipped_references
 from accelbench.errors import AccelbenchError
 
 
@@ -82,6 +83,11 @@ class Cell:
     @cached_property
     def ok_runs(self) -> list[RunSummary]:
         return [r for r in self.runs if r.ok]
+
+    @cached_property
+    def parity(self) -> Parity | None:
+        """Whether the successful runs train as their recipe's shipped reference does; None where none was tested."""
+        return parity([r.figures for r in self.ok_runs if r.figures is not None], shipped_references())
 
     def spread(self, name: str) -> Spread | None:
         """The figure ``name`` of :class:`~accelbench.compare.summary.RunFigures` over the successful runs: a value

@@ -129,28 +129,10 @@ def fmt_loss(spread: Spread | None) -> str:
 
 
 def fmt_val_loss(cell: Cell) -> str:
-    """The held-out loss, and where the runs have a shipped reference, whether they train as it does: ✗ with the
-    first epoch outside its band when a run's trajectory leaves the reference's bands; with two or more runs (seeds)
-    all within, ✗ too when the test over seeds finds their mean off the reference's (docs/quality.md)."""
+    """The held-out loss, and where the runs have a shipped reference, whether they train as it does
+    (:class:`~accelbench.compare.parity.Parity`, docs/quality.md)."""
     text = fmt_loss(cell.spread("val_loss"))
-    tested = [r.figures for r in cell.ok_runs if r.figures and r.figures.outside_reference is not None]
-    if not tested:
-        return text
-    outside = [f for f in tested if f.outside_reference]
-    if outside:
-        first = int(outside[0].reference_first_outside or 0)
-        return f"{text} ✗ outside ref after epoch {first} ({len(outside)}/{len(tested)} runs)"
-    seeds = [f for f in tested if f.reference_model is not None and f.reference_val_loss is not None]
-    if len(seeds) >= 2:
-        from accelbench.references import load as load_references
-
-        reference = load_references().get(str(seeds[0].reference_model))
-        if reference is not None:
-            difference, half = reference.seeds_test([f.reference_val_loss or 0.0 for f in seeds])
-            if abs(difference) > half:
-                return f"{text} ✗ {len(seeds)} seeds off ref by {difference:+.3f} (> {half:.3f})"
-            return f"{text} ✓ ref ({len(seeds)} seeds)"
-    return f"{text} ✓ ref"
+    return text if cell.parity is None else f"{text} {cell.parity.text()}"
 
 
 def fmt_target(cell: Cell) -> str:

@@ -29,6 +29,7 @@ from accelbench.compare.columns import (
 )
 from accelbench.compare.columns import notes as column_notes
 from accelbench.compare.keys import CORE_AXES, format_value
+from accelbench.compare.parity import CSV_FIELDS as PARITY_FIELDS
 from accelbench.compare.stats import Spread
 from accelbench.errors import AccelbenchError
 
@@ -368,6 +369,7 @@ _CSV_TAIL = (
     "predicted_scaling_speedup",
     "tensor_peak_bytes",
     "predicted_tensor_bytes",
+    *PARITY_FIELDS,
 )
 # the cell's identification, its figures (the registry's, in its order), then its ratios and predictions
 CSV_FIELDS = (*_CSV_HEAD, *(name for c in FIGURES for name in c.csv(c.name, None)), *_CSV_TAIL)
@@ -417,6 +419,7 @@ def cell_fields(comparison: Comparison, group: WorkloadGroup, cell: Cell) -> dic
         "predicted_scaling_speedup": scaling.predicted_speedup if scaling else None,
         "tensor_peak_bytes": _median(cell.tensor_peak_bytes),
         "predicted_tensor_bytes": _median(cell.predicted_tensor_bytes),
+        **(cell.parity.csv_fields() if cell.parity else dict.fromkeys(PARITY_FIELDS)),
     }
 
 
@@ -457,6 +460,7 @@ def cell_json(cell: Cell) -> dict[str, Any]:
         else None,
         "failure": cell.failure(),
         **figure_json(cell),
+        "parity": cell.parity.as_dict() if cell.parity else None,
         "vs_baseline": cell.baseline.as_dict() if cell.baseline else None,
         "vs_baseline_system": cell.vs_system.as_dict() if cell.vs_system else None,
         "scaling": cell.scaling.as_dict() if cell.scaling else None,

@@ -225,7 +225,7 @@ def _quality(view: RecordView) -> dict[str, Any]:
         "target_energy_j": reached.energy_j if reached else None,
     }
     reference = reference_for(
-        view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
+        view.config.model_dump(), dict(view.workload_identity), view.world_size, shipped_references()
     )
     losses = [q.val_loss for q in quality.epochs]
     loss = reference.verdict(losses) if reference else None
@@ -247,7 +247,7 @@ def _reference_model(view: RecordView) -> str | None:
     if view.quality is None:
         return None
     reference = reference_for(
-        view.config.model_dump(), dict(view.workload_identity), view.world_size, _references()
+        view.config.model_dump(), dict(view.workload_identity), view.world_size, shipped_references()
     )
     if reference is None or reference.outside_epochs([q.val_loss for q in view.quality.epochs]) is None:
         return None
@@ -255,7 +255,8 @@ def _reference_model(view: RecordView) -> str | None:
 
 
 @functools.cache
-def _references() -> dict[str, Reference]:
+def shipped_references() -> dict[str, Reference]:
+    """The shipped references by model name, read once."""
     return load_references()
 
 
