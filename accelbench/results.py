@@ -163,6 +163,10 @@ class RunPrediction(_Model):
     optimizer_s: float | None = None
     comm_s: float | None = Field(description="The collectives' time at their bus bandwidth.")
     comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")
+    engine_s: float | None = Field(
+        default=None,
+        description="DeepSpeed ZeRO-3 on a CPU, calibrated: its engine's hooks and bookkeeping, in the step time.",
+    )
     samples_per_s: float | None = Field(description="Samples per second of the whole job.")
     peak_memory_bytes: float | None = Field(
         description="Peak memory of one device: the largest phase of a step (forward, backward, optimizer) plus "
@@ -225,6 +229,7 @@ class RunPrediction(_Model):
             optimizer_s=p.optimizer_s,
             comm_s=p.comm_s,
             comm_exposed_s=p.comm_exposed_s,
+            engine_s=p.engine_s,
             samples_per_s=p.samples_per_s,
             peak_memory_bytes=p.peak_memory_bytes,
             memory_bytes=memory,

@@ -16,6 +16,9 @@ fitted to them:
 - beside it, the calibrated step time (`accelbench estimate --calibrate`): this CPU's calibration at that thread
   count (accelbench.estimate.calibration: matmul rates by shape, elementwise bandwidth, dispatch cost; cached) over
   the step's traced operators (accelbench.estimate.operators);
+- DeepSpeed ZeRO-3's engine cost on this host (accelbench.estimate.engine_cost: its hooks and per-tensor
+  bookkeeping, per module, per parameter tensor and per step, from ZeRO-3 against a plain loop on stacks of tiny
+  layers on one rank; cached), where ZeRO-3 is among the strategies;
 - bus bandwidth: an `accelbench comm` record of all_reduce, all_gather and reduce_scatter over 2 gloo processes
   (measured here unless --comm names one), each also timed as a step meets it (`--in-step 5,20,80`: after that
   many milliseconds of compute on both ranks, the wait for the slower rank included), which is what the
@@ -170,6 +173,7 @@ def predicted(
         "calibrated_backward_s": c.backward_s,
         "calibrated_optimizer_s": c.optimizer_s,
         "calibrated_dispatch_s": c.dispatch_s,
+        "calibrated_engine_s": c.engine_s,
         "calibrated_samples_per_s": c.samples_per_s,
         "step_s": p.step_time_s,
         "compute_s": p.compute_s,
@@ -238,6 +242,7 @@ def main() -> None:
     from accelbench.contract import World, standard_plan
     from accelbench.estimate.calibration import calibrate
     from accelbench.estimate.comm import load_bus_bandwidth
+    from accelbench.estimate.engine_cost import with_zero3_hooks
     from accelbench.estimate.peak import measured_peak
     from accelbench.plugins import get_host
 
@@ -254,9 +259,15 @@ def main() -> None:
         print(f"measured fp32 matmul peak, {threads} thread(s): {peaks[threads].flops_per_s / 1e9:.1f} GFLOP/s, "
               f"copy {peaks[threads].memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s", flush=True)  # fmt: skip
         name = backend.detect()[0].name
-        calibrations[threads] = calibrate(device, backend.synchronize, backend="cpu", device_name=name,
-                                          dtype="float32", refresh=args.refresh_calibration)  # fmt: skip
-        print(f"calibration, {threads} thread(s): {calibrations[threads].describe()}", flush=True)
+        calibration = calibrate(device, backend.synchronize, backend="cpu", device_name=name, dtype="float32",
+                                refresh=args.refresh_calibration)  # fmt: skip
+        print(f"calibration, {threads} thread(s): {calibration.describe()}", flush=True)
+        if "deepspeed-zero3" in args.strategies:  # ZeRO-3's engine cost on this host, cached apart
+            calibration = with_zero3_hooks(calibration, threads, refresh=args.refresh_calibration)
+            hooks = calibration.zero3_hooks
+            print(f"ZeRO-3 engine, {threads} thread(s): {hooks.describe() if hooks else calibration.notes[-1]}",
+                  flush=True)  # fmt: skip
+        calibrations[threads] = calibration
     comm = args.comm or (Path(previous["comm"]) if previous else comm_record(out / "comm"))
     bandwidth = load_bus_bandwidth([comm])
     if args.isolated_comm:

@@ -3,6 +3,7 @@ the CPU, with a tiny grid), and the step time summed from them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -894,3 +895,101 @@ def test_an_accelerators_products_are_queued_until_a_repeat_holds_work(
     calibration_module._time_matmul(CPU, _nothing, "float32", 64, 64, 64, 0.0)
     calibration_module._time_matmul(CPU, _nothing, "float32", 256, 256, 256, 0.0)
     assert calls == [int(2e6 // 64**3), 1]
+
+
+def test_zero3s_engine_cost_is_fitted_per_module_tensor_and_step_none_below_zero() -> None:
+    """Probes whose ZeRO-3 step exceeds the plain one by 2 ms + 0.2 ms a module + 0.1 ms a tensor give those three
+    back; where the tensors' share fits below 0 it is 0 and the others are fitted without it."""
+    from accelbench.estimate.engine_cost import fit
+
+    def probe(modules: int, tensors: int, extra_ms: float) -> dict[str, float]:
+        return {"modules": modules, "tensors": tensors, "plain_s": 0.001, "zero3_s": 0.001 + extra_ms / 1e3}
+
+    exact = [probe(m, t, 2.0 + 0.2 * m + 0.1 * t) for m, t in ((17, 32), (65, 128), (65, 64))]
+    assert fit(exact) == pytest.approx((2e-4, 1e-4, 2e-3))
+    # more tensors made it cheaper: no cost per tensor, and 2 ms + 0.2 ms a module fits the rest exactly
+    cheaper = [
+        probe(17, 32, 2.0 + 0.2 * 17),
+        probe(65, 128, 2.0 + 0.2 * 65 - 0.5),
+        probe(65, 64, 2.0 + 0.2 * 65),
+    ]
+    per_module, per_tensor, per_step = fit(cheaper)
+    assert per_tensor == 0.0 and per_module > 0 and per_step > 0
+
+
+def test_zero3s_engine_cost_is_added_to_a_cpus_zero3_step_and_only_there() -> None:
+    """With this host's ZeRO-3 cost on the calibration, a ZeRO-3 step on a CPU adds 3 ms + 0.2 ms for each of
+    gpt-nano's modules and 0.1 ms for each parameter tensor, per micro-batch; DDP adds nothing; on an accelerator
+    the hooks run on the host while the device works, so nothing is added and the assumptions say so."""
+    from accelbench.estimate.comm import BusBandwidth
+    from accelbench.estimate.engine_cost import Zero3Hooks
+
+    bus = BusBandwidth.constant(1e9, "test")
+    hooks = Zero3Hooks(key="test", per_module_s=2e-4, per_tensor_s=1e-4, per_step_s=3e-3, probes=[],
+                       measured_at="now", seconds=0.0)  # fmt: skip
+    calibration = _grid_calibration().model_copy(update={"zero3_hooks": hooks})
+    host = get_host()
+    steps = {}
+    for strategy, accum in (("deepspeed-zero3", 1), ("deepspeed-zero3", 2), ("ddp", 1)):
+        config, ops = traced("gpt-nano", batch_size=4, grad_accum=accum, strategy=strategy, devices=2)
+        facts = meta_facts(host.workload("gpt"), config)
+        p = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops, bandwidth=bus)
+        steps[(strategy, accum)] = p
+    built = host.workload("gpt").build(host.resolve(RunConfig(model="gpt-nano")))
+    modules, tensors = sum(1 for _ in built.model.modules()), sum(1 for _ in built.model.parameters())
+    assert facts.modules == modules and len(facts.tensor_sizes) == tensors
+    for accum in (1, 2):
+        p = steps[("deepspeed-zero3", accum)]
+        assert p.engine_s == pytest.approx(3e-3 + accum * (2e-4 * modules + 1e-4 * tensors))
+        assert p.compute_s and p.optimizer_s and p.comm_exposed_s
+        assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s + p.comm_exposed_s + p.engine_s)
+        assert any(f"{modules} modules and {tensors} parameter tensors" in a for a in p.assumptions)
+    assert steps[("ddp", 1)].engine_s is None
+    config, ops = traced("gpt-nano", batch_size=4, strategy="deepspeed-zero3", devices=2)
+    gpu = predict(config, facts, device_type="cuda", calibration=calibration, operators=ops.on_device("cuda", "test"),
+                  bandwidth=bus)  # fmt: skip
+    assert gpu.engine_s is None and any(
+        "run on the host while the device works" in a for a in gpu.assumptions
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs DeepSpeed")
+def test_zero3s_engine_cost_is_measured_on_one_rank_of_its_own_cached_and_priced_by_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe runs DeepSpeed ZeRO-3 for real in a process of its own, on one rank even where it is asked from a
+    worker of a 2-process job (RANK 1 of 2 in its environment), and measures a positive cost; it is cached (asked
+    again, the same measurement) and measured anew on refresh. ``estimate --calibrate`` of a ZeRO-3 step prices
+    it, and of a DDP step does not."""
+    from accelbench.estimate.engine_cost import CACHE_FILE as ENGINE_CACHE
+    from accelbench.estimate.engine_cost import zero3_hooks
+
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")):
+        monkeypatch.setenv(name, value)
+    hooks, why = zero3_hooks(1, directory=tmp_path)
+    assert why is None and hooks is not None, why
+    assert hooks.per_module_s + hooks.per_tensor_s > 0 and len(hooks.probes) == 3
+    assert all(p["zero3_s"] > p["plain_s"] > 0 for p in hooks.probes)
+    assert "1 thread(s)" in hooks.key and "deepspeed" in hooks.key
+    again, _ = zero3_hooks(1, directory=tmp_path)
+    assert again == hooks
+    fresh, _ = zero3_hooks(1, directory=tmp_path, refresh=True)
+    assert fresh is not None and fresh.measured_at >= hooks.measured_at and fresh.probes != hooks.probes
+    assert hooks.key in json.loads((tmp_path / ENGINE_CACHE).read_text())
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    from accelbench.cli import main
+
+    for strategy, priced in (("deepspeed-zero3", True), ("ddp", False)):
+        capsys.readouterr()
+        assert main(["estimate", "--model", "gpt-nano", "--strategy", strategy, "--devices", "2", "--threads", "1",
+                     "--bus-bandwidth", "1", "--calibrate", "--json"]) == 0  # fmt: skip
+        prediction = json.loads(capsys.readouterr().out)
+        assert (prediction["engine_s"] is not None) is priced
+        if priced:
+            config, _ = traced("gpt-nano")
+            facts = meta_facts(get_host().workload("gpt"), config)
+            expected = fresh.step_seconds(facts.modules, len(facts.tensor_sizes))
+            assert prediction["engine_s"] == pytest.approx(expected)

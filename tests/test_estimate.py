@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from core_support import accelbench
+from hostile_support import comm_record
 
+from accelbench.comm.records import CommMeasurement, InStepTime, write_comm_record
 from accelbench.config import RunConfig
 from accelbench.contract import BackendInfo, DeviceInfo, PeakFigures, World
 from accelbench.errors import ConfigError
@@ -118,9 +120,14 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
     assert m.buffer_bytes == 500_000_000 * 2 and m.transient_bytes == 0
     assert m.activations_bytes == A_ACTIVATIONS_16
     assert zero3.peak_memory_bytes == 1_002_540_800 - A_STORED + A_LOSS_GRADIENTS
-    # nothing to all-gather; reduce-scatter of bf16 gradients: (p-1)/p x 2 x 110,336
-    assert [(op.op, op.bus_bytes) for op in zero3.comm] == [("reduce_scatter", 110_336.0)]
-    assert zero3.comm_bytes_per_step == 110_336
+    # nothing to all-gather in forward or backward; after the optimizer step the 28 persistent tensors (2 x 12 of
+    # the blocks, wte, wpe, ln_f's 2) gathered whole again one call each, (p-1)/p x 2 x 110,336 in bf16, back to
+    # back; reduce-scatter of bf16 gradients: (p-1)/p x 2 x 110,336
+    assert [(op.op, op.bus_bytes, op.count, op.burst) for op in zero3.comm] == [
+        ("all_gather", 110_336.0, 28, True),
+        ("reduce_scatter", 110_336.0, 1, False),
+    ]
+    assert zero3.comm_bytes_per_step == 2 * 110_336
 
 
 def test_b_ddp_against_zero3_on_a_cpu() -> None:
@@ -150,9 +157,15 @@ def test_b_ddp_against_zero3_on_a_cpu() -> None:
         == held + m.transient_bytes + B_ACTIVATIONS + B_LOSS_GRADIENTS
         == 14_782_976 + 2_000_000_000
     )
-    # all-gather of the partitioned parameters twice, (p-1)/p x 2 x 4 x 720,896; reduce-scatter (p-1)/p x 4 x n
-    ops = {op.op: op.bus_bytes for op in zero3.comm}
-    assert ops == {"all_gather": 2_883_584.0, "reduce_scatter": 1_662_464.0}
+    # all-gather of the partitioned parameters twice, (p-1)/p x 2 x 4 x 720,896, one call per tensor in forward
+    # and in backward; the 13 persistent tensors' after the optimizer step, (p-1)/p x 4 x 110,336; reduce-scatter
+    # (p-1)/p x 4 x n
+    ops = [(op.op, op.bus_bytes, op.count) for op in zero3.comm]
+    assert ops == [
+        ("all_gather", 2_883_584.0, 6),
+        ("all_gather", 220_672.0, 13),
+        ("reduce_scatter", 1_662_464.0, 1),
+    ]
 
 
 def test_one_device_frees_its_gradients_so_its_peak_holds_the_larger_of_them_and_the_activations() -> None:
@@ -308,10 +321,6 @@ def test_impossible_configurations_are_refused() -> None:
 
 
 def test_comm_records_give_bandwidth_by_size(tmp_path: Path) -> None:
-    from hostile_support import comm_record
-
-    from accelbench.comm.records import CommMeasurement, write_comm_record
-
     def measured(op: str, size: int, busbw: float, variant: str = "out-of-place") -> CommMeasurement:
         return CommMeasurement(op=op, dtype="fp32", variant=variant, size_bytes=size, count=size // 4,  # type: ignore[arg-type]
                                requested_bytes=size, status="ok", iters=1, busbw_gbps=busbw, bus_factor=1.0)  # fmt: skip
@@ -338,6 +347,15 @@ def test_comm_records_give_bandwidth_by_size(tmp_path: Path) -> None:
         load_bus_bandwidth([tmp_path / "other.json"])
 
 
+def all_gather_timed(size: int, in_step: list[tuple[float, float]]) -> CommMeasurement:
+    """An all_gather of ``size`` bytes over 2 ranks at 0.5 GB/s bus bandwidth alone, and ``in_step`` (compute ms,
+    call us) as a step met it."""
+    return CommMeasurement(op="all_gather", dtype="fp32", variant="out-of-place", size_bytes=size, count=size // 4,
+                           requested_bytes=size, status="ok", iters=1, time_us=size / 1e3, busbw_gbps=0.5,
+                           bus_factor=0.5,
+                           in_step=[InStepTime(compute_ms=ms, time_us=us) for ms, us in in_step])  # fmt: skip
+
+
 def test_collectives_are_priced_as_a_step_meets_them_where_comm_timed_them_so(tmp_path: Path) -> None:
     """On this CPU an FSDP all_gather of 704 KiB took 0.4-0.9 ms timed alone and 2-3.5 ms after 5-70 ms of compute
     on both ranks (the wait for the slower rank and the collective's own cold start), and the prediction, pricing
@@ -346,18 +364,11 @@ def test_collectives_are_priced_as_a_step_meets_them_where_comm_timed_them_so(tm
     time, read at the step's compute over its calls (log-linear in compute, log-log in size, clamped), in place of
     bus bytes over bus bandwidth. Where collectives overlap the backward pass (an accelerator's default) the
     bandwidth model stands, and so does a record without in-step times."""
-    from hostile_support import comm_record
-
-    from accelbench.comm.records import CommMeasurement, InStepTime, write_comm_record
-
-    def measured(size: int, in_step: list[tuple[float, float]]) -> CommMeasurement:
-        return CommMeasurement(op="all_gather", dtype="fp32", variant="out-of-place", size_bytes=size, count=size // 4,
-                               requested_bytes=size, status="ok", iters=1, time_us=size / 1e3, busbw_gbps=0.5,
-                               bus_factor=0.5,
-                               in_step=[InStepTime(compute_ms=ms, time_us=us) for ms, us in in_step])  # fmt: skip
-
     record = comm_record(
-        [measured(2**20, [(5.0, 1000.0), (20.0, 3000.0)]), measured(2**22, [(5.0, 2000.0), (20.0, 6000.0)])],
+        [
+            all_gather_timed(2**20, [(5.0, 1000.0), (20.0, 3000.0)]),
+            all_gather_timed(2**22, [(5.0, 2000.0), (20.0, 6000.0)]),
+        ],
         [2**20, 2**22],
     )
     write_comm_record(record, tmp_path)
@@ -394,6 +405,41 @@ def test_collectives_are_priced_as_a_step_meets_them_where_comm_timed_them_so(tm
             [op.bus_bytes / 1e9 * 2 for op in prediction.comm]  # bus bytes over 0.5 GB/s
         )
         assert not any("--in-step" in a for a in prediction.assumptions)
+
+
+def test_zero3s_gather_of_its_persistent_tensors_is_one_burst_of_which_only_the_first_call_meets_the_step(
+    tmp_path: Path,
+) -> None:
+    """After its optimizer step DeepSpeed ZeRO-3 gathers each persistent tensor (under 1e5 elements) whole again,
+    one all_gather a tensor, launched back to back (stage3's _post_step): B's 13 such calls. Priced as a step
+    meets collectives (a CPU's), the burst's first call waits for the step (its in-step time, read at the step's
+    compute over its calls, the burst counted as one) and the other 12 cost what calls timed alone cost (bus
+    bytes over 0.5 GB/s here); the model had no such collective until 2026-11-28, when gpt-micro's ZeRO-3 step,
+    whose every tensor is persistent, came 25% short."""
+    record = comm_record(
+        [
+            all_gather_timed(2**14, [(5.0, 1000.0), (20.0, 3000.0)]),
+            all_gather_timed(2**22, [(5.0, 2000.0), (20.0, 6000.0)]),
+        ],
+        [2**14, 2**22],
+    )
+    write_comm_record(record, tmp_path)
+    bandwidth = load_bus_bandwidth([tmp_path])
+    config, facts = facts_for(**B, strategy="deepspeed-zero3")
+    peak = PeakFigures(flops_per_s=1e12, memory_bandwidth_bytes_per_s=1e11, source="test")
+    p = predict(config, facts, device_type="cpu", peak=peak, bandwidth=bandwidth, efficiency=0.5)
+    gathers, burst, scatter = p.comm
+    assert (burst.count, burst.burst, gathers.burst, scatter.burst) == (13, True, False, False)
+    assert p.compute_s is not None and p.optimizer_s is not None
+    segment = (p.compute_s + p.optimizer_s) / (gathers.count + 1 + scatter.count)
+    first = bandwidth.lookup_in_step("all_gather", 2, burst.message_bytes, "fp32", segment)
+    assert first is not None
+    alone = burst.bus_bytes / 0.5e9  # the 13 calls' bus bytes over the bus bandwidth of calls timed alone
+    assert burst.time_s == pytest.approx(first[0] + alone * 12 / 13)
+    assert "the 12 calls after it back to back, as timed alone" in (burst.bandwidth_source or "")
+    for op in (gathers, scatter):  # each of their calls meets the step
+        per_call = bandwidth.lookup_in_step(op.op, 2, op.message_bytes, "fp32", segment)
+        assert per_call is not None and op.time_s == pytest.approx(op.count * per_call[0])
 
 
 @pytest.mark.needs_plugin("accelbench-cuda", why="--device H100 comes from its peak table")

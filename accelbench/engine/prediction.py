@@ -111,6 +111,14 @@ def cached_calibration(
         calibration = calibration_of_device()
     if calibration is None:
         return None if config.no_calibration else f"no calibration of this device for {dtype} was measured"
+    if config.strategy == "deepspeed-zero3" and run.device.type == "cpu":
+        import torch
+
+        from accelbench.estimate.engine_cost import with_zero3_hooks
+
+        calibration = with_zero3_hooks(
+            calibration, torch.get_num_threads(), cached_only=config.no_calibration
+        )
     kernels = run.backend.optimizer_implementation(run.device)
     try:
         return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)

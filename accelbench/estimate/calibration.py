@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from accelbench.estimate.engine_cost import Zero3Hooks
 from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key
 from accelbench.hostinfo import cpu_usage
 from accelbench.results import _write_atomically
@@ -188,6 +189,9 @@ class Calibration(_Model):
     contended: bool = False
     waiting: float | None = None
     notes: list[str] = []
+    # DeepSpeed ZeRO-3's engine cost on this host, attached where a ZeRO-3 step is priced (cached apart, in
+    # accelbench.estimate.engine_cost; never stored with the calibration)
+    zero3_hooks: Zero3Hooks | None = None
 
     def matmul_rate(self, m: int, n: int, k: int, dtype: str | None = None) -> float:
         """FLOP/s of an (m x k) @ (k x n) in ``dtype`` (the calibration's matmul dtype when it has no grid for
@@ -390,7 +394,7 @@ def calibrate(
             "measured on a busy host again: each rate is the higher of this and the cached measurement"
         )
     entries, _ = _load(folder / CACHE_FILE)  # re-read: another process may have stored meanwhile
-    entries[key] = calibration.model_dump()
+    entries[key] = calibration.model_dump(exclude={"zero3_hooks"})
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return calibration.model_copy(update={"notes": notes})
 

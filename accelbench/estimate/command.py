@@ -334,10 +334,13 @@ def resolve_target(
     refresh_peak: bool = False,
     calibrate: bool = False,
     refresh_calibration: bool = False,
+    zero3: bool = False,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
     backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
-    with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures).
+    with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures),
+    carrying this host's DeepSpeed ZeRO-3 engine cost (:mod:`accelbench.estimate.engine_cost`) where the config's
+    strategy is ZeRO-3, or ``zero3``, and the device a CPU.
     Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
@@ -401,6 +404,10 @@ def resolve_target(
     calibration = None
     if calibrate:
         calibration = _calibration(backend, config, kind, device, plan, refresh_calibration)
+        if kind.type == "cpu" and (zero3 or config.strategy == "deepspeed-zero3"):
+            from accelbench.estimate.engine_cost import with_zero3_hooks
+
+            calibration = with_zero3_hooks(calibration, torch.get_num_threads(), refresh=refresh_calibration)
         notes += calibration.notes
     kernels = backend.optimizer_implementation(kind)
     return Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
@@ -722,6 +729,8 @@ def show(prediction: Prediction, out: Console) -> None:
     timing.add_row("communication", _seconds(p.comm_s))
     timing.add_row("communication exposed", _seconds(p.comm_exposed_s))
     timing.add_row("overlap", p.overlap)
+    if p.engine_s is not None:
+        timing.add_row("ZeRO-3 engine (hooks, gradient partitioning)", _seconds(p.engine_s))
     timing.add_row("[bold]step time[/]", f"[bold]{_seconds(p.step_time_s)}[/]")
     rate = f"{p.samples_per_s:.4g}" if p.samples_per_s else "unknown"
     timing.add_row("samples/s (whole job)", rate)

@@ -30,7 +30,8 @@ class WorkloadFacts:
 
     ``parameters`` is the workload's count (the GPT's leaves out its vocabulary padding rows, which compute nothing
     useful); ``stored_parameters`` what is allocated and communicated (padding included, tied tensors once).
-    ``tensor_sizes`` are the elements of each parameter tensor (ZeRO-3 keeps small ones whole), ``unit_parameters``
+    ``tensor_sizes`` are the elements of each parameter tensor (ZeRO-3 keeps small ones whole), ``modules`` how many
+    modules the model has (containers too: ZeRO-3 hooks each), ``unit_parameters``
     those of each repeated unit (FSDP's wrapping units) and ``outer_parameters`` those outside them (the root unit).
     ``matmul_parameters`` are the parameters of linear layers, which autocast copies to 16 bits.
     ``transformer`` is set for transformers (layers, width, heads, context, vocabulary as the logits are wide).
@@ -47,6 +48,7 @@ class WorkloadFacts:
     flops_formula: str
     tokens_per_sample: int
     tensor_sizes: tuple[int, ...] = ()
+    modules: int = 0  # the model's modules, containers included: DeepSpeed ZeRO-3 hooks every one
     unit_parameters: tuple[int, ...] = ()
     outer_parameters: int = 0
     matmul_parameters: int = 0
@@ -115,6 +117,7 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
         flops_formula=job.flops_formula,
         tokens_per_sample=job.tokens_per_sample,
         tensor_sizes=tuple(sizes.values()),
+        modules=sum(1 for _ in model.modules()),
         unit_parameters=tuple(units),
         outer_parameters=stored - sum(units),
         matmul_parameters=sum(sizes[i] for i in linear if i in sizes),

@@ -50,6 +50,7 @@ from accelbench.estimate.step_time import (
     Overlap,
     calibrated_times,
     compute_time,
+    engine_time,
     exposed_comm,
     in_step_comm,
     optimizer_time,
@@ -182,9 +183,10 @@ def predict_step(
     comm = in_step_comm(comm, compute_s, optimizer_s, overlap, hardware, notes)
     comm_s = None if any(op.time_s is None for op in comm) else sum(op.time_s or 0.0 for op in comm)
     overlap_text, exposed = exposed_comm(comm, comm_s, compute_s, overlap, hardware, notes)
+    engine_s = engine_time(facts, layout, hardware, calibration, notes) if phases is not None else None
     step = None
     if compute_s is not None and exposed is not None:
-        step = compute_s + (optimizer_s or 0.0) + exposed
+        step = compute_s + (optimizer_s or 0.0) + exposed + (engine_s or 0.0)
     replicas = layout.devices // model_ranks(layout)
     samples = layout.batch_size * replicas / step if step else None
     device_text = hardware.name + (f" ({hardware.peak_source})" if hardware.peak_source else "")
@@ -222,6 +224,7 @@ def predict_step(
         forward_s=phases.forward_s if phases else None,
         backward_s=phases.backward_s if phases else None,
         dispatch_s=phases.dispatch_s if phases else None,
+        engine_s=engine_s,
         comm_s=comm_s,
         comm_exposed_s=exposed,
         overlap=overlap_text,

@@ -124,6 +124,12 @@ class CommOp(_Model):
     )
     bus_bytes: float = Field(description="Bus bytes this device moves per step over all `count` operations.")
     overlappable: bool = Field(description="Whether the engine can overlap it with compute.")
+    burst: bool = Field(
+        default=False,
+        description="Whether its `count` calls are issued back to back, no compute between them (ZeRO-3's gather "
+        "of its persistent tensors): where collectives are priced as a step meets them, only the first meets the "
+        "step, the others follow it as calls timed alone do.",
+    )
     busbw_bytes_per_s: float | None = None
     time_s: float | None = None
     bandwidth_source: str | None = None
@@ -241,10 +247,18 @@ class Prediction(_Model):
     dispatch_s: float | None = Field(
         default=None, description="Calibrated: of the step's compute, the operators' dispatch cost."
     )
+    engine_s: float | None = Field(
+        default=None,
+        description="Calibrated, DeepSpeed ZeRO-3 on a CPU: its engine's cost beyond the traced operators and the "
+        "collectives (module hooks, per-tensor gradient partitioning), from this host's measured cost per module, "
+        "per parameter tensor and per step.",
+    )
     comm_s: float | None = Field(description="Sum of the collectives' times at their bus bandwidth.")
     comm_exposed_s: float | None = Field(description="The part of comm_s not hidden behind compute.")
     overlap: str = Field(description="What is assumed to overlap with compute, in words.")
-    step_time_s: float | None = Field(description="compute + optimizer + exposed communication.")
+    step_time_s: float | None = Field(
+        description="compute + optimizer + exposed communication (+ ZeRO-3's engine, where priced)."
+    )
     samples_per_s: float | None = Field(description="Samples per second of the whole job.")
     bubble: float | None = None
     assumptions: list[str] = Field(default_factory=list)

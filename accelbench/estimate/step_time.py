@@ -57,8 +57,9 @@ def in_step_comm(
 ) -> list[CommOp]:
     """Where every collective is exposed (``overlap`` none: a CPU's), each priced as a step meets it, where the
     comm records measured that (``accelbench comm --in-step``): a call after its share of the step's compute
-    (forward, backward and the optimizer over the step's calls), the wait for the slower rank included, in place
-    of its bus bytes over the bus bandwidth of calls timed alone."""
+    (forward, backward and the optimizer over the step's calls, a burst counted as one call), the wait for the
+    slower rank included, in place of its bus bytes over the bus bandwidth of calls timed alone. Of a burst (calls
+    issued back to back) only the first call meets the step; the others cost what they cost timed alone."""
     if (
         not comm
         or compute_s is None
@@ -66,16 +67,18 @@ def in_step_comm(
         or overlap_mode(overlap, hardware) != "none"
     ):
         return list(comm)
-    calls = sum(op.count for op in comm)
+    calls = sum(1 if op.burst else op.count for op in comm)
     segment = (compute_s + (optimizer_s or 0.0)) / max(1, calls)
     timed, priced = [], 0
     for op in comm:
         found = hardware.bandwidth.lookup_in_step(op.op, op.ranks, op.message_bytes, op.dtype, segment)
         if found is not None:
             per_call, where = found
-            op = op.model_copy(
-                update={"time_s": per_call * op.count, "bandwidth_source": f"in step: {where}"}
-            )
+            seconds = per_call * op.count
+            if op.burst and op.time_s is not None and op.count > 1:
+                seconds = per_call + op.time_s * (op.count - 1) / op.count
+                where += f"; the {op.count - 1} calls after it back to back, as timed alone"
+            op = op.model_copy(update={"time_s": seconds, "bandwidth_source": f"in step: {where}"})
             priced += 1
         timed.append(op)
     if priced:
@@ -85,6 +88,39 @@ def in_step_comm(
             "the slower rank included"
         )
     return timed
+
+
+def engine_time(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    hardware: Hardware,
+    calibration: Calibration | None,
+    notes: Notes,
+) -> float | None:
+    """DeepSpeed ZeRO-3's engine cost beyond the traced operators and the collectives, where the calibration
+    carries this host's (:mod:`accelbench.estimate.engine_cost`): per module and per parameter tensor for each
+    micro-batch (its hooks and gradient partitioning run in each forward and backward), per step once. Priced on a
+    CPU, whose cores run the hooks and the operators in turn; an accelerator's host runs them while the device
+    works, so there they are left out, and said so."""
+    hooks = calibration.zero3_hooks if calibration is not None else None
+    if layout.strategy != "deepspeed-zero3" or hooks is None:
+        return None
+    if hardware.device_type != "cpu":
+        notes.assume(
+            "DeepSpeed ZeRO-3's hooks run on the host while the device works: their cost (measured on this host's "
+            "CPU) is not added to the step"
+        )
+        return None
+    tensors = len(facts.tensor_sizes)
+    per_micro_batch = facts.modules * hooks.per_module_s + tensors * hooks.per_tensor_s
+    seconds = per_micro_batch * layout.grad_accum + hooks.per_step_s
+    notes.assume(
+        f"DeepSpeed ZeRO-3's engine (module hooks, per-tensor gradient partitioning): {seconds * 1e3:.3g} ms a "
+        f"step for {facts.modules} modules and {tensors} parameter tensors"
+        + (f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else "")
+        + f", at {hooks.describe()}"
+    )
+    return seconds
 
 
 def overlap_mode(overlap: Overlap, hardware: Hardware) -> Literal["none", "backward"]:

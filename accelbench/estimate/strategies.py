@@ -244,7 +244,8 @@ def zero_breakdown(
     gradient partition buffer allocated once, which its optimizer step flattens into an fp32 copy.
     Communication: ZeRO-1 and ZeRO-2 all-reduce the gradient bucket (``use_multi_rank_bucket_allreduce``, on by
     default, makes the per-partition reduces one all-reduce) and all-gather the updated partitions; ZeRO-3
-    all-gathers the parameters in forward and again in backward and reduce-scatters the gradients (seed 001).
+    all-gathers the parameters in forward and again in backward and reduce-scatters the gradients (seed 001), and
+    after its optimizer step gathers the persistent tensors whole again, one call a tensor (``_post_step``).
     Only ZeRO-3 overlaps them (``overlap_comm`` defaults to on for stage 3 alone).
     """
     stack = stack or Stack()
@@ -353,6 +354,25 @@ def zero_breakdown(
                     message_bytes=partitioned * state.param / len(tensors),
                     bus_bytes=allgather_bytes(2 * partitioned * state.param, p),
                     overlappable=True,
+                )
+            )
+        kept_whole = [t for t in facts.tensor_sizes if t < DS_PERSISTENCE_THRESHOLD]
+        if persistent and kept_whole:
+            # the optimizer step updates each persistent tensor's partition only: ZeRO-3's _post_step gathers
+            # them whole again, one all-gather per tensor (_allgather_params_coalesced launches one a tensor)
+            comm.append(
+                CommOp(
+                    op="all_gather",
+                    dtype=element_type(state.param, layout.precision),
+                    axis="dp",
+                    ranks=p,
+                    what="persistent parameters (tensors under 1e5 elements), one call each after the optimizer "
+                    "step",
+                    count=len(kept_whole),
+                    message_bytes=persistent * state.param / len(kept_whole),
+                    bus_bytes=allgather_bytes(persistent * state.param, p),
+                    overlappable=False,
+                    burst=True,
                 )
             )
         comm.append(

@@ -172,9 +172,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
         base["backend"] = args.backend
     base_config = host.resolve(make_config(base))  # an unknown model is refused here, naming the sizes
     bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
-    targets, precision_notes = _targets(host, base, args)
     deepspeed = importlib.util.find_spec("deepspeed") is not None
     strategies = args.strategies or default_strategies(world, deepspeed)
+    targets, precision_notes = _targets(host, base, args, zero3="deepspeed-zero3" in strategies)
     facts = meta_facts(workload, base_config)
     found = enumerate_candidates(
         base=base,
@@ -262,10 +262,11 @@ def _default_batches() -> list[int]:
 
 
 def _targets(
-    host: Any, base: dict[str, Any], args: argparse.Namespace
+    host: Any, base: dict[str, Any], args: argparse.Namespace, zero3: bool = False
 ) -> tuple[dict[str, Target], list[str]]:
     """The device for each precision considered (its peak differs by precision): those given with --precisions,
-    each of which the device must run; else every precision it runs, the others noted."""
+    each of which the device must run; else every precision it runs, the others noted. ``zero3``: ZeRO-3 is among
+    the strategies, whose engine cost a calibration then carries."""
     from accelbench.cli import make_config
     from accelbench.estimate.command import resolve_target
 
@@ -282,7 +283,7 @@ def _targets(
             targets[name] = resolve_target(host, config, device_name=args.estimate_device,
                                            measure_peak=args.measure_peak, refresh_peak=args.refresh_peak,
                                            calibrate=args.calibrate,
-                                           refresh_calibration=args.refresh_calibration)  # fmt: skip
+                                           refresh_calibration=args.refresh_calibration, zero3=zero3)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:

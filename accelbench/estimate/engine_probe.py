@@ -1,0 +1,113 @@
+"""Times DeepSpeed ZeRO-3's engine against a plain training loop on stacks of tiny linear layers, in a process of its
+own (a one-rank gloo group on this host, the CPU at the given intra-op threads), and prints the seconds per step as
+JSON: ``{"deepspeed": version, "torch": version, "threads": n, "probes": [{"layers", "bias", "modules",
+"tensors", "plain_s", "zero3_s"}, ...]}``. :mod:`accelbench.estimate.engine_cost` runs it and fits the cost.
+
+    python -m accelbench.estimate.engine_probe THREADS
+
+The layers are 8 wide and the batch 4 samples, so their work is nil and what ZeRO-3 adds per step is its own:
+the hooks it puts on every module (fetch and release around each module's forward and backward), its gradient
+partitioning per tensor, its flat optimizer partition and its clipping. On one rank nothing is gathered or
+reduced; the collectives are priced apart, from ``accelbench comm`` records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+# stacks of (layers, bias): modules and tensors vary apart, so a cost per module and one per tensor can be told apart
+PROBES = ((16, True), (64, True), (64, False))
+WIDTH, BATCH = 8, 4
+WARMUP, STEPS, REPEATS = 3, 10, 3
+
+
+def _median_step(step: Any) -> float:
+    """The median over repeats of the mean seconds per step of ``STEPS`` steps, after ``WARMUP``."""
+    for _ in range(WARMUP):
+        step()
+    times = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            step()
+        times.append((time.perf_counter() - started) / STEPS)
+    return statistics.median(times)
+
+
+def main(threads: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    import torch.distributed as dist
+
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ[name] = value
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    import deepspeed
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    config = {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "zero_optimization": {"stage": 3},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    inputs = torch.randn(BATCH, WIDTH)
+
+    def stack(layers: int, bias: bool) -> torch.nn.Module:
+        return torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=bias) for _ in range(layers)))
+
+    # every plain loop first: ZeRO-3's engine replaces torch.nn.functional.linear with its own autograd function
+    # for the rest of the process
+    probes: list[dict[str, Any]] = []
+    for layers, bias in PROBES:
+        model = stack(layers, bias)
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+
+        def plain(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            model(inputs).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        probes.append(
+            {
+                "layers": layers,
+                "bias": bias,
+                "modules": sum(1 for _ in model.modules()),
+                "tensors": sum(1 for _ in model.parameters()),
+                "plain_s": _median_step(plain),
+            }
+        )
+    for probe in probes:
+        model = stack(probe["layers"], probe["bias"])
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), foreach=True), config=config
+        )
+
+        def zero3(engine: Any = engine) -> None:
+            engine.backward(engine(inputs).square().mean())
+            engine.step()
+
+        probe["zero3_s"] = _median_step(zero3)
+        engine.destroy()
+    dist.destroy_process_group()
+    return {
+        "deepspeed": deepspeed.__version__,
+        "torch": torch.__version__,
+        "threads": threads,
+        "probes": probes,
+    }
+
+
+if __name__ == "__main__":
+    result = main(int(sys.argv[1]))
+    sys.stdout.flush()
+    print(json.dumps(result))
