@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from accelbench.estimate.peak import cache_dir
+from accelbench.estimate.peak import cache_dir, read_cache
 from accelbench.results import _write_atomically
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def zero3_hooks(
         return None, "DeepSpeed is not installed here: ZeRO-3's engine cost is not priced"
     key = zero3_key(threads)
     path = (directory or cache_dir()) / CACHE_FILE
-    entries = _load(path)
+    entries = read_cache(path)
     if key in entries and not refresh:
         try:
             return Zero3Hooks.model_validate(entries[key]), None
@@ -149,9 +149,8 @@ def zero3_hooks(
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=time.perf_counter() - started,
     )
-    entries = _load(path)  # re-read: another process may have stored meanwhile
+    entries = read_cache(path)  # re-read: another process may have stored meanwhile
     entries[key] = hooks.model_dump()
-    path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), path)
     return hooks, None
 
@@ -164,12 +163,3 @@ def with_zero3_hooks(
     hooks, why = zero3_hooks(threads, cached_only=cached_only, refresh=refresh)
     notes = [*calibration.notes, *([why] if why else [])]
     return calibration.model_copy(update={"zero3_hooks": hooks, "notes": notes})
-
-
-def _load(path: Path) -> dict[str, Any]:
-    """The cache's entries; an unreadable file counts as empty (what it held is measured again)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}

@@ -180,7 +180,7 @@ def measured_peak(
         device_name = detected[index].name if index < len(detected) else backend.name
     key = cache_key(backend.name, device_name, precision, device.type)
     folder = directory or cache_dir()
-    cached = _load(folder).get(key)
+    cached = read_cache(folder / CACHE_FILE).get(key)
     if cached is not None and not refresh:
         try:
             figures = _figures(cached)
@@ -217,7 +217,7 @@ def measured_peak(
         "contended": contended,
         "waiting": waiting,
     }
-    entries = _load(folder)
+    entries = read_cache(folder / CACHE_FILE)
     entries[key] = entry
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return _figures(entry)
@@ -241,10 +241,11 @@ def _figures(entry: dict[str, Any]) -> PeakFigures:
     )
 
 
-def _load(folder: Path) -> dict[str, Any]:
-    """The cache's entries; an unreadable or foreign file counts as empty (it is rewritten on the next store)."""
+def read_cache(path: Path) -> dict[str, Any]:
+    """A cache file's entries (the measured peak's, ZeRO-3's engine cost); an unreadable or foreign file counts as
+    empty (it is rewritten on the next store)."""
     try:
-        raw = json.loads((folder / CACHE_FILE).read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return raw if isinstance(raw, dict) else {}
