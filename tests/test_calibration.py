@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,13 @@ def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path)
     if not first.contended:  # a calibration measured on a busy host is measured again: nothing to reload
         again = tiny_calibration(tmp_path)
         assert again == first
+    before = datetime.now(timezone.utc)
     refreshed = tiny_calibration(tmp_path, refresh=True)
     assert refreshed.matmul != first.matmul  # timed again
+    # measured by this command already (plan resolves one precision after another): not measured again
+    assert tiny_calibration(tmp_path, refresh=True, fresh_since=before).matmul == refreshed.matmul
+    later = datetime.fromisoformat(refreshed.measured_at) + timedelta(seconds=1)
+    assert tiny_calibration(tmp_path, refresh=True, fresh_since=later).matmul != refreshed.matmul
     assert calibrate(CPU, _nothing, backend="cpu", device_name="another", dtype="float32", directory=tmp_path,
                      cached_only=True) is None  # fmt: skip
 
@@ -951,6 +957,27 @@ def test_zero3s_engine_cost_is_added_to_a_cpus_zero3_step_and_only_there() -> No
     assert gpu.engine_s is None and any(
         "run on the host while the device works" in a for a in gpu.assumptions
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs DeepSpeed")
+def test_a_refreshed_zero3_engine_cost_is_measured_once_a_command(tmp_path: Path) -> None:
+    """``--refresh-calibration`` measures the engine cost again unless this command measured it already (at or
+    after ``fresh_since``): plan asks once for each precision, and the probe's cost is the same for all of them."""
+    from accelbench.estimate.engine_cost import CACHE_FILE as ENGINE_CACHE
+    from accelbench.estimate.engine_cost import Zero3Hooks, zero3_hooks, zero3_key
+
+    measured = datetime(2026, 11, 29, 10, 0, 0, tzinfo=timezone.utc)
+    stored = Zero3Hooks(key=zero3_key(1), per_module_s=2e-4, per_tensor_s=1e-4, per_step_s=3e-3, probes=[],
+                        measured_at=measured.isoformat(timespec="seconds"), seconds=1.0)  # fmt: skip
+    (tmp_path / ENGINE_CACHE).write_text(json.dumps({stored.key: stored.model_dump()}))
+    since = measured - timedelta(seconds=30)  # the command started before it measured
+    assert zero3_hooks(1, refresh=True, fresh_since=since, directory=tmp_path) == (stored, None)
+    # measured before this command started: refreshed (cached_only, so the probe is not run here to show it)
+    hooks, why = zero3_hooks(1, refresh=True, cached_only=True, fresh_since=measured + timedelta(seconds=1),
+                             directory=tmp_path)  # fmt: skip
+    assert hooks is None and why is not None and "never measured" in why
+    hooks, why = zero3_hooks(1, refresh=True, cached_only=True, directory=tmp_path)
+    assert hooks is None  # no command start given: --refresh-calibration measures again
 
 
 @pytest.mark.slow

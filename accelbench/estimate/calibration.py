@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from accelbench.estimate.engine_cost import Zero3Hooks
-from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key
+from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key, measured_since
 from accelbench.hostinfo import cpu_usage
 from accelbench.results import _write_atomically
 
@@ -298,6 +298,7 @@ def calibrate(
     device_name: str,
     dtype: str,
     refresh: bool = False,
+    fresh_since: datetime | None = None,
     cached_only: bool = False,
     directory: Path | None = None,
     matmul_sizes: Sequence[int] | None = None,
@@ -305,7 +306,9 @@ def calibrate(
 ) -> Calibration | None:
     """This device's calibration for matmuls in ``dtype``: from the cache where this host, device, torch, dtype
     (and CPU thread count) were calibrated before, unless ``refresh`` or the cached one was contended; else
-    measured now (seconds) on ``device`` (already bound by the backend), stored and returned. With
+    measured now (seconds) on ``device`` (already bound by the backend), stored and returned. With ``refresh``, a
+    cached calibration measured at or after ``fresh_since`` counts as measured now (``plan --refresh-calibration``
+    resolves one precision after another, several of them in one dtype: each is measured once a command). With
     ``cached_only`` nothing is measured: None when nothing usable is cached. An unreadable cache entry is
     measured again, and the calibration's notes say so. ``matmul_sizes`` and ``stream_bytes`` replace the grids
     (:data:`MATMUL_SIZES`, :data:`STREAM_BYTES`)."""
@@ -319,12 +322,13 @@ def calibrate(
     entries, problem = _load(folder / CACHE_FILE)
     notes = [problem] if problem else []
     earlier: Calibration | None = None
-    if key in entries and not refresh:
+    fresh = measured_since(entries.get(key), fresh_since)  # by this command: not measured again
+    if key in entries and (not refresh or fresh):
         try:
             cached = Calibration.model_validate(entries[key])
             if cached.version != CALIBRATION_VERSION:
                 raise ValueError(f"version {cached.version}, this accelbench writes {CALIBRATION_VERSION}")
-            if cached_only or not cached.contended:
+            if cached_only or fresh or not cached.contended:
                 return cached
             earlier = cached
             notes.append("the cached calibration was measured on a busy host: measured again")

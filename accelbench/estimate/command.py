@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -335,12 +336,14 @@ def resolve_target(
     calibrate: bool = False,
     refresh_calibration: bool = False,
     zero3: bool = False,
+    fresh_since: datetime | None = None,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
     backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
     with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures),
     carrying this host's DeepSpeed ZeRO-3 engine cost (:mod:`accelbench.estimate.engine_cost`) where the config's
-    strategy is ZeRO-3, or ``zero3``, and the device a CPU.
+    strategy is ZeRO-3, or ``zero3``, and the device a CPU. With ``refresh_calibration``, what was measured at or
+    after ``fresh_since`` (the command's start: plan resolves one precision after another) is not measured again.
     Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
@@ -403,18 +406,26 @@ def resolve_target(
             )
     calibration = None
     if calibrate:
-        calibration = _calibration(backend, config, kind, device, plan, refresh_calibration)
+        calibration = _calibration(backend, config, kind, device, plan, refresh_calibration, fresh_since)
         if kind.type == "cpu" and (zero3 or config.strategy == "deepspeed-zero3"):
             from accelbench.estimate.engine_cost import with_zero3_hooks
 
-            calibration = with_zero3_hooks(calibration, torch.get_num_threads(), refresh=refresh_calibration)
+            calibration = with_zero3_hooks(
+                calibration, torch.get_num_threads(), refresh=refresh_calibration, fresh_since=fresh_since
+            )
         notes += calibration.notes
     kernels = backend.optimizer_implementation(kind)
     return Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
 
 
 def _calibration(
-    backend: Backend, config: RunConfig, kind: Any, device: DeviceInfo, plan: PrecisionPlan, refresh: bool
+    backend: Backend,
+    config: RunConfig,
+    kind: Any,
+    device: DeviceInfo,
+    plan: PrecisionPlan,
+    refresh: bool,
+    fresh_since: datetime | None = None,
 ) -> Calibration:
     """This device's calibration for the plan's matmul dtype: cached, or measured now on the bound device."""
     from accelbench.contract import World
@@ -431,6 +442,7 @@ def _calibration(
             device_name=device.name,
             dtype=dtype,
             refresh=refresh,
+            fresh_since=fresh_since,
         )
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         raise ConfigError(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from accelbench.estimate.peak import cache_dir, read_cache
+from accelbench.estimate.peak import cache_dir, measured_since, read_cache
 from accelbench.results import _write_atomically
 
 if TYPE_CHECKING:
@@ -92,16 +92,23 @@ def zero3_key(threads: int) -> str:
 
 
 def zero3_hooks(
-    threads: int, *, refresh: bool = False, cached_only: bool = False, directory: Path | None = None
+    threads: int,
+    *,
+    refresh: bool = False,
+    fresh_since: datetime | None = None,
+    cached_only: bool = False,
+    directory: Path | None = None,
 ) -> tuple[Zero3Hooks | None, str | None]:
     """This host's ZeRO-3 cost at ``threads`` intra-op threads and a note: cached, else measured now (seconds, in
-    a subprocess) unless ``cached_only``. (None, why) without DeepSpeed, or where the probe fails."""
+    a subprocess) unless ``cached_only``; ``refresh`` measures again, unless the cached cost was measured at or
+    after ``fresh_since`` (the same command measured it already). (None, why) without DeepSpeed, or where the probe
+    fails."""
     if importlib.util.find_spec("deepspeed") is None:
         return None, "DeepSpeed is not installed here: ZeRO-3's engine cost is not priced"
     key = zero3_key(threads)
     path = (directory or cache_dir()) / CACHE_FILE
     entries = read_cache(path)
-    if key in entries and not refresh:
+    if key in entries and (not refresh or measured_since(entries[key], fresh_since)):
         try:
             return Zero3Hooks.model_validate(entries[key]), None
         except ValidationError:
@@ -156,10 +163,15 @@ def zero3_hooks(
 
 
 def with_zero3_hooks(
-    calibration: Calibration, threads: int, *, cached_only: bool = False, refresh: bool = False
+    calibration: Calibration,
+    threads: int,
+    *,
+    cached_only: bool = False,
+    refresh: bool = False,
+    fresh_since: datetime | None = None,
 ) -> Calibration:
     """``calibration`` with this host's ZeRO-3 engine cost attached (:func:`zero3_hooks`), or with a note saying
     why it has none."""
-    hooks, why = zero3_hooks(threads, cached_only=cached_only, refresh=refresh)
+    hooks, why = zero3_hooks(threads, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
     notes = [*calibration.notes, *([why] if why else [])]
     return calibration.model_copy(update={"zero3_hooks": hooks, "notes": notes})

@@ -241,6 +241,20 @@ def _figures(entry: dict[str, Any]) -> PeakFigures:
     )
 
 
+def measured_since(entry: object, moment: datetime | None) -> bool:
+    """Whether a cache entry (a calibration's or an engine cost's, as stored) was measured at or after ``moment``
+    (to the second, as ``measured_at`` is written). False where ``moment`` is None or the entry has no time."""
+    if moment is None or not isinstance(entry, dict) or not isinstance(entry.get("measured_at"), str):
+        return False
+    try:
+        at = datetime.fromisoformat(entry["measured_at"])
+    except ValueError:
+        return False
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return at >= moment.astimezone(timezone.utc).replace(microsecond=0)
+
+
 def read_cache(path: Path) -> dict[str, Any]:
     """A cache file's entries (the measured peak's, ZeRO-3's engine cost); an unreadable or foreign file counts as
     empty (it is rewritten on the next store)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from collections import Counter
+from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -277,13 +278,16 @@ def _targets(
 
         find_device(host, args.estimate_device)
     first: ConfigError | None = None
+    # --refresh-calibration: what this command measured for one precision is not measured again for the next
+    started = datetime.now(timezone.utc)
     for name in args.precisions or PRECISIONS:
         config = make_config({**base, "precision": name})
         try:
             targets[name] = resolve_target(host, config, device_name=args.estimate_device,
                                            measure_peak=args.measure_peak, refresh_peak=args.refresh_peak,
                                            calibrate=args.calibrate,
-                                           refresh_calibration=args.refresh_calibration, zero3=zero3)  # fmt: skip
+                                           refresh_calibration=args.refresh_calibration, zero3=zero3,
+                                           fresh_since=started)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:
