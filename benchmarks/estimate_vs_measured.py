@@ -22,7 +22,8 @@ fitted to them:
 - bus bandwidth: an `accelbench comm` record of all_reduce, all_gather and reduce_scatter over 2 gloo processes
   (measured here unless --comm names one), each also timed as a step meets it (`--in-step 5,20,80`: after that
   many milliseconds of compute on both ranks, the wait for the slower rank included), which is what the
-  prediction prices the collectives at (`--isolated-comm`: at their bus bandwidth alone, as before);
+  prediction prices the collectives at (`--isolated-comm`: at their bus bandwidth alone, as before), and in bursts
+  of 16 calls back to back (`--burst 16`), which ZeRO-3's gathers of its persistent tensors are priced at;
 - the runtime a process holds besides its model (the CPU backend's peak is the resident-set high-water mark, which
   counts the interpreter, torch and its libraries): measured in a fresh interpreter that imports what a worker
   imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
@@ -96,6 +97,7 @@ def runtime_bytes(threads: int, strategy: str) -> int:
 
 
 IN_STEP_MS = "5,20,80"  # the compute before each in-step call: FSDP's units to DDP's whole step, on this CPU
+BURST = 16  # calls a burst is timed in (--burst): ZeRO-3 gathers its persistent tensors one call each, back to back
 
 
 def comm_record(folder: Path) -> Path:
@@ -104,8 +106,8 @@ def comm_record(folder: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "accelbench.cli", "comm", "--devices", "2", "--ops",
          "all_reduce,all_gather,reduce_scatter", "--dtypes", "fp32", "--min-bytes", "16KiB", "--max-bytes",
-         "64MiB", "--factor", "4", "--iters", "10", "--warmup", "3", "--in-step", IN_STEP_MS, "--output-dir",
-         str(folder), "-q"],
+         "64MiB", "--factor", "4", "--iters", "10", "--warmup", "3", "--in-step", IN_STEP_MS, "--burst",
+         str(BURST), "--output-dir", str(folder), "-q"],
         check=True,
     )  # fmt: skip
     return folder

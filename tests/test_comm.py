@@ -94,7 +94,7 @@ def test_in_step_times_over_two_processes_price_the_estimates_collectives(tmp_pa
     folder = tmp_path / "comm"
     proc = accelbench(
         "comm", "--devices", "2", "--ops", "all_gather,all_reduce", "--sizes", "64KiB,1MiB", "--warmup", "1",
-        "--iters", "3", "--in-step", "10,2", "--output-dir", str(folder),
+        "--iters", "3", "--in-step", "10,2", "--burst", "4", "--output-dir", str(folder),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     (path,) = folder.glob("*.json")
@@ -107,7 +107,10 @@ def test_in_step_times_over_two_processes_price_the_estimates_collectives(tmp_pa
         ratios = [t.compute_ms / asked for t, asked in zip(m.in_step, (2.0, 10.0), strict=True)]
         assert all(0.3 < r < 3 for r in ratios), ratios  # sized from a probe; a shared host moves it
         assert all(t.time_us > 0 and t.alone_us == m.time_us for t in m.in_step)
+        assert m.burst_us is not None and m.burst_us > 0
+    assert record.config.burst == 4
     assert proc.stdout.count("in step (") == 4  # a line under each of the 4 rows (2 collectives x 2 sizes)
+    assert proc.stdout.count("a call in a burst") == 4
 
     estimate = accelbench(
         "estimate", "--model", "gpt-nano", "--strategy", "fsdp", "--devices", "2", "--peak-tflops", "0.05",
@@ -120,6 +123,18 @@ def test_in_step_times_over_two_processes_price_the_estimates_collectives(tmp_pa
     for op in prediction["comm"]:
         assert op["bandwidth_source"].startswith("in step: all_gather fp32 over 2 ranks"), op
     assert any("accelbench comm --in-step" in a for a in prediction["assumptions"])
+    # ZeRO-3's gathers of its persistent tensors (every gpt-nano tensor): one burst, its calls after the first
+    # priced at a call's time in the bursts measured
+    estimate = accelbench(
+        "estimate", "--model", "gpt-nano", "--strategy", "deepspeed-zero3", "--devices", "2", "--peak-tflops",
+        "0.05", "--comm", str(folder), "--json",
+    )  # fmt: skip
+    assert estimate.returncode == 0, estimate.stderr
+    prediction = json.loads(estimate.stdout)
+    prediction = prediction.get("prediction", prediction)
+    (burst,) = [op for op in prediction["comm"] if op["burst"]]
+    assert "back to back, as a burst: all_gather fp32 over 2 ranks" in burst["bandwidth_source"], burst
+    assert "measured in bursts of 4 calls" in burst["bandwidth_source"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -284,6 +299,39 @@ def test_in_step_times_follow_the_asked_compute_and_only_the_strategies_variant(
     assert "ms of compute" in out.getvalue()
 
 
+def test_a_burst_is_timed_for_the_strategies_variant_and_validates(one_rank: Job) -> None:
+    """--burst N times each size's call within N calls issued back to back (async) and then waited for, as ZeRO-3
+    gathers its persistent tensors, for the variant strategies run only, every collective (sendrecv's pair of
+    calls too); the record validates, says so in its config, and the table prints the time under each row."""
+    import io
+
+    from hostile_support import comm_record
+
+    from accelbench.comm.options import implausible
+    from accelbench.comm.render import TablePrinter
+
+    one_rank.config = one_rank.config.model_copy(update={"burst": 4, "ops": list(COLLECTIVES)})
+    rows: list[Any] = []
+    measurements, outcome = measure(one_rank, rows.append)
+    assert outcome.status == "ok" and sum(m.burst_us is not None for m in measurements) >= 5
+    for m in measurements:
+        if m.variant != COLLECTIVES[m.op].variants[0] or m.status != "ok":  # sendrecv needs a peer
+            assert m.burst_us is None
+        else:
+            assert m.burst_us is not None and m.burst_us > 0, m
+    out = io.StringIO()
+    printer = TablePrinter(out, 1)
+    for row in rows:
+        printer.row(row)
+    assert out.getvalue().count("a call in a burst") == sum(any(m.burst_us for m in row) for row in rows)
+    timed = next(m for m in measurements if m.burst_us is not None)
+    assert implausible(comm_record([timed], [timed.size_bytes])) is None
+    bad = timed.model_copy(update={"burst_us": float("inf")})
+    assert "burst_us: inf is not a measured figure" in (
+        implausible(comm_record([bad], [bad.size_bytes])) or ""
+    )
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Input: sizes, names, jobs that cannot measure; records that are not records
 # --------------------------------------------------------------------------------------------------------------
@@ -320,6 +368,8 @@ def test_message_sizes_as_people_write_them() -> None:
         (["--in-step", "5,fast"], "'fast' is not a number of milliseconds; give e.g. --in-step 5,20,80"),
         (["--in-step", "nan"], "nan ms is not a step's compute"),
         (["--in-step", "1,2,3,4,5,6,7,8,9"], "at most 8 compute lengths"),
+        (["--burst", "1"], "--burst 1: a burst is 2 to 1024 calls issued back to back"),
+        (["--burst", "-3"], "--burst -3: a burst is 2 to 1024 calls"),
         (["--devices", "1"], "collective bandwidth needs 2 or more ranks, and this job has 1"),
         pytest.param(
             ["--backend", "ipu"],

@@ -442,6 +442,47 @@ def test_zero3s_gather_of_its_persistent_tensors_is_one_burst_of_which_only_the_
         assert per_call is not None and op.time_s == pytest.approx(op.count * per_call[0])
 
 
+def test_a_burst_is_priced_at_a_calls_time_in_a_burst_where_comm_timed_bursts(tmp_path: Path) -> None:
+    """gloo on this CPU ran 52 gathers of gpt-micro's persistent tensors, issued back to back, at 0.85 ms a call
+    where one call alone took 0.4 ms: the burst was priced at half its time. Where the comm record timed bursts
+    (`accelbench comm --burst N`), a burst's calls are priced at a call's time in a burst (log-log in size; here
+    3 and 12 ms a call at 16 KiB and 4 MiB, where calls alone take 16 and 4194 us); where collectives are priced
+    as a step meets them, the first still meets the step and the rest cost that. The other collectives, not
+    bursts, stand as they were; a record without bursts prices calls timed alone, as before."""
+    measurements = [
+        all_gather_timed(2**14, [(5.0, 1000.0), (20.0, 3000.0)]).model_copy(update={"burst_us": 3000.0}),
+        all_gather_timed(2**22, [(5.0, 2000.0), (20.0, 6000.0)]).model_copy(update={"burst_us": 12000.0}),
+    ]
+    record = comm_record(measurements, [2**14, 2**22])
+    record.config.burst = 16
+    write_comm_record(record, tmp_path)
+    bandwidth = load_bus_bandwidth([tmp_path])
+    per_call = bandwidth.lookup_burst("all_gather", 2, 2**18, "fp32")
+    assert per_call is not None and per_call[0] == pytest.approx(6e-3)  # halfway, log-log: sqrt(3 x 12) ms
+    assert "in a burst (measured in bursts of 16 calls, at 16 KiB to 4 MiB)" in per_call[1]
+    config, facts = facts_for(**B, strategy="deepspeed-zero3")
+    peak = PeakFigures(flops_per_s=1e12, memory_bandwidth_bytes_per_s=1e11, source="test")
+    gpu = predict(config, facts, device_type="cuda", peak=peak, bandwidth=bandwidth, efficiency=0.5)
+    gathers, burst, scatter = gpu.comm
+    expected = bandwidth.lookup_burst("all_gather", 2, burst.message_bytes, "fp32")
+    assert expected is not None and burst.time_s == pytest.approx(13 * expected[0])
+    assert gathers.time_s == pytest.approx(gathers.bus_bytes / 0.5e9)  # not a burst: its bus bandwidth
+    cpu = predict(config, facts, device_type="cpu", peak=peak, bandwidth=bandwidth, efficiency=0.5)
+    gathers, burst, scatter = cpu.comm
+    assert cpu.compute_s is not None and cpu.optimizer_s is not None
+    segment = (cpu.compute_s + cpu.optimizer_s) / (gathers.count + 1 + scatter.count)
+    first = bandwidth.lookup_in_step("all_gather", 2, burst.message_bytes, "fp32", segment)
+    assert first is not None and burst.time_s == pytest.approx(first[0] + 12 * expected[0])
+    assert "the 12 calls after it back to back, as a burst" in (burst.bandwidth_source or "")
+    record.config.burst = 0  # a record without bursts: the calls after the first as timed alone
+    for m in record.measurements:
+        m.burst_us = None
+    write_comm_record(record, tmp_path / "alone")
+    alone = predict(config, facts, device_type="cpu", peak=peak, bandwidth=load_bus_bandwidth([tmp_path / "alone"]),
+                    efficiency=0.5).comm[1]  # fmt: skip
+    assert alone.time_s == pytest.approx(first[0] + alone.bus_bytes / 0.5e9 * 12 / 13)
+
+
 @pytest.mark.needs_plugin("accelbench-cuda", why="--device H100 comes from its peak table")
 @pytest.mark.slow
 def test_command_line_json_validates_and_refusals_exit_2(tmp_path: Path) -> None:

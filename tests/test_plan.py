@@ -375,8 +375,11 @@ def test_points_an_interrupted_measurement_did_not_reach_are_not_run_not_failed(
     from accelbench.sweep.runner import SweepSummary
 
     monkeypatch.setattr(runner, "run_sweep", lambda *args, **kwargs: SweepSummary(interrupted=True))
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    # --measure-peak: a CPU has no peak table, and a peak cached by an earlier test is not this test's to count on
     argv = ["plan", "--model", "gpt-nano", "--devices", "1", "--backend", "cpu", "--precisions", "fp32",
-            "--batch-sizes", "4,8", "--measure", "2", "--out", str(tmp_path / "plan"), "--json"]  # fmt: skip
+            "--batch-sizes", "4,8", "--measure-peak", "--measure", "2", "--out", str(tmp_path / "plan"),
+            "--json"]  # fmt: skip
     assert main(argv) == 130
     measured = json.loads(capsys.readouterr().out)["comparison"]["runs"]
     assert [run["status"] for run in measured] == ["not run (interrupted)"] * 2

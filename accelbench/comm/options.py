@@ -28,6 +28,7 @@ MAX_MESSAGE_BYTES = 2**50
 # microseconds each) take seconds per size, and every timed iteration's time is kept (a float per iteration, on the
 # device and in Python): more is a typo, and 10^12 would never finish and fill memory.
 MAX_ITERS = 100_000
+MAX_BURST = 1024  # --burst: calls issued back to back, at most
 MAX_IN_STEP_MS = 10_000.0  # --in-step: a step's compute between two of its collectives, at most (10 s)
 MAX_IN_STEP_LENGTHS = 8
 HOST_MEMORY_SHARE = 0.8  # of the host's available memory the ranks on it may take for buffers (CPU devices)
@@ -231,6 +232,15 @@ def add_comm_arguments(parser: argparse.ArgumentParser) -> None:
         "what `accelbench estimate` prices a step's collectives at when the record has it",
     )
     what.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time each collective as N calls issued back to back without waiting, then waited for (a "
+        "call's share of it), as DeepSpeed ZeRO-3 gathers its persistent tensors after a step; what `accelbench "
+        f"estimate` prices such a burst at (2 to {MAX_BURST}; default: not measured)",
+    )
+    what.add_argument(
         "--no-check",
         dest="check",
         action="store_false",
@@ -300,6 +310,12 @@ def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
             f"--warmup {args.warmup}: 0 or more untimed iterations per size, and at most {MAX_ITERS}"
         )
     in_step = parse_in_step(args.in_step) if getattr(args, "in_step", None) is not None else []
+    burst = getattr(args, "burst", 0)
+    if burst and not 2 <= burst <= MAX_BURST:
+        raise ConfigError(
+            f"--burst {burst}: a burst is 2 to {MAX_BURST} calls issued back to back (ZeRO-3 issues one a "
+            "persistent tensor, e.g. --burst 16); leave it out to time calls alone only"
+        )
     launch = launch_config(args, args.backend)
     config = CommConfig(
         backend=args.backend,
@@ -314,6 +330,7 @@ def comm_config(args: argparse.Namespace) -> tuple[CommConfig, RunConfig]:
         collective_timeout=launch.collective_timeout,
         threads=launch.threads,
         in_step_ms=in_step,
+        burst=burst,
         output_dir=args.output_dir,
     )
     return config, launch
@@ -353,6 +370,8 @@ def implausible(record: CommRecord) -> str | None:
             value = getattr(m, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 return f"measurements.{i}.{name}: {value} is not a measured figure (finite, 0 or more)"
+        if m.burst_us is not None and not (math.isfinite(m.burst_us) and m.burst_us >= 0):
+            return f"measurements.{i}.burst_us: {m.burst_us} is not a measured figure (finite, 0 or more)"
         for j, timed in enumerate(m.in_step):
             if not (math.isfinite(timed.time_us) and math.isfinite(timed.compute_ms)):
                 return f"measurements.{i}.in_step.{j}: {timed.time_us} us after {timed.compute_ms} ms is not measured"
@@ -369,7 +388,9 @@ def describe(config: CommConfig) -> str:
         if config.in_step_ms
         else ""
     )
+    burst = f"; each also timed in bursts of {config.burst} calls back to back" if config.burst else ""
     return (
         f"{len(sizes)} size(s) {span}, {', '.join(config.dtypes)}, {config.warmup} warm-up + {config.iters} timed "
-        f"iterations, results {'checked' if config.check else 'not checked'}; busbw = algbw x ({factors}){in_step}"
+        f"iterations, results {'checked' if config.check else 'not checked'}; busbw = algbw x ({factors})"
+        f"{in_step}{burst}"
     )

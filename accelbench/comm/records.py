@@ -65,6 +65,12 @@ class CommConfig(_Model):
         description="--in-step: the compute, in milliseconds, each rank runs before every in-step call (empty: "
         "the collectives were timed alone only).",
     )
+    burst: int = Field(
+        default=0,
+        ge=0,
+        description="--burst: calls issued back to back, none waited for until the last is issued (0: not "
+        "measured); burst_us is a call's share of such a burst.",
+    )
     output_dir: Path = Path("results")
 
 
@@ -123,6 +129,12 @@ class CommMeasurement(_Model):
         default_factory=list,
         description="The call's time after each --in-step compute (the out-of-place variant where both are "
         "offered; none where it was not asked for or the call failed).",
+    )
+    burst_us: float | None = Field(
+        default=None,
+        description="--burst N: a call's time within N calls issued back to back (async) and then waited for, as "
+        "ZeRO-3 gathers its persistent tensors: the median over iterations of the slowest rank's burst, over N "
+        "(the variant in_step is timed for; None where not asked for).",
     )
 
 

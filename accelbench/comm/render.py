@@ -59,10 +59,14 @@ def row_line(row: Sequence[CommMeasurement]) -> str:
 
 
 def in_step_line(m: CommMeasurement) -> str:
-    """Under a size's row, its call's time in a step (``--in-step``) beside its time alone."""
-    timed = ", ".join(f"{t.time_us:.2f} us after {t.compute_ms:.3g} ms of compute" for t in m.in_step)
+    """Under a size's row, its call's time in a step (``--in-step``) and in a burst (``--burst``) beside its time
+    alone."""
+    parts = [f"{t.time_us:.2f} us after {t.compute_ms:.3g} ms of compute" for t in m.in_step]
+    if m.burst_us is not None:
+        parts.append(f"{m.burst_us:.2f} us a call in a burst")
     alone = f" (alone {m.time_us:.2f} us)" if m.time_us is not None else ""
-    return f"#{'':>12} in step ({m.variant}): {timed}{alone}"
+    label = "in step" if m.in_step else "in a burst"
+    return f"#{'':>12} {label} ({m.variant}): {', '.join(parts)}{alone}"
 
 
 def peak_line(measurements: Sequence[CommMeasurement]) -> str:
@@ -102,7 +106,7 @@ class TablePrinter:
                 print(line, file=self.out)
         self._seen += row
         print(row_line(row), file=self.out, flush=True)
-        timed = next((m for m in row if m.in_step), None)
+        timed = next((m for m in row if m.in_step or m.burst_us is not None), None)
         if timed is not None:
             print(in_step_line(timed), file=self.out, flush=True)
 

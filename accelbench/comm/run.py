@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -104,6 +104,7 @@ class Case:
             buf = empty(count)
             self.fills, self.checked = [(buf, reduced_value(r))], (buf, summed_value(n))
             self._call: Callable[[], object] = lambda: dist.all_reduce(buf)
+            self._start: Callable[[], Any] = lambda: dist.all_reduce(buf, async_op=True)
         elif name == "all_gather":
             out = empty(count)
             inp = out.narrow(0, r * c, c) if in_place else empty(c)
@@ -113,6 +114,7 @@ class Case:
                 getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             )  # renamed in 2.13
             self._call = lambda: gather(out, inp)
+            self._start = lambda: gather(out, inp, async_op=True)
         elif name == "reduce_scatter":
             inp = empty(count)
             out = inp.narrow(0, r * c, c) if in_place else empty(c)
@@ -121,35 +123,42 @@ class Case:
                 getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
             )  # renamed in 2.13
             self._call = lambda: scatter(out, inp)
+            self._start = lambda: scatter(out, inp, async_op=True)
         elif name == "broadcast":
             buf = empty(count)
             self.fills, self.checked = [(buf, copied_value(r))], (buf, copied_value(0))
             self._call = lambda: dist.broadcast(buf, src=0)
+            self._start = lambda: dist.broadcast(buf, src=0, async_op=True)
         elif name == "reduce":
             buf = empty(count)
             self.fills = [(buf, reduced_value(r))]
             self.checked = (buf, summed_value(n)) if r == 0 else None  # other ranks' buffers are scratch
             self._call = lambda: dist.reduce(buf, dst=0)
+            self._start = lambda: dist.reduce(buf, dst=0, async_op=True)
         elif name == "all_to_all":
             inp, out = empty(count), empty(count)
             self.fills = [(inp, copied_value(r))]
             # part s of the output is rank s's part r: its values at positions r*c + j of rank s's input
             self.checked = (out, lambda k: ((r * c + k % c + 7 * (k // c)) % 241).to(torch.float32))
             self._call = lambda: dist.all_to_all_single(out, inp)
+            self._start = lambda: dist.all_to_all_single(out, inp, async_op=True)
         elif name == "sendrecv":
             send, recv = empty(count), empty(count)
             self.fills, self.checked = [(send, copied_value(r))], (recv, copied_value((r - 1) % n))
             ops: list[dist.P2POp] = []  # made at the first call: a P2POp needs the process group
 
-            def sendrecv() -> None:
+            def started() -> list[Any]:
                 if not ops:
                     ops.extend(
                         [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
                     )
-                for work in dist.batch_isend_irecv(ops):
+                return list(dist.batch_isend_irecv(ops))
+
+            def sendrecv() -> None:
+                for work in started():
                     work.wait()
 
-            self._call = sendrecv
+            self._call, self._start = sendrecv, started
         else:  # pragma: no cover - COLLECTIVES names every case above
             raise AssertionError(name)
 
@@ -162,6 +171,14 @@ class Case:
     def run(self) -> None:
         """One call of the collective (its work queued on the device; the caller synchronises)."""
         self._call()
+
+    def run_burst(self, calls: int) -> None:
+        """``calls`` calls issued back to back without waiting (``async_op``), then each waited for: a burst, as
+        ZeRO-3 gathers its persistent tensors one call each (the caller synchronises)."""
+        started = [self._start() for _ in range(calls)]
+        for work in started:
+            for each in work if isinstance(work, list) else [work]:
+                each.wait()
 
     def fill(self) -> None:
         """Write the known values into the input buffers."""
@@ -319,13 +336,12 @@ class Measuring:
             dist.all_reduce(counted)
             wrong = int(counted.item())
         median = statistics.median(per_iteration)
-        in_step = (
-            [self.in_step(case, ms, median) for ms in config.in_step_ms]
-            if variant == collective.variants[0]  # out-of-place where both are offered: what strategies run
-            else []
-        )
+        strategies_variant = variant == collective.variants[0]  # out-of-place where both are offered
+        in_step = [self.in_step(case, ms, median) for ms in config.in_step_ms] if strategies_variant else []
+        burst = self.burst(case, config.burst) if strategies_variant and config.burst else None
         figures = {"iters": config.iters, "time_us": median, "time_us_min": min(per_iteration),
-                   "time_us_max": max(per_iteration), "wrong": wrong, "in_step": in_step}  # fmt: skip
+                   "time_us_max": max(per_iteration), "wrong": wrong, "in_step": in_step,
+                   "burst_us": burst}  # fmt: skip
         if wrong:  # a wrong result is a failure, not a bandwidth
             return CommMeasurement(**base, **figures, status="wrong",  # type: ignore[arg-type]
                                    message=f"{wrong} element(s) differ from the expected result")  # fmt: skip
@@ -361,6 +377,23 @@ class Measuring:
         dist.all_reduce(sums)
         computed, called = (float(v) / (iters * self.ranks) for v in sums.tolist())
         return InStepTime(compute_ms=computed * 1e3, time_us=called * 1e6, alone_us=alone_us)
+
+    def burst(self, case: Case, calls: int) -> float:
+        """A call's time within a burst of ``calls`` (``--burst``): each iteration's burst, aligned, timed on
+        every rank, its slowest rank's time; the median over iterations, over ``calls``."""
+        case.run_burst(calls)  # warm-up: a burst queues more work at once than single calls do
+        self.synchronize()
+        times = []
+        for _ in range(self.job.config.iters):
+            self.align()
+            self.synchronize()
+            start = time.perf_counter()
+            case.run_burst(calls)
+            self.synchronize()
+            times.append((time.perf_counter() - start) * 1e6 / calls)
+        slowest = torch.tensor(times, dtype=torch.float64, device=self.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        return float(statistics.median(slowest.tolist()))
 
     def agree_seconds(self, seconds: float) -> float:
         """The largest of the ranks' ``seconds``: what every rank sizes its compute by."""

@@ -66,6 +66,13 @@ class InStepSample(_Sample):
     time_s: float = Field(ge=0)
 
 
+class BurstSample(_Sample):
+    """A call's time within a burst of ``calls`` issued back to back (``accelbench comm --burst``)."""
+
+    calls: int = Field(ge=2)
+    time_s: float = Field(ge=0)
+
+
 Sample = TypeVar("Sample", bound=_Sample)
 
 
@@ -73,9 +80,15 @@ class BusBandwidth(Bandwidth):
     """Measured bus bandwidth (see the module's docstring for how a lookup is answered), and the collectives'
     times in a step where they were measured so."""
 
-    def __init__(self, samples: Iterable[BandwidthSample], in_step: Iterable[InStepSample] = ()) -> None:
+    def __init__(
+        self,
+        samples: Iterable[BandwidthSample],
+        in_step: Iterable[InStepSample] = (),
+        bursts: Iterable[BurstSample] = (),
+    ) -> None:
         self.samples = list(samples)
         self.in_step = list(in_step)
+        self.bursts = list(bursts)
 
     def lookup_in_step(
         self, op: str, ranks: int, message_bytes: float, dtype: str, compute_s: float
@@ -102,6 +115,22 @@ class BusBandwidth(Bandwidth):
             f"{head} after {compute_s * 1e3:.3g} ms of compute: {seconds * 1e3:.3g} ms a call (measured after "
             f"{lengths[0] * 1e3:.3g} to {lengths[-1] * 1e3:.3g} ms, at {_size(sizes[0])} to {_size(sizes[-1])})"
             f"{tail}"
+        )
+
+    def lookup_burst(self, op: str, ranks: int, message_bytes: float, dtype: str) -> tuple[float, str] | None:
+        """A call's time within a burst: the same collective (else a sibling) and type (else another), the nearest
+        number of ranks, log-log between the sizes around the message (the nearest outside them)."""
+        candidates = [c for c in self._candidates(op) if not c[1] or c[0] in SIBLINGS.get(op, ())]
+        found = _select(self.bursts, candidates, ranks, message_bytes, dtype)
+        if found is None:
+            return None
+        points, head, tail = found
+        seconds = _along([(s.size_bytes, s.time_s) for s in points], message_bytes, log_value=True)
+        calls = sorted({s.calls for s in points})
+        return seconds, (
+            f"{head}: {seconds * 1e3:.3g} ms a call in a burst (measured in bursts of "
+            f"{', '.join(str(c) for c in calls)} calls, at {_size(points[0].size_bytes)} to "
+            f"{_size(points[-1].size_bytes)}){tail}"
         )
 
     @classmethod
@@ -220,6 +249,7 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
     (whose ``*.json`` comm records are read; other records there are skipped)."""
     samples: list[BandwidthSample] = []
     in_step: list[InStepSample] = []
+    bursts: list[BurstSample] = []
     for path in paths:
         path = Path(path)
         try:
@@ -255,6 +285,11 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
                                  compute_s=t.compute_ms * 1e-3, time_s=t.time_us * 1e-6, source=label)
                     for t in m.in_step
                 ]  # fmt: skip
+                if m.burst_us is not None and record.config.burst >= 2:
+                    bursts.append(
+                        BurstSample(op=m.op, dtype=m.dtype, world_size=record.world_size, size_bytes=m.size_bytes,
+                                    calls=record.config.burst, time_s=m.burst_us * 1e-6, source=label)
+                    )  # fmt: skip
             samples += chosen.values()
     if not samples:
         where = ", ".join(str(p) for p in paths)
@@ -262,4 +297,4 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
             f"--comm {where}: no bandwidth measured there (comm records of schema 'accelbench.comm' with ok "
             "measurements: run `accelbench comm --devices N` on the system predicted for)"
         )
-    return BusBandwidth(samples, in_step)
+    return BusBandwidth(samples, in_step, bursts)

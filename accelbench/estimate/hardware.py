@@ -23,6 +23,11 @@ class Bandwidth:
         from), or None when no such time was measured (``accelbench comm --in-step``)."""
         return None
 
+    def lookup_burst(self, op: str, ranks: int, message_bytes: float, dtype: str) -> tuple[float, str] | None:
+        """(seconds a call takes within a burst of calls issued back to back, where the figure comes from), or
+        None when no burst was measured (``accelbench comm --burst N``)."""
+        return None
+
 
 @dataclass(frozen=True)
 class Hardware:

@@ -127,8 +127,9 @@ class CommOp(_Model):
     burst: bool = Field(
         default=False,
         description="Whether its `count` calls are issued back to back, no compute between them (ZeRO-3's gather "
-        "of its persistent tensors): where collectives are priced as a step meets them, only the first meets the "
-        "step, the others follow it as calls timed alone do.",
+        "of its persistent tensors): priced at a call's time in a burst where the comm records measured that "
+        "(accelbench comm --burst), else as calls timed alone; where collectives are priced as a step meets them, "
+        "only the first meets the step.",
     )
     busbw_bytes_per_s: float | None = None
     time_s: float | None = None

@@ -24,7 +24,9 @@ Overlap = Literal["none", "backward", "auto"]
 
 
 def time_comm(comm: Sequence[CommOp], hardware: Hardware, notes: Notes) -> list[CommOp]:
-    """Each collective with its time: its bus bytes over the bus bandwidth at its message size."""
+    """Each collective with its time: its bus bytes over the bus bandwidth at its message size; a burst of calls
+    issued back to back (ZeRO-3's persistent gathers), at a call's time in a burst where the comm records measured
+    one (``accelbench comm --burst``)."""
     timed = []
     for op in comm:
         found = (
@@ -34,9 +36,17 @@ def time_comm(comm: Sequence[CommOp], hardware: Hardware, notes: Notes) -> list[
         )
         if found is not None:
             busbw, where = found
-            op = op.model_copy(
-                update={"busbw_bytes_per_s": busbw, "time_s": op.bus_bytes / busbw, "bandwidth_source": where}
+            update: dict[str, object] = {"busbw_bytes_per_s": busbw, "time_s": op.bus_bytes / busbw,
+                                         "bandwidth_source": where}  # fmt: skip
+            burst = (
+                hardware.bandwidth.lookup_burst(op.op, op.ranks, op.message_bytes, op.dtype)
+                if op.burst and op.count > 1 and hardware.bandwidth
+                else None
             )
+            if burst is not None:
+                per_call, where = burst
+                update |= {"time_s": per_call * op.count, "bandwidth_source": where}
+            op = op.model_copy(update=update)
         timed.append(op)
     missing = sorted({op.op for op in timed if op.time_s is None})
     if missing:
@@ -59,7 +69,8 @@ def in_step_comm(
     comm records measured that (``accelbench comm --in-step``): a call after its share of the step's compute
     (forward, backward and the optimizer over the step's calls, a burst counted as one call), the wait for the
     slower rank included, in place of its bus bytes over the bus bandwidth of calls timed alone. Of a burst (calls
-    issued back to back) only the first call meets the step; the others cost what they cost timed alone."""
+    issued back to back) only the first call meets the step; the others cost what a call in a burst costs where the
+    comm records measured that (``accelbench comm --burst``), else what they cost timed alone."""
     if (
         not comm
         or compute_s is None
@@ -77,7 +88,10 @@ def in_step_comm(
             seconds = per_call * op.count
             if op.burst and op.time_s is not None and op.count > 1:
                 seconds = per_call + op.time_s * (op.count - 1) / op.count
-                where += f"; the {op.count - 1} calls after it back to back, as timed alone"
+                alone = "in a burst" not in (op.bandwidth_source or "")
+                where += f"; the {op.count - 1} calls after it back to back, " + (
+                    "as timed alone" if alone else f"as a burst: {op.bandwidth_source}"
+                )
             op = op.model_copy(update={"time_s": seconds, "bandwidth_source": f"in step: {where}"})
             priced += 1
         timed.append(op)
