@@ -366,12 +366,18 @@ def implausible(record: CommRecord) -> str | None:
     for i, m in enumerate(record.measurements):
         if not 1 <= m.size_bytes <= MAX_MESSAGE_BYTES or m.count < 0:
             return f"measurements.{i}: size_bytes {m.size_bytes} is not a message size (1 B to 1 PiB)"
-        for name in ("time_us", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "bus_factor"):
+        for name in (
+            "time_us",
+            "time_us_min",
+            "time_us_max",
+            "algbw_gbps",
+            "busbw_gbps",
+            "bus_factor",
+            "burst_us",
+        ):
             value = getattr(m, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 return f"measurements.{i}.{name}: {value} is not a measured figure (finite, 0 or more)"
-        if m.burst_us is not None and not (math.isfinite(m.burst_us) and m.burst_us >= 0):
-            return f"measurements.{i}.burst_us: {m.burst_us} is not a measured figure (finite, 0 or more)"
         for j, timed in enumerate(m.in_step):
             if not (math.isfinite(timed.time_us) and math.isfinite(timed.compute_ms)):
                 return f"measurements.{i}.in_step.{j}: {timed.time_us} us after {timed.compute_ms} ms is not measured"

@@ -88,9 +88,10 @@ def in_step_comm(
             seconds = per_call * op.count
             if op.burst and op.time_s is not None and op.count > 1:
                 seconds = per_call + op.time_s * (op.count - 1) / op.count
-                alone = "in a burst" not in (op.bandwidth_source or "")
+                # time_comm priced them as a burst where the records timed bursts, else as calls alone
+                burst = hardware.bandwidth.lookup_burst(op.op, op.ranks, op.message_bytes, op.dtype)
                 where += f"; the {op.count - 1} calls after it back to back, " + (
-                    "as timed alone" if alone else f"as a burst: {op.bandwidth_source}"
+                    f"as a burst: {op.bandwidth_source}" if burst is not None else "as timed alone"
                 )
             op = op.model_copy(update={"time_s": seconds, "bandwidth_source": f"in step: {where}"})
             priced += 1
