@@ -31,7 +31,6 @@ from accelbench.references import (
     RECIPE,
     REFERENCE_DIR,
     REFERENCES,
-    SEEDS,
     Recipe,
     Reference,
     data_parallel,
@@ -370,12 +369,17 @@ def test_regenerating_into_a_folder_that_cannot_take_the_file_fails_before_any_t
 def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Regeneration into a folder that does not exist yet makes it and writes the file: one trajectory per seed, each
-    the held-out losses its run's record measured, with how it was made."""
+    """Regeneration into a folder that does not exist yet makes it and writes the file: one trajectory for each of
+    the recipe's own seeds (not the default three), each the held-out losses its run's record measured, with how it
+    was made."""
     import accelbench.references.__main__ as regeneration
 
     tiny = Recipe(
-        "gpt", ("gpt-nano",), {"block_size": 32}, {"batch_size": 4, "steps_per_epoch": 2, "epochs": 2}
+        "gpt",
+        ("gpt-nano",),
+        {"block_size": 32},
+        {"batch_size": 4, "steps_per_epoch": 2, "epochs": 2},
+        seeds=(3, 5),
     )
     monkeypatch.setattr(regeneration, "REFERENCES", {"tiny": tiny})
     folder, runs = tmp_path / "not" / "yet" / "there", tmp_path / "runs"
@@ -383,13 +387,14 @@ def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
     raw = json.loads((folder / "tiny.json").read_text())
     assert raw == json.loads(json.dumps(written["tiny"]))
     assert raw["made"]["recipe"] == tiny.fields and raw["made"]["seconds"] > 0
+    assert raw["made"]["seeds"] == [3, 5]
     trajectories = raw["models"]["gpt-nano"]["trajectories"]
     measured = {
         str(record.config.seed): [q.val_loss for q in record.quality.epochs]
         for record in (read_record(path) for path in runs.glob("*.json"))
         if record.quality is not None
     }
-    assert set(trajectories) == {str(seed) for seed in SEEDS} and trajectories == measured
+    assert set(trajectories) == {"3", "5"} and trajectories == measured
     assert all(len(losses) == 2 for losses in trajectories.values())
 
 
@@ -403,7 +408,7 @@ def test_the_shipped_references_say_how_they_were_made() -> None:
     for name, made_as in REFERENCES.items():
         raw = json.loads((REFERENCE_DIR / f"{name}.json").read_text())
         assert raw["made"]["how"].startswith("python -m accelbench.references")
-        assert raw["made"]["recipe"] == made_as.fields and raw["made"]["seeds"] == list(SEEDS)
+        assert raw["made"]["recipe"] == made_as.fields and raw["made"]["seeds"] == list(made_as.seeds)
         assert raw["made"].get("why", "") == made_as.why
         assert set(raw["models"]) == set(made_as.models)
         for model in made_as.models:
@@ -411,9 +416,10 @@ def test_the_shipped_references_say_how_they_were_made() -> None:
             assert {k: identity[k] for k in made_as.options} == made_as.options  # made with its options
             reference = references[model]
             assert reference.recipe == made_as.fields and reference.workload == made_as.workload
+            assert set(reference.trajectories) == set(made_as.seeds)
     assert REFERENCES["gpt2"].fields["batch_size"] != RECIPE["batch_size"] and REFERENCES["gpt2"].why
     for reference in references.values():
-        assert reference.epochs == reference.recipe["epochs"] and set(reference.trajectories) == set(SEEDS)
+        assert reference.epochs == reference.recipe["epochs"]
         low, high = reference.band()
         assert low < statistics.fmean(t[-1] for t in reference.trajectories.values()) < high
         assert reference.falls and list(reference.targets()) == [f"ref-epoch{n}" for n in range(1, 5)]
@@ -870,6 +876,15 @@ def test_the_trajectory_test_checks_every_epoch_against_its_own_band() -> None:
     assert THREE_SEEDS.outside_epochs([5.3, 3.1]) == [1]  # the final loss is fine, the path to it was not
     assert THREE_SEEDS.outside_epochs([4.5, 3.3]) == [2]
     assert THREE_SEEDS.outside_epochs([4.5]) is None and THREE_SEEDS.outside_epochs([4.5, None]) is None
+
+
+def test_two_more_seeds_of_the_same_spread_make_the_band_less_than_half_as_wide() -> None:
+    """Five seeds (the BERTs to bert-medium, the image models) against three at the same mean and s 0.1: t at 4
+    degrees of freedom (4.604) for 2 (9.925), sqrt(6/5) for sqrt(4/3), so 4.604 x 0.1 x 1.0954 = 0.504 against 1.146:
+    the run at 4.6 that three seeds let through is outside five's band."""
+    five = Reference("m", {}, {0: [3.9], 1: [4.1], 2: [3.9], 3: [4.1], 4: [4.0]})  # s = 0.1
+    assert five.band(1) == pytest.approx((4.0 - 0.50435, 4.0 + 0.50435), abs=1e-4)
+    assert THREE_SEEDS.outside_epochs([4.6, 3.02]) == [] and five.outside_epochs([4.6]) == [1]
 
 
 def test_the_seeds_test_is_welchs_t_test_with_the_bands_floor() -> None:
