@@ -396,6 +396,56 @@ def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
     }
     assert set(trajectories) == {"3", "5"} and trajectories == measured
     assert all(len(losses) == 2 for losses in trajectories.values())
+    assert "reused" not in raw["made"]
+
+    # cut short after seed 3 (seed 5's record lost), then resumed with the same work folder: seed 3 is kept from its
+    # record, only seed 5 trains again, and the file says which runs were kept; a record of another recipe or a file
+    # that is not a record is passed over
+    (seed5,) = [p for p in runs.glob("*.json") if read_record(p).config.seed == 5]
+    seed5.unlink()
+    (runs / "junk.json").write_text("{not json")
+    kept = {p.name for p in runs.glob("*.json")}
+    again = regeneration.regenerate(("tiny",), folder=folder, output_dir=runs)
+    assert {p.name for p in runs.glob("*.json")} - kept != set()  # a new record: seed 5's
+    assert len(list(runs.glob("*.json"))) == len(kept) + 1
+    assert (
+        again["tiny"]["models"]["gpt-nano"]["trajectories"] == trajectories
+    )  # deterministic, and seed 3 as measured
+    assert again["tiny"]["made"]["reused"]["runs"] == ["gpt-nano seed 3"]
+    other = Recipe(
+        "gpt",
+        ("gpt-nano",),
+        {"block_size": 16},
+        {"batch_size": 4, "steps_per_epoch": 2, "epochs": 2},
+        seeds=(3,),
+    )
+    assert regeneration.finished_run(runs, _reference_config(other, "gpt-nano", 3, runs)) is None
+    assert regeneration.finished_run(runs, _reference_config(tiny, "gpt-nano", 3, runs)) is not None
+
+
+def _reference_config(recipe: Recipe, model: str, seed: int, out: Path) -> RunConfig:
+    return RunConfig(
+        **recipe.fields,
+        model=model,
+        seed=seed,
+        backend="cpu",
+        threads=1,
+        output_dir=out,
+        workload_options=dict(recipe.options),
+    )
+
+
+def test_a_work_dir_that_is_a_file_is_refused_before_any_training(tmp_path: Path) -> None:
+    """``--work-dir`` names where the runs' records go and what a resumed regeneration keeps: a file there is
+    refused with a message, before anything trains."""
+    from accelbench.references.__main__ import main as regenerate_main
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="not a folder"):
+        regenerate_main(["--work-dir", str(blocker), "gpt"])
+    with pytest.raises(SystemExit, match="no reference recipe named nope"):
+        regenerate_main(["nope"])
 
 
 def test_the_shipped_references_say_how_they_were_made() -> None:

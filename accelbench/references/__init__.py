@@ -85,8 +85,8 @@ IMAGE = {"image_size": 32, "num_classes": 8, "precise_bn": 20, "data_workers": 0
 REFERENCES: dict[str, Recipe] = {
     "gpt": Recipe("gpt", ("gpt-nano", "gpt-micro")),
     "gpt-mini": Recipe("gpt", ("gpt-mini",)),
-    "gopher-44m": Recipe("gpt", ("gopher-44m",)),
-    "ipu-384": Recipe("gpt", ("ipu-384",)),
+    "gopher-44m": Recipe("gpt", ("gopher-44m",), seeds=FIVE_SEEDS),
+    "ipu-384": Recipe("gpt", ("ipu-384",), seeds=FIVE_SEEDS),
     "gpt2": Recipe(
         "gpt",
         ("gpt2",),
@@ -102,6 +102,7 @@ REFERENCES: dict[str, Recipe] = {
         {"batch_size": 8, "steps_per_epoch": 10},
         "gpt2-medium at gpt2's recipe (batch 8 of 64-token windows, 10 steps an epoch), for the same reason: the "
         "common recipe would take about an hour a seed on one core",
+        seeds=FIVE_SEEDS,
     ),
     "gpt2-large": Recipe(
         "gpt",
@@ -133,6 +134,7 @@ REFERENCES: dict[str, Recipe] = {
         {"seq_len": 128},
         {"batch_size": 8, "steps_per_epoch": 10},
         "bert-large (335M parameters) at bert-base's recipe (batch 8, 10 steps an epoch), for the same reason",
+        seeds=FIVE_SEEDS,
     ),
     "moe": Recipe("moe", ("moe-tiny",), {"seq_len": 128}),
     "moe-mini": Recipe("moe", ("moe-mini",), {"seq_len": 128}),

@@ -47,11 +47,17 @@ def regenerate(
     except OSError as error:
         raise OSError(f"cannot write reference files to {folder}: {error}") from error
     out = output_dir or Path(tempfile.mkdtemp(prefix="accelbench-references-"))
+    # each run's record stays in ``out``: a regeneration cut short (killed, out of memory) is resumed by giving the
+    # same folder again, which keeps every seed whose record is there and trains only the others
+    print(
+        f"run records: {out} (if this is cut short, --work-dir {out} keeps the seeds already run)", flush=True
+    )
     written: dict[str, dict[str, Any]] = {}
     for name in names:
         made_as = REFERENCES[name]
         recipe, options = made_as.fields, made_as.options
         models: dict[str, Any] = {}
+        reused: list[str] = []
         start, cpu_start = time.perf_counter(), time.process_time()
         for model in made_as.models:
             trajectories: dict[str, list[float]] = {}
@@ -67,9 +73,14 @@ def regenerate(
                     output_dir=out,
                     workload_options=dict(options),
                 )
-                record, _, status = run(config, get_host())
-                if record is None or status != "ok" or record.quality is None:
-                    raise RuntimeError(f"reference run {model} seed {seed} ended {status}")
+                record = finished_run(out, config)
+                if record is not None:
+                    reused.append(f"{model} seed {seed}")
+                else:
+                    record, _, status = run(config, get_host())
+                    if record is None or status != "ok" or record.quality is None:
+                        raise RuntimeError(f"reference run {model} seed {seed} ended {status}")
+                assert record.quality is not None
                 trajectories[str(seed)] = [
                     q.val_loss for q in record.quality.epochs if q.val_loss is not None
                 ]
@@ -90,6 +101,17 @@ def regenerate(
             "seconds": round(time.perf_counter() - start, 1),
             "cpu_seconds": round(time.process_time() - cpu_start, 1),
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **(
+                {
+                    "reused": {
+                        "runs": reused,
+                        "why": "kept from an earlier regeneration that was cut short, with the same work folder, "
+                        "recipe, accelbench and torch; their time is not in seconds or cpu_seconds",
+                    }
+                }
+                if reused
+                else {}
+            ),
             "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
         }
         written[name] = {"made": made, "models": models}
@@ -98,14 +120,66 @@ def regenerate(
     return written
 
 
-if __name__ == "__main__":
-    asked = tuple(sys.argv[1:]) or tuple(REFERENCES)
+def finished_run(folder: Path, config: Any) -> Any:
+    """The record in ``folder`` of a run that finished at exactly ``config``'s recipe (model, seed, backend,
+    threads, every recipe field and workload option), with this accelbench and torch, and measured a held-out loss
+    after every epoch; None where there is none. Files that are not such records are passed over."""
+    import torch
+
+    from accelbench import __version__
+    from accelbench.errors import AccelbenchError
+    from accelbench.results import read_record
+
+    asked = config.model_dump(exclude={"output_dir", "workload_options"})
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            record = read_record(path)
+        except (AccelbenchError, OSError):
+            continue
+        done = record.config.model_dump(exclude={"output_dir", "workload_options"})
+        quality = record.quality
+        if (
+            done == asked
+            and all(record.config.workload_options.get(k) == v for k, v in config.workload_options.items())
+            and record.outcome.status == "ok"
+            and record.system.torch_version == torch.__version__
+            and record.system.accelbench_version == __version__
+            and quality is not None
+            and len(quality.epochs) == config.epochs
+            and all(q.val_loss is not None for q in quality.epochs)
+        ):
+            return record
+    return None
+
+
+def main(argv: list[str]) -> None:
+    """``python -m accelbench.references [--work-dir DIR] [NAME ...]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m accelbench.references", description=__doc__)
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help="the files to make again (default: every one)"
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="where each run's record goes (default: a new temporary folder); a folder of an earlier regeneration "
+        "that was cut short keeps the seeds it finished",
+    )
+    args = parser.parse_args(argv)
+    asked = tuple(args.names) or tuple(REFERENCES)
     unknown = [n for n in asked if n not in REFERENCES]
     if unknown:
         sys.exit(f"no reference recipe named {', '.join(unknown)}; choose from: {', '.join(REFERENCES)}")
-    for name, written in regenerate(asked).items():
+    if args.work_dir is not None and args.work_dir.exists() and not args.work_dir.is_dir():
+        sys.exit(f"--work-dir {args.work_dir}: not a folder")
+    for name, written in regenerate(asked, output_dir=args.work_dir).items():
         for model, entry in written["models"].items():
             print(
                 model, {seed: [round(v, 4) for v in losses] for seed, losses in entry["trajectories"].items()}
             )
         print(f"written: {REFERENCE_DIR / (name + '.json')} ({written['made']['seconds']} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
