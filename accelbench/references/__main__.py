@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelbench.references import REFERENCE_DIR, REFERENCES
+
+if TYPE_CHECKING:
+    from accelbench.config import RunConfig
+    from accelbench.results import ResultRecord
 
 
 def regenerate(
@@ -120,7 +124,7 @@ def regenerate(
     return written
 
 
-def finished_run(folder: Path, config: Any) -> Any:
+def finished_run(folder: Path, config: RunConfig) -> ResultRecord | None:
     """The record in ``folder`` of a run that finished at exactly ``config``'s recipe (model, seed, backend,
     threads, every recipe field and workload option), with this accelbench and torch, and measured a held-out loss
     after every epoch; None where there is none. Files that are not such records are passed over."""
