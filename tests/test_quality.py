@@ -10,6 +10,7 @@ import itertools
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -422,6 +423,19 @@ def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
     assert regeneration.finished_run(runs, _reference_config(other, "gpt-nano", 3, runs)) is None
     assert regeneration.finished_run(runs, _reference_config(tiny, "gpt-nano", 3, runs)) is not None
 
+    # the recipe given one more seed, made again with --keep-shipped in a fresh work folder: seeds 3 and 5 are kept
+    # from the file, only seed 7 trains, and the file says which seeds were kept and from when
+    more = Recipe(tiny.workload, tiny.models, tiny.options, tiny.changes, seeds=(3, 5, 7))
+    monkeypatch.setattr(regeneration, "REFERENCES", {"tiny": more})
+    fresh = tmp_path / "fresh"
+    extended = regeneration.regenerate(("tiny",), folder=folder, output_dir=fresh, keep_shipped=True)["tiny"]
+    assert [read_record(p).config.seed for p in fresh.glob("*.json")] == [7]
+    grown = extended["models"]["gpt-nano"]["trajectories"]
+    assert list(grown) == ["3", "5", "7"] and {k: grown[k] for k in ("3", "5")} == trajectories
+    assert extended["made"]["kept"]["runs"] == ["gpt-nano seed 3", "gpt-nano seed 5"]
+    assert extended["made"]["kept"]["created_at"] == again["tiny"]["made"]["created_at"]
+    assert extended["models"]["gpt-nano"]["identity"] == raw["models"]["gpt-nano"]["identity"]
+
 
 def _reference_config(recipe: Recipe, model: str, seed: int, out: Path) -> RunConfig:
     return RunConfig(
@@ -442,10 +456,39 @@ def test_a_work_dir_that_is_a_file_is_refused_before_any_training(tmp_path: Path
 
     blocker = tmp_path / "a file"
     blocker.write_text("")
-    with pytest.raises(SystemExit, match="not a folder"):
+    with pytest.raises(SystemExit, match="is a file, not a folder"):
         regenerate_main(["--work-dir", str(blocker), "gpt"])
     with pytest.raises(SystemExit, match="no reference recipe named nope"):
         regenerate_main(["nope"])
+
+
+def test_only_a_shipped_file_of_the_same_recipe_accelbench_and_torch_is_kept(tmp_path: Path) -> None:
+    """``--keep-shipped`` keeps a file's seeds only where they were made as they would be made now; a missing or
+    broken file, another recipe, workload options, accelbench or torch make every seed train again."""
+    import accelbench.references.__main__ as regeneration
+    from accelbench import __version__
+
+    recipe, options = {"batch_size": 4, "epochs": 2}, {"block_size": 32}
+    made = {
+        "recipe": recipe,
+        "workload_options": options,
+        "accelbench": __version__,
+        "torch": torch.__version__,
+    }
+    path = tmp_path / "tiny.json"
+
+    def kept(**changed: object) -> dict[str, Any] | None:
+        path.write_text(json.dumps({"made": {**made, **changed}, "models": {}}))
+        return regeneration.shipped_trajectories(path, recipe, options)
+
+    assert kept() is not None
+    assert kept(recipe={**recipe, "epochs": 3}) is None
+    assert kept(workload_options={"block_size": 64}) is None
+    assert kept(accelbench="0.0.1") is None
+    assert kept(torch="2.0.0") is None
+    path.write_text("{not json")
+    assert regeneration.shipped_trajectories(path, recipe, options) is None
+    assert regeneration.shipped_trajectories(tmp_path / "missing.json", recipe, options) is None
 
 
 def test_the_shipped_references_say_how_they_were_made() -> None:

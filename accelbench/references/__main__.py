@@ -20,9 +20,14 @@ def regenerate(
     names: tuple[str, ...] = tuple(REFERENCES),
     folder: Path = REFERENCE_DIR,
     output_dir: Path | None = None,
+    keep_shipped: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Train every model of each reference file in ``names`` at its recipe for each of its seeds and
-    write ``<name>.json`` with how it was made. Returns what was written, by name."""
+    write ``<name>.json`` with how it was made. Returns what was written, by name.
+
+    ``keep_shipped``: the seeds ``folder``'s own ``<name>.json`` already has, made at the same recipe, workload
+    options, accelbench and torch, are kept rather than trained again (:func:`shipped_trajectories`), so giving a
+    file more seeds trains only the new ones; the file's ``made.kept`` says which were kept, from when."""
     import tempfile
     import time
     from datetime import datetime, timezone
@@ -56,17 +61,31 @@ def regenerate(
     print(
         f"run records: {out} (if this is cut short, --work-dir {out} keeps the seeds already run)", flush=True
     )
+    finished = records_in(out)  # read once: a work folder holds a record per run already made
     written: dict[str, dict[str, Any]] = {}
     for name in names:
         made_as = REFERENCES[name]
         recipe, options = made_as.fields, made_as.options
+        shipped = shipped_trajectories(folder / f"{name}.json", recipe, options) if keep_shipped else None
+        if keep_shipped and shipped is None:
+            print(
+                f"--keep-shipped: {folder / (name + '.json')} is missing, unreadable or made at another recipe, "
+                "accelbench or torch; every seed trains",
+                flush=True,
+            )
         models: dict[str, Any] = {}
         reused: list[str] = []
+        kept: list[str] = []
         start, cpu_start = time.perf_counter(), time.process_time()
         for model in made_as.models:
             trajectories: dict[str, list[float]] = {}
             identity: dict[str, Any] = {}
+            kept_here = shipped["models"].get(model, {}) if shipped else {}
             for seed in made_as.seeds:
+                if str(seed) in kept_here.get("trajectories", {}):
+                    trajectories[str(seed)] = list(kept_here["trajectories"][str(seed)])
+                    kept.append(f"{model} seed {seed}")
+                    continue
                 # one thread: deterministic, and never stalled by OpenMP barriers on a shared host
                 config = RunConfig(
                     **recipe,
@@ -77,7 +96,7 @@ def regenerate(
                     output_dir=out,
                     workload_options=dict(options),
                 )
-                record = finished_run(out, config)
+                record = matching_run(finished, config)
                 if record is not None:
                     reused.append(f"{model} seed {seed}")
                 else:
@@ -89,6 +108,14 @@ def regenerate(
                     q.val_loss for q in record.quality.epochs if q.val_loss is not None
                 ]
                 identity = dict(record.workload_identity)
+            if kept_here:
+                if identity and identity != kept_here["identity"]:
+                    raise RuntimeError(
+                        f"{model}: the shipped {name}.json was made with workload identity {kept_here['identity']}, "
+                        f"this accelbench's runs have {identity}; its seeds cannot be kept, so make the file "
+                        "again without --keep-shipped"
+                    )
+                identity = dict(kept_here["identity"])
             models[model] = {"identity": identity, "trajectories": trajectories}
         made = {
             "how": "python -m accelbench.references: accelbench run at the recipe below for each model and seed, on "
@@ -116,6 +143,21 @@ def regenerate(
                 if reused
                 else {}
             ),
+            **(
+                {
+                    "kept": {
+                        "runs": kept,
+                        "created_at": shipped["made"].get("created_at"),
+                        "seconds": shipped["made"].get("seconds"),
+                        "cpu_seconds": shipped["made"].get("cpu_seconds"),
+                        "why": "--keep-shipped: kept from the file made at created_at (its time in seconds and "
+                        "cpu_seconds here), at the same recipe, workload options, accelbench and torch, and not "
+                        "trained again; a seed made again this way repeats its losses to float32's last digit",
+                    }
+                }
+                if kept and shipped
+                else {}
+            ),
             "test": "held-out loss after the last epoch within mean ± max(t(0.995, n-1) s sqrt(1 + 1/n), 1% of mean)",
         }
         written[name] = {"made": made, "models": models}
@@ -124,22 +166,60 @@ def regenerate(
     return written
 
 
-def finished_run(folder: Path, config: RunConfig) -> ResultRecord | None:
-    """The record in ``folder`` of a run that finished at exactly ``config``'s recipe (model, seed, backend,
-    threads, every recipe field and workload option), with this accelbench and torch, and measured a held-out loss
-    after every epoch; None where there is none. Files that are not such records are passed over."""
+def shipped_trajectories(
+    path: Path, recipe: dict[str, Any], options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The reference file at ``path`` (``{"made": ..., "models": ...}``) where it was made at ``recipe`` and
+    ``options`` with this accelbench and torch; None where it is missing, unreadable or made otherwise."""
     import torch
 
     from accelbench import __version__
+
+    try:
+        shipped = json.loads(path.read_text())
+        made = shipped["made"]
+        same = (
+            made["recipe"] == recipe
+            and made["workload_options"] == options
+            and made["accelbench"] == __version__
+            and made["torch"] == torch.__version__
+            and isinstance(shipped["models"], dict)
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return shipped if same else None
+
+
+def records_in(folder: Path) -> list[ResultRecord]:
+    """Every readable result record in ``folder`` (none where it does not exist); other files are passed over."""
     from accelbench.errors import AccelbenchError
     from accelbench.results import read_record
 
-    asked = config.model_dump(exclude={"output_dir", "workload_options"})
+    records = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
         try:
-            record = read_record(path)
+            records.append(read_record(path))
         except (AccelbenchError, OSError):
             continue
+    return records
+
+
+def finished_run(folder: Path, config: RunConfig) -> ResultRecord | None:
+    """The record in ``folder`` of a run that finished at exactly ``config``'s recipe (:func:`matching_run`); None
+    where there is none. Files that are not such records are passed over."""
+    return matching_run(records_in(folder), config)
+
+
+def matching_run(records: list[ResultRecord], config: RunConfig) -> ResultRecord | None:
+    """The first of ``records`` that finished at exactly ``config``'s recipe (model, seed, backend, threads, every
+    recipe field and workload option), with this accelbench and torch, and measured a held-out loss after every
+    epoch; None where there is none."""
+    import torch
+
+    from accelbench import __version__
+
+    asked = config.model_dump(exclude={"output_dir", "workload_options"})
+    for record in records:
         done = record.config.model_dump(exclude={"output_dir", "workload_options"})
         quality = record.quality
         if (
@@ -170,14 +250,26 @@ def main(argv: list[str]) -> None:
         help="where each run's record goes (default: a new temporary folder); a folder of an earlier regeneration "
         "that was cut short keeps the seeds it finished",
     )
+    parser.add_argument(
+        "--keep-shipped",
+        action="store_true",
+        help="keep the seeds the shipped file already has at the same recipe, accelbench and torch, and train only "
+        "the others (a recipe given more seeds)",
+    )
     args = parser.parse_args(argv)
     asked = tuple(args.names) or tuple(REFERENCES)
     unknown = [n for n in asked if n not in REFERENCES]
     if unknown:
         sys.exit(f"no reference recipe named {', '.join(unknown)}; choose from: {', '.join(REFERENCES)}")
-    if args.work_dir is not None and args.work_dir.exists() and not args.work_dir.is_dir():
-        sys.exit(f"--work-dir {args.work_dir}: not a folder")
-    for name, written in regenerate(asked, output_dir=args.work_dir).items():
+    if args.work_dir is not None:
+        from accelbench.errors import ConfigError
+        from accelbench.results import check_writable
+
+        try:
+            check_writable(args.work_dir, "--work-dir")
+        except ConfigError as error:
+            sys.exit(str(error))
+    for name, written in regenerate(asked, output_dir=args.work_dir, keep_shipped=args.keep_shipped).items():
         for model, entry in written["models"].items():
             print(
                 model, {seed: [round(v, 4) for v in losses] for seed, losses in entry["trajectories"].items()}
