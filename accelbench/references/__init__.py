@@ -111,6 +111,7 @@ REFERENCES: dict[str, Recipe] = {
         {"batch_size": 8, "steps_per_epoch": 10},
         "gpt2-large (708M parameters) at gpt2's recipe (batch 8 of 64-token windows, 10 steps an epoch); at the "
         "common recipe a seed would take hours on one core",
+        seeds=FIVE_SEEDS,
     ),
     "llama": Recipe("llama", ("llama-tiny",), {"seq_len": 128}),
     "llama-mini": Recipe("llama", ("llama-mini",), {"seq_len": 128}),
