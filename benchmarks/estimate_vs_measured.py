@@ -199,7 +199,13 @@ def error(pred: float | None, meas: float | None) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt-micro", "gpt-mini"])
-    parser.add_argument("--strategies", nargs="+", default=STRATEGIES)
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        default=STRATEGIES,
+        choices=STRATEGIES,
+        help="the two-process strategies (each model also runs single, on one process)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--gpt2", action="store_true", help="add gpt2 (batch --gpt2-batch)")
     parser.add_argument("--gpt2-batch", type=int, default=2)
