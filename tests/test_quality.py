@@ -434,6 +434,9 @@ def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
     assert list(grown) == ["3", "5", "7"] and {k: grown[k] for k in ("3", "5")} == trajectories
     assert extended["made"]["kept"]["runs"] == ["gpt-nano seed 3", "gpt-nano seed 5"]
     assert extended["made"]["kept"]["created_at"] == again["tiny"]["made"]["created_at"]
+    assert (
+        extended["made"]["kept"]["reused"] == again["tiny"]["made"]["reused"]
+    )  # the kept file's own history
     assert extended["models"]["gpt-nano"]["identity"] == raw["models"]["gpt-nano"]["identity"]
 
 

@@ -147,12 +147,17 @@ def regenerate(
                 {
                     "kept": {
                         "runs": kept,
-                        "created_at": shipped["made"].get("created_at"),
-                        "seconds": shipped["made"].get("seconds"),
-                        "cpu_seconds": shipped["made"].get("cpu_seconds"),
+                        # the file kept from, as it said it was made (its own kept and reused runs too): a file
+                        # extended twice still says when and how long each of its seeds took
+                        **{
+                            key: shipped["made"][key]
+                            for key in ("created_at", "seconds", "cpu_seconds", "reused", "kept")
+                            if key in shipped["made"]
+                        },
                         "why": "--keep-shipped: kept from the file made at created_at (its time in seconds and "
-                        "cpu_seconds here), at the same recipe, workload options, accelbench and torch, and not "
-                        "trained again; a seed made again this way repeats its losses to float32's last digit",
+                        "cpu_seconds here, what it kept or reused in turn beside them), at the same recipe, "
+                        "workload options, accelbench and torch, and not trained again; a seed made again this "
+                        "way repeats its losses to float32's last digit",
                     }
                 }
                 if kept and shipped
