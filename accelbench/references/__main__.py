@@ -156,8 +156,7 @@ def regenerate(
                         },
                         "why": "--keep-shipped: kept from the file made at created_at (its time in seconds and "
                         "cpu_seconds here, what it kept or reused in turn beside them), at the same recipe, "
-                        "workload options, accelbench and torch, and not trained again; a seed made again this "
-                        "way repeats its losses to float32's last digit",
+                        "workload options, accelbench and torch, and not trained again",
                     }
                 }
                 if kept and shipped
