@@ -420,8 +420,9 @@ def test_regenerating_makes_its_folder_and_writes_what_the_runs_measured(
         {"batch_size": 4, "steps_per_epoch": 2, "epochs": 2},
         seeds=(3,),
     )
-    assert regeneration.finished_run(runs, _reference_config(other, "gpt-nano", 3, runs)) is None
-    assert regeneration.finished_run(runs, _reference_config(tiny, "gpt-nano", 3, runs)) is not None
+    finished = regeneration.records_in(runs)
+    assert regeneration.matching_run(finished, _reference_config(other, "gpt-nano", 3, runs)) is None
+    assert regeneration.matching_run(finished, _reference_config(tiny, "gpt-nano", 3, runs)) is not None
 
     # the recipe given one more seed, made again with --keep-shipped in a fresh work folder: seeds 3 and 5 are kept
     # from the file, only seed 7 trains, and the file says which seeds were kept and from when

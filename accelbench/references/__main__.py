@@ -208,12 +208,6 @@ def records_in(folder: Path) -> list[ResultRecord]:
     return records
 
 
-def finished_run(folder: Path, config: RunConfig) -> ResultRecord | None:
-    """The record in ``folder`` of a run that finished at exactly ``config``'s recipe (:func:`matching_run`); None
-    where there is none. Files that are not such records are passed over."""
-    return matching_run(records_in(folder), config)
-
-
 def matching_run(records: list[ResultRecord], config: RunConfig) -> ResultRecord | None:
     """The first of ``records`` that finished at exactly ``config``'s recipe (model, seed, backend, threads, every
     recipe field and workload option), with this accelbench and torch, and measured a held-out loss after every
