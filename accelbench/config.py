@@ -153,6 +153,11 @@ class RunConfig(BaseModel):
         default=False,
         description="with tensor parallelism, norms and dropouts on sequence shards (Megatron's sequence parallelism)",
     )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="each transformer layer keeps only its input for backward and runs its forward again there "
+        "(one more forward pass of the layers, for their activations' memory)",
+    )
     seed: int = Field(
         default=0,
         ge=0,
@@ -402,6 +407,7 @@ class RunConfig(BaseModel):
                 (f"--precision {self.precision} (its dynamic loss scaling)", self.precision == "fp16-mixed"),
                 ("--compile", self.compile),
                 ("--engine lightning", self.engine != "native"),
+                ("--activation-checkpointing", self.activation_checkpointing),
                 (f"--grad-accum {self.grad_accum} (use --microbatches with a pp axis)", self.grad_accum > 1),
             )
             if present

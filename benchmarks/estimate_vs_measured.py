@@ -119,6 +119,7 @@ def run(model: str, strategy: str, devices: int, args: argparse.Namespace, out: 
            str(args.batch_size if model != "gpt2" else args.gpt2_batch), "--strategy", strategy, "--devices",
            str(devices), "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps), "--output-dir",
            str(out), "--precision", "fp32", "--threads", str(args.threads), "--json", "-q"]  # fmt: skip
+    cmd += ["--activation-checkpointing"] if args.activation_checkpointing else []
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -217,6 +218,11 @@ def main() -> None:
         help="intra-op threads of every process (default 1: one process is one core, the unit 2 processes double)",
     )
     parser.add_argument("--epochs", type=int, default=4, help="epochs (the first is the warm-up)")
+    parser.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="every run with --activation-checkpointing (each layer's forward again in backward)",
+    )
     parser.add_argument(
         "--comm",
         type=Path,

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("accelbench.workloads", "accelbench.engine.executor", "accelbench.engine.distributed",
      "accelbench.engine.parallel", "accelbench.engine.deepspeed", "accelbench.engine.lightning",
      "accelbench.engine.metrics", "accelbench.engine.stragglers", "accelbench.engine.tensor_peak",
-     "accelbench.engine.float8", "accelbench.estimate"),
+     "accelbench.engine.float8", "accelbench.engine.checkpointing", "accelbench.estimate"),
     ("accelbench.plugins",),
     ("accelbench.backends",),
     ("accelbench.engine.runner", "accelbench.engine.ranks", "accelbench.engine.signals", "accelbench.launch",

@@ -1,7 +1,7 @@
 """Who ran and what ran: system labels, the workload key, and the axes a comparison can run along.
 
-- a *system* is a label made from each record (by default host, backend, device model, and the thread, compile
-  and engine settings when they are not the defaults); ``--label-by`` chooses the fields, e.g. ``dir`` for results
+- a *system* is a label made from each record (by default host, backend, device model, and the thread, compile,
+  activation checkpointing and engine settings when they are not the defaults); ``--label-by`` chooses the fields, e.g. ``dir`` for results
   copied into one folder per system.
 - a *workload* is everything that defines the work of a run (:class:`WorkloadKey`). The device count is not part
   of it: the same workload at several device counts is a scaling series.
@@ -40,6 +40,7 @@ SYSTEM_FIELDS: dict[str, Callable[[RunSummary], str | None]] = {
     "device": lambda r: r.system.device,
     "threads": lambda r: f"threads={r.system.threads}" if r.system.threads else None,
     "compile": lambda r: "compile" if r.system.compile else None,
+    "checkpointing": lambda r: "activation checkpointing" if r.system.activation_checkpointing else None,
     "engine": lambda r: f"engine={r.system.engine}" if r.system.engine != "native" else None,
     "options": lambda r: " ".join(f"{k}={v}" for k, v in r.system.backend_options) or None,
     "devices": lambda r: f"x{r.devices}",
@@ -49,7 +50,7 @@ SYSTEM_FIELDS: dict[str, Callable[[RunSummary], str | None]] = {
     "torch": lambda r: f"torch {r.system.torch}",
     "accelbench": lambda r: f"accelbench {r.system.accelbench}",
 }
-DEFAULT_LABEL_BY = ("host", "backend", "device", "threads", "compile", "engine")
+DEFAULT_LABEL_BY = ("host", "backend", "device", "threads", "compile", "checkpointing", "engine")
 
 
 def parse_label_by(text: str) -> tuple[str, ...]:

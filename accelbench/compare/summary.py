@@ -67,6 +67,7 @@ class _ConfigView(_View):
     steps_per_epoch: int | None = _as_in_run_config("steps_per_epoch")
     learning_rate: float = _as_in_run_config("learning_rate")
     compile: bool = _as_in_run_config("compile")
+    activation_checkpointing: bool = _as_in_run_config("activation_checkpointing")
     threads: int | None = _as_in_run_config("threads")
     backend_options: dict[str, Scalar] = _as_in_run_config("backend_options")
     mesh: str | None = _as_in_run_config("mesh")
@@ -297,6 +298,7 @@ class SystemFacts:
     device_unit: str
     threads: int | None
     compile: bool
+    activation_checkpointing: bool
     engine: str
     backend_options: tuple[tuple[str, Scalar], ...]
     job_id: str | None
@@ -521,6 +523,7 @@ def summarize(view: RecordView, file: str, intern: Interner) -> RunSummary:
         device_unit=b.info.device_unit,
         threads=c.threads,
         compile=c.compile,
+        activation_checkpointing=c.activation_checkpointing,
         engine=view.engine,
         backend_options=tuple(sorted(c.backend_options.items())),
         job_id=s.job_id,

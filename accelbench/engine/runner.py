@@ -199,6 +199,10 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         from accelbench.engine.parallel.mesh import check_model_split
 
         check_model_split(config, host.workload(config.workload).units(config), config.workload)
+    if config.activation_checkpointing:
+        from accelbench.engine.checkpointing import check_activation_checkpointing
+
+        check_activation_checkpointing(config, host.workload(config.workload).units(config))
     if config.data is not None and not config.data.exists():
         raise ConfigError(f"--data {config.data}: no such file or directory; omit --data for generated data")
     check_profile_window(config)
@@ -469,6 +473,10 @@ def measure(
             facts_start = time.perf_counter()
             result.facts = facts_or_none(job, config)  # before an executor wraps or shards the model
             facts_s = time.perf_counter() - facts_start
+            if config.activation_checkpointing:  # before an executor wraps, shards or compiles the model
+                from accelbench.engine.checkpointing import apply_activation_checkpointing
+
+                apply_activation_checkpointing(job.model, job.units)
             executor.setup(job)
             found = getattr(executor, "collective_clock", None)
             clock = found if isinstance(found, CollectiveClock) else None

@@ -155,10 +155,3 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="FSDP2's MixedPrecisionPolicy param_dtype: what units are gathered and computed in (default: the "
         "run's parameter dtype, as accelbench's FSDP runs)",
     )
-    stack.add_argument(
-        "--activation-checkpointing",
-        choices=("on", "off"),
-        default="off",
-        help="each transformer layer keeps only its input and recomputes the rest in backward (default: off, as "
-        "accelbench runs)",
-    )

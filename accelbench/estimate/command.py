@@ -49,7 +49,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         ds_allgather_bucket=args.ds_allgather_bucket,
         ds_prefetch_bucket=args.ds_prefetch_bucket,
         fsdp_param_dtype=args.fsdp_param_dtype,
-        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing=config.activation_checkpointing,
         engine=config.engine,
     )
     host = get_host()

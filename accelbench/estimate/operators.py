@@ -144,6 +144,10 @@ def _trace(
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device(device):
             job = workload.build(traced)
+        if traced.activation_checkpointing:  # as the run: each layer's forward runs again in backward
+            from accelbench.engine.checkpointing import apply_activation_checkpointing
+
+            apply_activation_checkpointing(job.model, job.units)
         model = job.model.train()
         # as the executor's ``model.to(dtype)``, tensor by tensor: a fake tensor cannot be swapped in place of a tied one
         for tensor in (*model.parameters(), *model.buffers()):

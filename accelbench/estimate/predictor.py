@@ -294,7 +294,7 @@ def predict(
         efficiency=efficiency,
         overlap=overlap,
         runtime_bytes=runtime_bytes,
-        stack=stack or run_stack(config.engine),
+        stack=stack or run_stack(config.engine, config.activation_checkpointing),
         calibration=calibration,
         operators=operators,
     )

@@ -64,7 +64,7 @@ class Stack(BaseModel):
     activation_checkpointing: bool = Field(
         default=False,
         description="Each transformer layer keeps only its input and recomputes the rest in backward (one more "
-        "forward pass of the layers).",
+        "forward pass of the layers): the run's --activation-checkpointing.",
     )
 
     def optimizer_kernels(self, device_type: str) -> OptimizerKernels:
@@ -98,10 +98,11 @@ class Stack(BaseModel):
         }
 
 
-def run_stack(engine: str) -> Stack:
+def run_stack(engine: str, activation_checkpointing: bool = False) -> Stack:
     """The stack ``accelbench run`` uses under ``engine``: its own DDP wraps with gradient_as_bucket_view on;
-    Lightning's DDP strategy (``--engine lightning``) passes torch's default, off."""
-    return Stack(ddp_bucket_view=engine != "lightning")
+    Lightning's DDP strategy (``--engine lightning``) passes torch's default, off; the layers checkpointed where the
+    run asks (``--activation-checkpointing``)."""
+    return Stack(ddp_bucket_view=engine != "lightning", activation_checkpointing=activation_checkpointing)
 
 
 def dropout_mask_bytes(device_type: str, activation_width: int) -> int:
@@ -119,7 +120,7 @@ def stack_from_flags(
     ds_allgather_bucket: int | None = None,
     ds_prefetch_bucket: int | None = None,
     fsdp_param_dtype: str | None = None,
-    activation_checkpointing: str = "off",
+    activation_checkpointing: bool = False,
     engine: str = "native",
 ) -> Stack:
     """The :class:`Stack` ``estimate``'s flags describe, the run's own (:func:`run_stack` of ``engine``) where a
@@ -144,6 +145,6 @@ def stack_from_flags(
         optimizer=optimizer,  # type: ignore[arg-type]
         ddp_bucket_view=bucket_view,
         fsdp_param_dtype=fsdp_param_dtype,  # type: ignore[arg-type]
-        activation_checkpointing=activation_checkpointing == "on",
+        activation_checkpointing=activation_checkpointing,
         **values,
     )

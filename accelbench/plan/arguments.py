@@ -14,6 +14,9 @@ from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
 # Per-device batch sizes tried when --batch-sizes is not given: powers of two, as people choose them.
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOP = 10
+# pipeline schedules a plan prices by default: those whose bubble has a closed form (estimate's pipeline_bubble);
+# the zero-bubble ones (interleaved-zb, zbv, dualpipev) have none, so the model would rank them as bubble-free
+PLANNED_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 # A measured point's length: a warm-up epoch and two steady ones of a few steps, enough for a steady median on the
 # small models plan is measured with here; longer runs are `accelbench sweep PLAN.yaml` with the file --sweep-file writes.
 DEFAULT_MEASURE_EPOCHS = 3
@@ -58,6 +61,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     space.add_argument("--global-batch", type=int, metavar="N",
                        help="samples per optimizer step over the whole job: each layout's per-replica batch is N / "
                             "its data-parallel size, split into micro-batches by gradient accumulation")  # fmt: skip
+    space.add_argument("--pp-schedules", type=_csv(str), metavar="S,...",
+                       help="pipeline schedules to consider for layouts with a pp axis (default: "
+                            f"{','.join(PLANNED_SCHEDULES)}: those whose bubble has a closed form)")  # fmt: skip
+    space.add_argument("--activation-checkpointing", choices=("auto", "off", "on", "both"), default="auto",
+                       help="auto: consider it for a configuration that does not fit without it; off: never; on: "
+                            "always; both: every configuration with and without (default: auto)")  # fmt: skip
     rank = parser.add_argument_group("ranking and output")
     rank.add_argument("--token-budget", type=float, metavar="T",
                       help="rank by the time to train T tokens (samples, for workloads without tokens)")  # fmt: skip

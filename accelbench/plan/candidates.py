@@ -1,6 +1,7 @@
 """The configurations worth considering for a model on a device count: every strategy and mesh layout
 (dp x tp x pp, and ep for a mixture of experts, = the job's devices) the model splits into, every per-device batch
-and accumulation (reaching ``--global-batch`` when given), every precision asked for. Each is a validated
+and accumulation (reaching ``--global-batch`` when given), every pipeline schedule and microbatch count of a
+pipelined layout, every precision asked for, with and without activation checkpointing as asked. Each is a validated
 :class:`~accelbench.config.RunConfig`, exactly what ``accelbench run`` would run; a combination the configuration or
 the model refuses is not offered, and the reason is counted (the plan says how many and why)."""
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.contract.strategies import Strategy
 from accelbench.errors import ConfigError
+from accelbench.plan.arguments import PLANNED_SCHEDULES
 
 if TYPE_CHECKING:
     from accelbench.config import RunConfig
@@ -111,6 +113,11 @@ def microbatch_choices(pp: int, batch: int) -> list[int | None]:
     return [m for m in (pp, 2 * pp, 4 * pp) if m <= batch and batch % m == 0]
 
 
+def schedule_choices(pp: int, schedules: Sequence[str]) -> list[str | None]:
+    """The pipeline schedules to price for ``pp`` stages; None (no pipeline) for pp = 1."""
+    return [None] if pp == 1 else list(schedules)
+
+
 def enumerate_candidates(
     *,
     base: dict[str, Any],
@@ -121,10 +128,13 @@ def enumerate_candidates(
     global_batch: int | None,
     units: ModelUnits,
     check: Callable[[RunConfig], object] | None = None,
+    schedules: Sequence[str] = PLANNED_SCHEDULES,
+    checkpointing: Sequence[bool] = (False,),
 ) -> Candidates:
-    """Every configuration of ``base`` (workload, model, devices, nnodes, backend) over the layouts, batches and
-    precisions given, validated as ``accelbench run`` validates it (the configuration's own checks and the model's
-    split for tp/pp, then ``check``: the plugin host's resolution, the workload's and the strategy's own
+    """Every configuration of ``base`` (workload, model, devices, nnodes, backend) over the layouts, batches,
+    pipeline ``schedules`` (for a pp axis), precisions and ``checkpointing`` choices given (activation
+    checkpointing off, on), validated as ``accelbench run`` validates it (the configuration's own checks and the
+    model's split for tp/pp, then ``check``: the plugin host's resolution, the workload's and the strategy's own
     checks); what fails is counted in ``not_offered`` by its reason."""
     from accelbench.cli import make_config
     from accelbench.engine.parallel.mesh import check_model_split
@@ -138,26 +148,36 @@ def enumerate_candidates(
                               f"whole number of samples per replica over {replicas} replica(s) in micro-batches "
                               f"of {','.join(map(str, sorted(set(batch_sizes))))}"] += 1  # fmt: skip
             continue
-        for batch, accum in choices:
-            for microbatches in microbatch_choices(layout.pp, batch):
-                for precision in precisions:
-                    values = {**base, "strategy": layout.strategy, "precision": precision, "batch_size": batch,
-                              "grad_accum": accum}  # fmt: skip
-                    if layout.mesh is not None:
-                        values["mesh"] = layout.mesh
-                    if microbatches is not None:
-                        values["microbatches"] = microbatches
-                    try:
-                        config = make_config(values)
-                        if config.mesh is not None:
-                            check_model_split(config, units, config.workload)
-                        if check is not None:
-                            check(config)
-                    except ConfigError as exc:
-                        found.not_offered[f"{layout.strategy} {layout.text()}: {_reason(exc)}"] += 1
-                        continue
-                    found.configs.append(config)
-                    found.layouts.append(layout)
+        options = [
+            (batch, accum, schedule, microbatches, precision, checkpointed)
+            for batch, accum in choices
+            for schedule in schedule_choices(layout.pp, schedules)
+            for microbatches in microbatch_choices(layout.pp, batch)
+            for precision in precisions
+            for checkpointed in checkpointing
+        ]
+        for batch, accum, schedule, microbatches, precision, checkpointed in options:
+            values = {**base, "strategy": layout.strategy, "precision": precision, "batch_size": batch,
+                      "grad_accum": accum}  # fmt: skip
+            if layout.mesh is not None:
+                values["mesh"] = layout.mesh
+            if schedule is not None:
+                values["pp_schedule"] = schedule
+            if microbatches is not None:
+                values["microbatches"] = microbatches
+            if checkpointed:
+                values["activation_checkpointing"] = True
+            try:
+                config = make_config(values)
+                if config.mesh is not None:
+                    check_model_split(config, units, config.workload)
+                if check is not None:
+                    check(config)
+            except ConfigError as exc:
+                found.not_offered[f"{layout.strategy} {layout.text()}: {_reason(exc)}"] += 1
+                continue
+            found.configs.append(config)
+            found.layouts.append(layout)
     return found
 
 

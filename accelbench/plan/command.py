@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelbench.contract import PRECISIONS
+from accelbench.engine.checkpointing import check_activation_checkpointing
 from accelbench.engine.float8 import check_fp8_run
 from accelbench.errors import ConfigError
 from accelbench.exitcodes import ExitCode
+from accelbench.plan.arguments import PLANNED_SCHEDULES
 from accelbench.plan.candidates import PLANNABLE, default_strategies, enumerate_candidates
 from accelbench.plan.schema import Plan, PlannedRun
 
@@ -100,6 +102,13 @@ def check_plan_flags(args: argparse.Namespace) -> None:
             hint = f"; did you mean {name}-mixed?" if f"{name}-mixed" in PRECISIONS else ""
             raise ConfigError(
                 f"--precisions: unknown precision {name!r}{hint}; choose from {', '.join(PRECISIONS)}"
+            )
+    from accelbench.parallel_dims import PP_SCHEDULES
+
+    for name in args.pp_schedules or ():
+        if name not in PP_SCHEDULES:
+            raise ConfigError(
+                f"--pp-schedules: unknown pipeline schedule {name!r}; choose from {', '.join(PP_SCHEDULES)}"
             )
     for size in args.batch_sizes or ():
         if size < 1:
@@ -186,6 +195,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         global_batch=args.global_batch,
         units=workload.units(base_config),
         check=partial(_checked_as_a_run, host),
+        schedules=args.pp_schedules or PLANNED_SCHEDULES,
+        checkpointing=CHECKPOINTING[args.activation_checkpointing],
     )
     if not found.configs:
         reasons = "; ".join(f"{why} ({n}x)" for why, n in found.not_offered.most_common(3)) or "none offered"
@@ -214,6 +225,28 @@ def make_plan(args: argparse.Namespace) -> Plan:
             runs.append(price(config, layout, predict_one, facts.tokens_per_sample, args.token_budget))
         except ConfigError as exc:  # the model's own refusals (bf16-true under DeepSpeed), as a run's
             found.not_offered[f"{config.strategy} {layout.text()}: {str(exc).split('; ')[0]}"] += 1
+    checkpointing_notes: list[str] = []
+    if (
+        args.activation_checkpointing == "auto"
+    ):  # each configuration that does not fit, again with checkpointing
+        tight = {_shape(r) for r in runs if r.fits is False}
+        twins = enumerate_candidates(
+            base=base, world=world, strategies=strategies, precisions=list(targets),
+            batch_sizes=args.batch_sizes or _default_batches(), global_batch=args.global_batch,
+            units=workload.units(base_config), check=partial(_checked_as_a_run, host),
+            schedules=args.pp_schedules or PLANNED_SCHEDULES, checkpointing=(True,),
+        )  # fmt: skip
+        added = [
+            price(config, layout, predict_one, facts.tokens_per_sample, args.token_budget)
+            for config, layout in zip(twins.configs, twins.layouts, strict=True)
+            if _shape(config) in tight
+        ]
+        runs += added
+        checkpointing_notes.append(
+            f"activation checkpointing: considered for the {len(tight)} configuration(s) predicted not to fit "
+            f"without it ({len(added)} can run it, {sum(r.fits is not False for r in added)} of them fit); "
+            "--activation-checkpointing both prices it for every configuration"
+        )
     if not runs:
         raise ConfigError(
             f"no configuration of {args.model} on {world} device(s) can be priced: "
@@ -235,7 +268,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         dropped=dropped,
         unpriced=unpriced,
         not_offered=dict(found.not_offered),
-        assumptions=[*first.notes, *precision_notes, f"strategies considered: {', '.join(strategies)}"
+        assumptions=[*first.notes, *precision_notes, *checkpointing_notes, f"strategies considered: {', '.join(strategies)}"
                      + ("" if deepspeed or args.strategies else " (DeepSpeed is not installed: no ZeRO)")],
     )  # fmt: skip
     if args.measure is not None and args.measure > len(ranked):
@@ -251,9 +284,29 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def _checked_as_a_run(host: PluginHost, config: RunConfig) -> RunConfig:
     """A candidate checked as ``accelbench run`` checks it: FP8 with a strategy that would not convert the model is
-    refused, then the plugin host resolves it."""
+    refused, so is activation checkpointing of a workload that cannot run a unit twice; then the plugin host
+    resolves it."""
     check_fp8_run(config)
-    return host.resolve(config)
+    resolved = host.resolve(config)
+    if resolved.activation_checkpointing:
+        check_activation_checkpointing(resolved, host.workload(resolved.workload).units(resolved))
+    return resolved
+
+
+# --activation-checkpointing: the choices enumerated for every configuration ("auto" adds "on" afterwards, for those
+# predicted not to fit without it)
+CHECKPOINTING: dict[str, tuple[bool, ...]] = {
+    "auto": (False,),
+    "off": (False,),
+    "on": (True,),
+    "both": (False, True),
+}
+
+
+def _shape(run: RunConfig | PlannedRun) -> tuple[object, ...]:
+    """What a configuration is, activation checkpointing aside: its twin with checkpointing has the same shape."""
+    return (run.strategy, run.mesh, run.batch_size, run.grad_accum, run.microbatches, run.precision,
+            run.pp_schedule if run.microbatches else None)  # fmt: skip
 
 
 def _default_batches() -> list[int]:
@@ -349,17 +402,25 @@ def show(plan: Plan, top: int, out: Console) -> None:
     out.print(f"[bold]accelbench plan[/]: {escape(plan.workload)} {escape(plan.model)} on {world} device(s) "
               f"({plan.devices} x {plan.nnodes} node(s)), {escape(plan.device)}", highlight=False, soft_wrap=True)  # fmt: skip
     table = Table(title=f"top {min(top, len(plan.ranked))} of {len(plan.ranked)} ranked by {plan.ranked_by}")
-    columns = ["#", "strategy", "layout", "batch x accum", "precision", "step", "samples/s"]
+    shown = plan.ranked[:top]
+    pipelined = any(run.microbatches for run in shown)
+    checkpointed = any(run.activation_checkpointing for run in shown)
+    columns = ["#", "strategy", "layout", "batch x accum"]
+    columns += ["pipeline"] if pipelined else []
+    columns += ["precision"]
+    columns += ["act. ckpt"] if checkpointed else []
+    columns += ["step", "samples/s"]
     columns += ["time to budget"] if plan.token_budget else []
     columns += ["peak memory", "fits"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("strategy", "layout", "precision") else "right")
-    for i, run in enumerate(plan.ranked[:top], 1):
-        batch = f"{run.batch_size} x {run.grad_accum}" + (
-            f" ({run.microbatches} mb)" if run.microbatches else ""
-        )
-        row = [str(i), run.strategy, run.layout, batch, run.precision, _seconds(run.step_time_s),
-               f"{run.samples_per_s:.4g}" if run.samples_per_s else "unknown"]  # fmt: skip
+        left = column in ("strategy", "layout", "pipeline", "precision", "act. ckpt")
+        table.add_column(column, justify="left" if left else "right")
+    for i, run in enumerate(shown, 1):
+        row = [str(i), run.strategy, run.layout, f"{run.batch_size} x {run.grad_accum}"]
+        row += [f"{run.microbatches} mb, {run.pp_schedule}" if run.microbatches else ""] if pipelined else []
+        row += [run.precision]
+        row += ["on" if run.activation_checkpointing else ""] if checkpointed else []
+        row += [_seconds(run.step_time_s), f"{run.samples_per_s:.4g}" if run.samples_per_s else "unknown"]
         row += [_seconds(run.time_to_budget_s)] if plan.token_budget else []
         row += [fmt_bytes(run.peak_memory_bytes), {True: "yes", None: "unknown"}.get(run.fits, "no")]
         table.add_row(*row)

@@ -70,15 +70,19 @@ def price(
     budget_s = None
     if token_budget is not None and p.samples_per_s:
         budget_s = token_budget / (p.samples_per_s * max(tokens_per_sample, 1))
-    micro = f"/{config.microbatches}mb" if config.microbatches else ""
+    pipeline = f"/{config.microbatches}mb/{config.pp_schedule}" if config.microbatches else ""
+    checkpointed = " +ac" if config.activation_checkpointing else ""
     return PlannedRun(
-        label=f"{config.strategy} {layout.text()} b{config.batch_size}x{config.grad_accum}{micro} {config.precision}",
+        label=f"{config.strategy} {layout.text()} b{config.batch_size}x{config.grad_accum}{pipeline} "
+        f"{config.precision}{checkpointed}",
         strategy=config.strategy,
         layout=layout.text(),
         mesh=config.mesh,
         batch_size=config.batch_size,
         grad_accum=config.grad_accum,
         microbatches=config.microbatches,
+        pp_schedule=config.pp_schedule if config.microbatches else None,
+        activation_checkpointing=config.activation_checkpointing,
         precision=config.precision,
         global_batch=config.batch_size * layout.replicas,
         options=run_options(config),

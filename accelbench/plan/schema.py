@@ -18,7 +18,8 @@ class PlannedRun(_Model):
     """One candidate configuration and its prediction."""
 
     label: str = Field(
-        description="strategy, layout, batch/accumulation and precision, as the table shows them."
+        description="strategy, layout, batch/accumulation (/pipeline microbatches/schedule), precision and +ac "
+        "(activation checkpointing), as the table shows them."
     )
     strategy: str
     layout: str = Field(description="dp x tp x pp sizes, e.g. 'dp2 tp1 pp1'.")
@@ -26,7 +27,11 @@ class PlannedRun(_Model):
     batch_size: int = Field(description="Samples per device (per replica under tp/pp) per optimizer step.")
     grad_accum: int
     microbatches: int | None = None
+    pp_schedule: str | None = Field(default=None, description="The pipeline schedule, for a pp axis.")
     precision: str
+    activation_checkpointing: bool = Field(
+        default=False, description="Each layer's forward runs again in backward (--activation-checkpointing)."
+    )
     global_batch: int = Field(description="Samples per optimizer step over the whole job.")
     options: dict[str, Any] = Field(description="The `accelbench run` options (RunConfig field -> value).")
     command: str = Field(description="The configuration as an `accelbench run` command line.")

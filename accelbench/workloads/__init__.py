@@ -69,7 +69,9 @@ class ModelUnits:
     (the method that makes the units add those terms' gradients in backward themselves, the method that returns and
     forgets their summed value since its last call, or None): a pipeline's stages hand on hidden states only, so the
     terms cannot reach the last stage's loss; it calls the first once and adds the second's value, over its stages,
-    to the loss it reports.
+    to the loss it reports. ``checkpointable``: a unit's forward may run again in backward with the same result and
+    no side effect (``--activation-checkpointing``, :mod:`accelbench.engine.checkpointing`); not so for a unit that
+    updates state as it runs (batch-norm statistics, a router's balancing bias).
     """
 
     stem: tuple[str, ...]
@@ -87,6 +89,7 @@ class ModelUnits:
     # routed experts per mixture-of-experts layer (0: none): what an expert-parallel (ep) axis shards and must divide
     experts: int = 0
     unit_loss_methods: tuple[str, str] | None = None
+    checkpointable: bool = False
 
     def modules(self, model: torch.nn.Module, paths: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
         """The submodules of ``model`` at ``paths`` (default: the units), in order."""

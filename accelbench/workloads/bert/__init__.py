@@ -170,4 +170,5 @@ def bert_units(
         stem_method="embed",
         head_method="head",
         loss_method="loss",
+        checkpointable=True,
     )

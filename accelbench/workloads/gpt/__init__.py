@@ -251,6 +251,7 @@ def gpt_units(
         stem_method="embed",
         head_method="head",
         loss_method="loss",
+        checkpointable=True,
     )
 
 

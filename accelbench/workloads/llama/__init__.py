@@ -361,4 +361,5 @@ def llama_units(shape: LlamaShape, seq_len: int | None = None) -> ModelUnits:
         stem_method="embed",
         head_method="head",
         loss_method="loss",
+        checkpointable=True,
     )

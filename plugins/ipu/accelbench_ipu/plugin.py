@@ -34,6 +34,7 @@ from accelbench.contract import (
     World,
     hookimpl,
 )
+from accelbench.errors import ConfigError
 from accelbench_ipu import detect, memory, peaks, settings
 from accelbench_ipu.layout import STRATEGIES
 from accelbench_ipu.precision import SUPPORTED, ipu_precision_plan
@@ -41,6 +42,7 @@ from accelbench_ipu.precision import SUPPORTED, ipu_precision_plan
 if TYPE_CHECKING:
     import torch
 
+    from accelbench.config import RunConfig
     from accelbench.contract import Executor, ExecutorRequest
 
 accelbench_contract = "3.0"
@@ -128,6 +130,15 @@ class IpuBackend(Backend):
         (PopTorch's defaults where not given); the executor applies the same options."""
         partials, stochastic_rounding, loss_scaling = settings.precision_options(options, precision)
         return ipu_precision_plan(precision, partials, stochastic_rounding, loss_scaling)
+
+    def check_run(self, config: RunConfig) -> None:
+        """Refuse ``--activation-checkpointing``: PopTorch recomputes by its own options and annotations
+        (``poptorch.recomputationCheckpoint``), which this plugin does not map it to yet."""
+        if config.activation_checkpointing:
+            raise ConfigError(
+                "--activation-checkpointing is not mapped to PopTorch's recomputation on IPUs yet; drop it (phased "
+                "execution and --layers-per-ipu spread a large model's activations instead)"
+            )
 
     # the executor -------------------------------------------------------------------------------------------
     def executor(self, request: ExecutorRequest) -> Executor:

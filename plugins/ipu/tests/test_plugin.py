@@ -81,6 +81,8 @@ def test_the_plugin_registers_the_ipu_backend(host: PluginHost) -> None:
         # PopTorch compiles the graph itself, and torch.compile cannot target IPUs
         (["--compile"], "cannot compile"),
         (["--engine", "lightning"], "names no Lightning accelerator"),  # Lightning dropped IPU support
+        # PopTorch recomputes by its own options, which --activation-checkpointing is not mapped to
+        (["--activation-checkpointing"], "not mapped to PopTorch's recomputation"),
     ],
 )
 def test_what_ipus_cannot_do_is_refused_up_front(host: PluginHost, args: list[str], refusal: str) -> None:
