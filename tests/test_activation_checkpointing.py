@@ -208,7 +208,9 @@ def test_plan_checkpoints_what_does_not_fit_without_it(capsys: pytest.CaptureFix
     assert twin.fits and (twin.peak_memory_bytes or 0) < (too_big.peak_memory_bytes or 0)
     assert (twin.step_time_s or 0) > (too_big.step_time_s or 0)  # one more forward pass
     assert twin.command.endswith("--activation-checkpointing") and twin.label.endswith("+ac")
-    assert any("considered for the 1 configuration(s) predicted not to fit" in a for a in auto.assumptions)
+    assert any(
+        "priced for the 1 configuration(s) predicted not to fit without it" in a for a in auto.assumptions
+    )
     off = _plan(capsys, *args, "--activation-checkpointing", "off")
     assert not any(r.activation_checkpointing for r in off.ranked + off.dropped)
     both = _plan(capsys, *args, "--activation-checkpointing", "both")

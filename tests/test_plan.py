@@ -152,6 +152,8 @@ def test_a_small_device_drops_the_big_batches(capsys: pytest.CaptureFixture[str]
     assert max(r.batch_size for r in plain) < min(r.batch_size for r in small.dropped)
     # what does not fit is priced again with activation checkpointing, which fits batch 128 on 16 GB
     assert [r.batch_size for r in small.ranked if r.activation_checkpointing] == [128]
+    assert not any(r.activation_checkpointing for r in large.ranked)  # all fit: nothing to checkpoint
+    assert not any("activation checkpointing" in note for note in large.assumptions)
     for r in small.dropped:
         assert r.fits is False and (r.peak_memory_bytes or 0) > (r.device_memory_bytes or math.inf)
         assert r.reason and "predicted peak" in r.reason

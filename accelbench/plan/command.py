@@ -226,10 +226,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
         except ConfigError as exc:  # the model's own refusals (bf16-true under DeepSpeed), as a run's
             found.not_offered[f"{config.strategy} {layout.text()}: {str(exc).split('; ')[0]}"] += 1
     checkpointing_notes: list[str] = []
-    if (
-        args.activation_checkpointing == "auto"
-    ):  # each configuration that does not fit, again with checkpointing
-        tight = {_shape(r) for r in runs if r.fits is False}
+    # --activation-checkpointing auto: each configuration predicted not to fit, again with checkpointing
+    tight = {_shape(r) for r in runs if r.fits is False} if args.activation_checkpointing == "auto" else set()
+    if tight:
         twins = enumerate_candidates(
             base=base, world=world, strategies=strategies, precisions=list(targets),
             batch_sizes=args.batch_sizes or _default_batches(), global_batch=args.global_batch,
@@ -243,8 +242,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         ]
         runs += added
         checkpointing_notes.append(
-            f"activation checkpointing: considered for the {len(tight)} configuration(s) predicted not to fit "
-            f"without it ({len(added)} can run it, {sum(r.fits is not False for r in added)} of them fit); "
+            f"activation checkpointing: priced for the {len(tight)} configuration(s) predicted not to fit without "
+            f"it, where they can run it ({len(added)}; {sum(r.fits is not False for r in added)} of them then fit); "
             "--activation-checkpointing both prices it for every configuration"
         )
     if not runs:
