@@ -114,6 +114,24 @@ def test_compare_names_the_checkpointed_run_as_its_own_system(runs: dict[bool, P
     assert labels[True] == labels[False] + " · activation checkpointing"
 
 
+def test_estimate_trace_checkpoints_as_the_run_did(
+    runs: dict[bool, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``estimate --trace`` of the checkpointed run's configuration (fake tensors) against that run's tensor peak."""
+    import json
+
+    args = ["estimate", "--model", "custom", "--layers", "4", "--heads", "2", "--embd", "64", "--block-size", "64",
+            "--batch-size", "8", "--dropout", "0", "--trace", "--json"]  # fmt: skip
+    traced = {}
+    for checkpointed in (False, True):
+        assert main([*args, *(["--activation-checkpointing"] if checkpointed else [])]) == 0
+        traced[checkpointed] = json.loads(capsys.readouterr().out)["traced_peak_bytes"]
+    measured = read_record(runs[True]).metrics.tensor_peak  # type: ignore[union-attr]
+    assert measured is not None
+    assert traced[True] == pytest.approx(measured.peak_bytes, rel=0.03)
+    assert traced[True] < 0.7 * traced[False]
+
+
 def test_the_traced_step_holds_the_recomputed_forward() -> None:
     host = get_host()
     plan = standard_plan("fp32", "ieee-fp32")

@@ -108,6 +108,10 @@ def trace_step(
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), _attention_keeping_scores(keeps_scores):
             job = workload.build(single)
+            if single.activation_checkpointing:  # as the run: each layer's forward again in backward
+                from accelbench.engine.checkpointing import apply_activation_checkpointing
+
+                apply_activation_checkpointing(job.model, job.units)
             request = ExecutorRequest(
                 config=single,
                 device=device,
