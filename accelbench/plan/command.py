@@ -186,7 +186,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     strategies = args.strategies or default_strategies(world, deepspeed)
     targets, precision_notes = _targets(host, base, args, zero3="deepspeed-zero3" in strategies)
     facts = meta_facts(workload, base_config)
-    found = enumerate_candidates(
+    # the configurations over the flags' choices, with activation checkpointing as asked (off, on or both)
+    candidates = partial(
+        enumerate_candidates,
         base=base,
         world=world,
         strategies=strategies,
@@ -196,8 +198,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         units=workload.units(base_config),
         check=partial(_checked_as_a_run, host),
         schedules=args.pp_schedules or PLANNED_SCHEDULES,
-        checkpointing=CHECKPOINTING[args.activation_checkpointing],
     )
+    found = candidates(checkpointing=CHECKPOINTING[args.activation_checkpointing])
     if not found.configs:
         reasons = "; ".join(f"{why} ({n}x)" for why, n in found.not_offered.most_common(3)) or "none offered"
         flag = f"--global-batch {args.global_batch}: " if args.global_batch is not None else ""
@@ -229,12 +231,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     # --activation-checkpointing auto: each configuration predicted not to fit, again with checkpointing
     tight = {_shape(r) for r in runs if r.fits is False} if args.activation_checkpointing == "auto" else set()
     if tight:
-        twins = enumerate_candidates(
-            base=base, world=world, strategies=strategies, precisions=list(targets),
-            batch_sizes=args.batch_sizes or _default_batches(), global_batch=args.global_batch,
-            units=workload.units(base_config), check=partial(_checked_as_a_run, host),
-            schedules=args.pp_schedules or PLANNED_SCHEDULES, checkpointing=(True,),
-        )  # fmt: skip
+        twins = candidates(checkpointing=(True,))
         added = [
             price(config, layout, predict_one, facts.tokens_per_sample, args.token_budget)
             for config, layout in zip(twins.configs, twins.layouts, strict=True)
