@@ -20,6 +20,7 @@ from accelbench.parallel_dims import (
     DATA_AXES,
     MESH_AXES,
     PP_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
     fewest_microbatches,
     format_mesh,
     generic_axis,
@@ -407,7 +408,6 @@ class RunConfig(BaseModel):
                 (f"--precision {self.precision} (its dynamic loss scaling)", self.precision == "fp16-mixed"),
                 ("--compile", self.compile),
                 ("--engine lightning", self.engine != "native"),
-                ("--activation-checkpointing", self.activation_checkpointing),
                 (f"--grad-accum {self.grad_accum} (use --microbatches with a pp axis)", self.grad_accum > 1),
             )
             if present
@@ -424,6 +424,12 @@ class RunConfig(BaseModel):
                     "--microbatches and --virtual-stages describe a pipeline: they need a pp axis"
                 )
             return
+        if self.activation_checkpointing and self.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
+            raise ValueError(
+                f"--activation-checkpointing with --pp-schedule {self.pp_schedule}: its zero-bubble backward (input "
+                "and weight gradients apart) does not compose with torch's checkpoint (pytorch/pytorch#136766); "
+                "use gpipe, 1f1b, interleaved-1f1b or looped-bfs"
+            )
         kind = PP_SCHEDULES[self.pp_schedule]
         virtual = self.virtual_stages or (1 if kind == "one" else 2)
         if (kind == "one" and virtual != 1) or (kind == "v" and virtual != 2):

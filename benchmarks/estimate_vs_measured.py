@@ -1,7 +1,7 @@
 """`accelbench estimate` against real runs: predicted peak memory, step time and 1 -> 2 process speedup on this CPU.
 
     python benchmarks/estimate_vs_measured.py [--models gpt-micro gpt-mini] [--batch-size 16]
-        [--strategies ddp fsdp deepspeed-zero1 deepspeed-zero2 deepspeed-zero3] [--steps 6] [--epochs 4]
+        [--strategies ddp fsdp deepspeed-zero1 deepspeed-zero2 deepspeed-zero3 tp pp] [--steps 6] [--epochs 4]
         [--gpt2] [--comm DIR] [--out DIR] [--json FILE]
 
 For each model it runs `accelbench run` once on one process (strategy single) and once per strategy on two
@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ["ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]
+# tensor and pipeline parallelism over the two processes (not run unless named: --strategies tp pp)
+MODEL_PARALLEL = ["tp", "pp"]
 
 # What a worker process holds besides its model: the modules the runner imports, the plugin host, the generated
 # corpus, a gloo group for the distributed strategies, DeepSpeed for its strategies, and what the first training
@@ -204,8 +206,9 @@ def main() -> None:
         "--strategies",
         nargs="+",
         default=STRATEGIES,
-        choices=STRATEGIES,
-        help="the two-process strategies (each model also runs single, on one process)",
+        choices=STRATEGIES + MODEL_PARALLEL,
+        help="the two-process strategies (each model also runs single, on one process); tp and pp (1F1B, two "
+        "microbatches) only when named",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--gpt2", action="store_true", help="add gpt2 (batch --gpt2-batch)")

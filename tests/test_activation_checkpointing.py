@@ -2,7 +2,7 @@
 the parameters' names, the losses and the gradients as they were; a run records it, keeps fewer activations and
 predicts that (the traced step holds the recomputed forward); workloads and layouts that cannot run it are refused
 before anything runs; ``plan`` prices pipeline schedules and checkpointing as a run would run them; (slow) real
-two-process DDP, FSDP and ZeRO-3 runs train the same losses with it as without."""
+two-process DDP, FSDP, ZeRO-3, tensor- and pipeline-parallel runs train the same losses with it as without."""
 
 from __future__ import annotations
 
@@ -132,6 +132,40 @@ def test_estimate_trace_checkpoints_as_the_run_did(
     assert traced[True] < 0.7 * traced[False]
 
 
+@pytest.mark.parametrize(
+    ("layout", "tp_calls_a_layer"),
+    [
+        (["--strategy", "tp"], 4),
+        (["--mesh", "tp=2", "--sequence-parallel"], 4),
+        (["--strategy", "pp"], 0),
+        (["--mesh", "pp=2", "--pp-schedule", "interleaved-1f1b"], 0),
+    ],  # fmt: skip
+)
+def test_estimate_checkpoints_tensor_and_pipeline_parallel_layouts(
+    capsys: pytest.CaptureFixture[str], layout: list[str], tp_calls_a_layer: int
+) -> None:
+    """Each layer keeps its input for each microbatch in flight and one layer is rebuilt in backward; tensor
+    parallelism's forward all-reduces run again in the recomputed forward; one more forward pass of FLOPs."""
+    import json
+
+    args = ["estimate", "--model", "gpt-micro", "--devices", "2", "--batch-size", "8", "--json", *layout]
+    found = {}
+    for checkpointed in (False, True):
+        assert main([*args, *(["--activation-checkpointing"] if checkpointed else [])]) == 0
+        found[checkpointed] = json.loads(capsys.readouterr().out)
+    plain, checkpointed = found[False], found[True]
+    assert checkpointed["memory"]["activations_bytes"] < 0.25 * plain["memory"]["activations_bytes"]
+    assert checkpointed["memory"]["backward_transient_bytes"] > plain["memory"]["backward_transient_bytes"]
+    assert checkpointed["peak_memory_bytes"] < plain["peak_memory_bytes"]
+    assert checkpointed["flops_per_step"] > plain["flops_per_step"]
+    assert not any("not modelled" in a for a in checkpointed["assumptions"])
+    tp = [(c["count"], c["bus_bytes"]) for f in (plain, checkpointed) for c in f["comm"] if c["axis"] == "tp"]
+    if tp_calls_a_layer:  # gpt-micro: 4 layers; 4 all-reduces a layer, 6 with the forward run again
+        assert tp == [(4 * 4, tp[0][1]), (6 * 4, pytest.approx(1.5 * tp[0][1]))]
+    else:
+        assert tp == []
+
+
 def test_the_traced_step_holds_the_recomputed_forward() -> None:
     host = get_host()
     plan = standard_plan("fp32", "ieee-fp32")
@@ -155,8 +189,8 @@ def test_the_traced_step_holds_the_recomputed_forward() -> None:
         (["--workload", "moe", "--model", "moe-tiny"], "the moe workload's units cannot be run twice"),
         (["--workload", "resnet50"], "the resnet50 workload's units cannot be run twice"),
         (
-            ["--model", "gpt-nano", "--strategy", "tp", "--devices", "2"],
-            "does not support --activation-checkpointing",
+            ["--model", "gpt-nano", "--mesh", "pp=2", "--pp-schedule", "zbv", "--devices", "2"],
+            "does not compose with torch's checkpoint (pytorch/pytorch#136766)",
         ),
     ],
 )
@@ -234,14 +268,35 @@ def test_plan_checkpoints_what_does_not_fit_without_it(capsys: pytest.CaptureFix
     both = _plan(capsys, *args, "--activation-checkpointing", "both")
     plain = [r for r in both.ranked + both.dropped if not r.activation_checkpointing]
     checkpointed = [r for r in both.ranked + both.dropped if r.activation_checkpointing]
-    # data parallelism can checkpoint; pipelines cannot (yet), and are said not to be offered so
-    assert {r.strategy for r in checkpointed} == {"ddp", "fsdp"}
+    # data parallelism and pipelines checkpoint alike, a pipeline's peak as its schedule holds microbatches
+    assert {r.strategy for r in checkpointed} == {"ddp", "fsdp", "pp"}
     assert len(plain) == len(off.ranked) + len(off.dropped)
-    assert any("does not support --activation-checkpointing" in why for why in both.not_offered)
+    for r in checkpointed:
+        (twin,) = [p for p in plain if _shape_of(p) == _shape_of(r)]
+        assert (r.peak_memory_bytes or 0) < (twin.peak_memory_bytes or 0), r.label
+    # a zero-bubble schedule cannot checkpoint: said not to be offered, with the reason
+    zero_bubble = _plan(capsys, *args, "--strategies", "pp", "--pp-schedules", "1f1b,zbv", "--activation-checkpointing",
+                        "both")  # fmt: skip
+    assert {
+        r.pp_schedule for r in zero_bubble.ranked + zero_bubble.dropped if r.activation_checkpointing
+    } == {"1f1b"}
+    assert any("pytorch/pytorch#136766" in why for why in zero_bubble.not_offered)
+
+
+def _shape_of(run: Any) -> tuple[Any, ...]:
+    return (
+        run.strategy,
+        run.batch_size,
+        run.grad_accum,
+        run.precision,
+        run.mesh,
+        run.microbatches,
+        run.pp_schedule,
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3", "tp", "pp"])
 def test_two_gloo_processes_train_the_same_losses_with_it(strategy: str, tmp_path: Path) -> None:
     if strategy.startswith("deepspeed"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the [deepspeed] extra)")

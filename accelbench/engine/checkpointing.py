@@ -28,7 +28,7 @@ FLAG = "--activation-checkpointing"
 
 def check_activation_checkpointing(config: RunConfig, units: ModelUnits) -> None:
     """Refuse ``--activation-checkpointing`` for a workload whose units cannot be run twice (the config's own
-    validation refuses it with tp, pp and mesh layouts)."""
+    validation refuses it with the zero-bubble pipeline schedules)."""
     if config.activation_checkpointing and not units.checkpointable:
         raise ConfigError(
             f"{FLAG}: the {config.workload} workload's units cannot be run twice in a step (running a unit's forward "

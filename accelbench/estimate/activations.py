@@ -3,11 +3,19 @@ width and to what the attention kernel keeps."""
 
 from __future__ import annotations
 
+import math
+
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.notes import Notes
-from accelbench.estimate.parallel import RoutedExperts, TransformerShape, activation_bytes_per_layer
+from accelbench.estimate.parallel import (
+    RoutedExperts,
+    TransformerShape,
+    activation_bytes_per_layer,
+    in_flight_microbatches,
+)
 from accelbench.estimate.stack import dropout_mask_bytes
 from accelbench.estimate.state import StateBytes
+from accelbench.parallel_dims import ParallelDims
 
 
 def attention_keeps_scores(device_type: str, dropout: float) -> bool:
@@ -224,6 +232,45 @@ def backward_transient_bytes(
             shape, micro_batch, state, keeps_scores, tp, device_type=device_type, dropout=facts.dropout > 0
         )
     return loss
+
+
+def layer_gradient_bytes(
+    shape: TransformerShape, micro_batch: int, state: StateBytes, keeps_scores: bool, tp: int = 1
+) -> float:
+    """The gradients one layer's backward holds at its widest, beside its saved activations: the gradient of the
+    attention's probabilities and of its scores where the scores are kept (``2 a s^2 b``, fp32 on a CPU's math
+    path), else the feed-forward's, of its hidden activations before and after the nonlinearity (``2 s b f``); at
+    the activations' width, the scores' fp32 under CPU autocast."""
+    s, b = shape.sequence, micro_batch
+    if keeps_scores:
+        return 2 * shape.heads * s * s * b * max(4 if state.autocast_copy else 0, state.activation) / tp
+    return 2 * s * b * (shape.gated_ffn or 4 * shape.hidden) * state.activation / tp
+
+
+def pipeline_boundary_bytes(
+    facts: WorkloadFacts, mesh: ParallelDims, micro_batch: int, state: StateBytes, device_type: str
+) -> tuple[float, int]:
+    """What the first pipeline rank holds for its microbatches in flight beside its layers' activations, and how
+    many microbatch-stages are in flight: each stage's output (``s b h``), kept by the stage to run its backward,
+    and the first stage's embedding dropout noise (or mask) for each of its own microbatches in flight."""
+    shape = facts.transformer
+    assert shape is not None
+    in_flight = in_flight_microbatches(mesh.schedule, 0, mesh.pp, mesh.microbatches, mesh.virtual_stages)
+    values = shape.sequence * micro_batch * shape.hidden / (mesh.tp if mesh.sequence_parallel else 1)
+    first_stage = math.ceil(in_flight / mesh.virtual_stages)
+    mask = dropout_mask_bytes(device_type, state.activation) if facts.dropout > 0 else 0
+    return values * (state.activation * in_flight + mask * first_stage), in_flight
+
+
+def pipeline_runs_forward_after_backward(mesh: ParallelDims) -> bool:
+    """Whether the first pipeline rank runs a forward after its first backward (so that its microbatches in flight
+    meet the gradients made): 1F1B's and interleaved 1F1B's steady phase, where the microbatch-stages outnumber the
+    warm-up's forwards and the one after it; never GPipe's or looped BFS's (every forward first)."""
+    if mesh.schedule in ("gpipe", "looped-bfs"):
+        return False
+    return mesh.microbatches * mesh.virtual_stages > in_flight_microbatches(
+        mesh.schedule, 0, mesh.pp, mesh.microbatches, mesh.virtual_stages
+    )
 
 
 def note_activations(state: StateBytes, keeps_scores: bool, notes: Notes) -> None:

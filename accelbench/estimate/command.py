@@ -633,7 +633,12 @@ def show(prediction: Prediction, out: Console) -> None:
         ("activations", m.activations_bytes),
         ("transient while computing (gathered, copies)", m.transient_bytes),
         ("buffers (DeepSpeed bucket, DDP buckets)", m.buffer_bytes),
-        ("start of backward (loss gradients)", m.backward_transient_bytes),
+        ("start of backward (loss gradients, the layer backpropagated)", m.backward_transient_bytes),
+        *(
+            [("a pipeline's last backward, beside every gradient", m.end_of_backward_bytes)]
+            if m.end_of_backward_bytes is not None
+            else []
+        ),
         ("optimizer step temporaries", m.optimizer_transient_bytes),
         ("runtime (given)", m.runtime_bytes),
     ]

@@ -140,9 +140,15 @@ def activation_bytes_per_layer(
 def in_flight_microbatches(schedule: str, stage_rank: int, pp: int, microbatches: int, virtual: int) -> int:
     """Microbatches whose activations a pipeline rank holds at once, at most: all of them for GPipe and looped BFS
     (every forward before any backward), ``min(m, p - rank)`` for 1F1B (the warm-up depth), and ``v`` times that
-    for the interleaved and zero-bubble schedules (an upper bound)."""
+    for the zero-bubble schedules (an upper bound). Interleaved 1F1B as torch's ``ScheduleInterleaved1F1B`` runs it:
+    its warm-up forwards, ``(v - 1)`` rounds of microbatches plus two a hop from the last rank, and the first
+    forward of its steady phase, which runs before the first backward (microbatch-stages, at most ``m v``)."""
     if schedule in ("gpipe", "looped-bfs"):
         return microbatches * virtual
+    if schedule == "interleaved-1f1b":
+        per_round = microbatches // max(1, microbatches // pp)
+        warmup = (virtual - 1) * per_round + 2 * (pp - 1 - stage_rank)
+        return min(microbatches * virtual, warmup + 1)
     depth = min(microbatches, pp - stage_rank)
     return depth if schedule == "1f1b" else min(microbatches * virtual, depth * virtual)
 

@@ -146,14 +146,14 @@ def predict_step(
     else:
         memory, comm = data_parallel_breakdown(facts, layout, state, keeps_scores, hardware, notes, stack)
         flops, bubble = facts.flops_per_sample * layout.batch_size, 0.0
-        if stack.activation_checkpointing and facts.megatron_flops_per_sample:
-            # one more forward pass of the layers: Megatron's count with recomputation over the one without
-            recomputed = facts.megatron_recompute_flops_per_sample or facts.megatron_flops_per_sample
-            flops *= recomputed / facts.megatron_flops_per_sample
-            notes.assume(
-                "activation checkpointing recomputes each layer's forward in backward: FLOPs x "
-                f"{recomputed / facts.megatron_flops_per_sample:.3f} (Megatron's counts)"
-            )
+    if stack.activation_checkpointing and facts.megatron_flops_per_sample:
+        # one more forward pass of the layers: Megatron's count with recomputation over the one without
+        recomputed = facts.megatron_recompute_flops_per_sample or facts.megatron_flops_per_sample
+        flops *= recomputed / facts.megatron_flops_per_sample
+        notes.assume(
+            "activation checkpointing recomputes each layer's forward in backward: FLOPs x "
+            f"{recomputed / facts.megatron_flops_per_sample:.3f} (Megatron's counts)"
+        )
     memory = memory.model_copy(update={"runtime_bytes": float(runtime_bytes)})
     if runtime_bytes:
         notes.assume(f"runtime held before the model: {runtime_bytes / 2**20:.0f} MiB (given)")

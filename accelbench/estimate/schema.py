@@ -65,6 +65,12 @@ class MemoryBreakdown(_Model):
         "peak counts the interpreter and libraries; a GPU allocator's peak does not).",
     )
 
+    end_of_backward_bytes: float | None = Field(
+        default=None,
+        description="A pipeline rank's last backward, beside the state and every gradient, where it can be the "
+        "high point: the first stage's microbatches still in flight and the layer backpropagated (rebuilt under "
+        "activation checkpointing, with its gradients' temporaries). None elsewhere.",
+    )
     gradients_freed_each_step: bool = Field(
         default=False,
         description="True where no gradient is held between steps (zero_grad(set_to_none=True) where they are "
@@ -79,7 +85,8 @@ class MemoryBreakdown(_Model):
           activations kept for backward and the compute transients (gathered parameters, autocast copies);
         - ``backward``: from its start (the activations and the loss's gradients) while the gradients are made and
           the activations freed: where the gradients are freed each step the two trade places and the high point
-          holds the larger, else both;
+          holds the larger, else both; on a pipeline rank, or its last backward's if larger (every gradient
+          made, ``end_of_backward_bytes`` beside them);
         - ``optimizer``: the state, every gradient and the optimizer's temporaries.
         """
         if self.activations_bytes is None:
@@ -91,6 +98,8 @@ class MemoryBreakdown(_Model):
         backward = (
             max(start_of_backward, grads) if self.gradients_freed_each_step else grads + start_of_backward
         )
+        if self.end_of_backward_bytes is not None:
+            backward = max(backward, grads + self.end_of_backward_bytes)
         return {
             "forward": state + persistent_grads + acts + self.transient_bytes,
             "backward": state + backward + self.transient_bytes,

@@ -15,7 +15,10 @@ from accelbench.estimate.activations import (
     activation_bytes,
     backward_transient_bytes,
     layer_activation_bytes,
+    layer_gradient_bytes,
     note_activations,
+    pipeline_boundary_bytes,
+    pipeline_runs_forward_after_backward,
 )
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
@@ -436,21 +439,65 @@ def model_parallel_breakdown(
         device_type=device_type,
         dropout=facts.dropout > 0,
     )
+    stack = stack or Stack()
+    checkpointing = stack.activation_checkpointing
+    in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
+    if checkpointing:
+        # each layer keeps only its input (the residual stream, replicated over tp unless sequence parallelism
+        # shards it) for each microbatch in flight, and its backward rebuilds one layer at a time
+        residual = 4 if state.autocast_copy else state.activation
+        mine = shape.sequence * micro * shape.hidden * residual / (mesh.tp if mesh.sequence_parallel else 1)
+        in_backward = layer_activation_bytes(
+            shape,
+            micro,
+            state,
+            keeps_scores,
+            mesh.tp,
+            mesh.sequence_parallel,
+            device_type=device_type,
+            dropout=facts.dropout > 0,
+        )
+        notes.assume(
+            "activation checkpointing: each layer keeps its input (the residual stream) for each microbatch in "
+            "flight and rebuilds the rest in backward, one layer at a time"
+        )
     activations = result.activations_bytes * mine / theirs  # its layers and microbatches in flight, our count
     note_activations(state, keeps_scores, notes)
-    stack = stack or Stack()
-    if stack.activation_checkpointing:
+    end_of_backward: float | None = None
+    # whether the start of backward is counted with the gradients beside it (tp: yes, an upper bound: its step sets
+    # them to None, but their making overlaps what backward frees)
+    gradients_before_backward = True
+    if mesh.pp > 1:
+        # The first rank's backward, as its schedule runs it: its first backward holds every microbatch-stage in
+        # flight (each stage's output kept for its backward, the first stage's embedding dropout noise) and the
+        # gradients only where the schedule runs a forward after a backward (1F1B's steady phase); its last holds
+        # every gradient and the first stage's microbatches still in flight. Both hold the layer backpropagated:
+        # its gradients' temporaries (and, checkpointed, the layer rebuilt).
+        boundaries, in_flight = pipeline_boundary_bytes(facts, mesh, micro, state, device_type)
+        unit = (activations + boundaries) / in_flight
+        activations += boundaries
+        in_backward += layer_gradient_bytes(shape, micro, state, keeps_scores, mesh.tp)
+        steady = pipeline_runs_forward_after_backward(mesh)
+        first_stage_left = (
+            math.ceil(in_flight / mesh.virtual_stages) if mesh.virtual_stages > 1 else in_flight - 1
+        )
+        end_of_backward = unit * first_stage_left + in_backward
+        # DDP's gradients are views into its buckets, held between steps; else set to None after each step
+        gradients_before_backward = steady or mesh.data_parallel == Strategy.DDP
         notes.assume(
-            "activation checkpointing is not modelled for tp/pp/mesh: the layers' activations are kept"
+            f"pipeline: the first rank holds {in_flight} microbatch-stage(s) in flight at its first backward, each "
+            "stage's output kept for its backward (and the first stage's embedding dropout noise), "
+            + ("with the gradients its steady phase has made" if steady else "before any gradient is made")
+            + f"; its last backward every gradient and {first_stage_left} of its first stage's microbatches"
         )
     autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
     gathered = unsharded_grads = 0.0
     if mesh.pp > 1 and mesh.shards_parameters and mesh.dp > 1:
-        # torch's pipelining keeps a stage's FSDP parameters gathered between its microbatches and accumulates its
-        # gradients unsharded until the last microbatch's backward reduce-scatters them (measured: rank 0 of a
-        # dp=2 x pp=2 GPT held its shard, its stage whole and the stage's unsharded gradients at the peak)
-        rest = result.parameters_per_device * (mesh.dp - 1)
-        gathered = rest * state.param
+        # torch's pipelining keeps a stage's FSDP parameters gathered between its microbatches (the whole stage, in
+        # a buffer of its own beside the shard) and accumulates its gradients unsharded until the last microbatch's
+        # backward reduce-scatters them (measured: rank 0 of a dp=2 x pp=2 GPT held its shard and its stage whole,
+        # three times the shard, at its first backward, before any gradient was made)
+        gathered = result.parameters_per_device * mesh.dp * state.param
         unsharded_grads = result.parameters_per_device * mesh.dp * state.grad
         notes.assume(
             "FSDP under a pipeline: each stage's parameters stay gathered between its microbatches and its gradients "
@@ -463,11 +510,16 @@ def model_parallel_breakdown(
         optimizer_bytes=result.optimizer_bytes,
         activations_bytes=activations,
         transient_bytes=autocast + gathered,
-        backward_transient_bytes=backward_transient_bytes(
-            facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp
+        backward_transient_bytes=(
+            backward_transient_bytes(facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp)
+            if mesh.pp == 1
+            # the loss is on the last stage; the first stage's memory is the one predicted; FSDP's unsharded
+            # gradients accumulate from the first backward on
+            else unsharded_grads * gradients_before_backward
         )
-        if mesh.pp == 1
-        else unsharded_grads,  # the loss is on the last stage; the first stage's memory is the one predicted
+        + in_backward,
+        end_of_backward_bytes=None if end_of_backward is None else end_of_backward + unsharded_grads,
+        gradients_freed_each_step=not gradients_before_backward,
         optimizer_transient_bytes=optimizer_temporaries(
             facts,
             state,
@@ -493,10 +545,13 @@ def model_parallel_breakdown(
                 dtype=element_type(state.activation, layout.precision),
                 axis="tp",
                 ranks=mesh.tp,
-                what="b s h activations, twice per layer in forward and twice in backward",
-                count=4 * layers_here * max(1, mesh.microbatches if mesh.pp > 1 else 1),
+                what="b s h activations, twice per layer in forward and twice in backward"
+                + (" and twice more in the recomputed forward" if checkpointing else ""),
+                count=(6 if checkpointing else 4)
+                * layers_here
+                * max(1, mesh.microbatches if mesh.pp > 1 else 1),
                 message_bytes=micro_bytes if mesh.pp > 1 else b * s * h * state.activation,
-                bus_bytes=bytes_by_axis["tp"],
+                bus_bytes=bytes_by_axis["tp"] * (1.5 if checkpointing else 1.0),
                 overlappable=False,
             )
         )
