@@ -43,7 +43,7 @@ PP_SCHEDULES = {
 }
 # Schedules that split a stage's backward into its input gradient and, later, its weight gradient (zero bubble):
 # torch's split backward and activation checkpointing do not compose (pytorch/pytorch#136766: memory grows until it
-# runs out; on a CPU here each checkpointed layer's step took 2-3 times that of interleaved 1F1B's)
+# runs out; on a CPU here a checkpointed gpt-micro step took 2-3 times interleaved 1F1B's)
 SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved-zb", "zbv", "dualpipev"})
 
 

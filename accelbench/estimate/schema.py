@@ -85,8 +85,8 @@ class MemoryBreakdown(_Model):
           activations kept for backward and the compute transients (gathered parameters, autocast copies);
         - ``backward``: from its start (the activations and the loss's gradients) while the gradients are made and
           the activations freed: where the gradients are freed each step the two trade places and the high point
-          holds the larger, else both; on a pipeline rank, or its last backward's if larger (every gradient
-          made, ``end_of_backward_bytes`` beside them);
+          holds the larger, else both; on a pipeline rank the larger of that and its last backward (every
+          gradient made, ``end_of_backward_bytes`` beside them);
         - ``optimizer``: the state, every gradient and the optimizer's temporaries.
         """
         if self.activations_bytes is None:
