@@ -73,8 +73,7 @@ def activation_bytes(
     s, h, v, b = shape.sequence, shape.hidden, shape.vocab, micro_batch
     mask = dropout_mask_bytes(device_type, state.activation)
     if checkpointing:
-        residual = 4 if state.autocast_copy else state.activation
-        per_layer = s * b * h * residual / (tp if sequence_parallel else 1)
+        per_layer = checkpointed_layer_bytes(shape, b, state, tp, sequence_parallel)
         notes.assume(
             "activation checkpointing: each layer keeps its input (the residual stream) and rebuilds the rest in "
             "backward, one layer at a time"
@@ -105,6 +104,15 @@ def activation_bytes(
         s * b * h * (mask * (facts.dropout > 0) + 4 * state.activation / 2) + 4 * shape.logit_tokens * b * v
     )
     return per_layer * shape.layers + outside
+
+
+def checkpointed_layer_bytes(
+    shape: TransformerShape, micro_batch: int, state: StateBytes, tp: int = 1, sequence_parallel: bool = False
+) -> float:
+    """What a checkpointed layer keeps for one microbatch: its input, the residual stream (fp32 under autocast),
+    replicated over tensor parallelism unless sequence parallelism shards it."""
+    residual = 4 if state.autocast_copy else state.activation
+    return shape.sequence * micro_batch * shape.hidden * residual / (tp if sequence_parallel else 1)
 
 
 def layer_activation_bytes(
@@ -262,15 +270,13 @@ def pipeline_boundary_bytes(
     return values * (state.activation * in_flight + mask * first_stage), in_flight
 
 
-def pipeline_runs_forward_after_backward(mesh: ParallelDims) -> bool:
-    """Whether the first pipeline rank runs a forward after its first backward (so that its microbatches in flight
-    meet the gradients made): 1F1B's and interleaved 1F1B's steady phase, where the microbatch-stages outnumber the
-    warm-up's forwards and the one after it; never GPipe's or looped BFS's (every forward first)."""
+def pipeline_runs_forward_after_backward(mesh: ParallelDims, in_flight: int) -> bool:
+    """Whether the first pipeline rank, holding ``in_flight`` microbatch-stages at its first backward, runs a forward
+    after it (so that its microbatches in flight meet the gradients made): 1F1B's and interleaved 1F1B's steady
+    phase, where the microbatch-stages outnumber those; never GPipe's or looped BFS's (every forward first)."""
     if mesh.schedule in ("gpipe", "looped-bfs"):
         return False
-    return mesh.microbatches * mesh.virtual_stages > in_flight_microbatches(
-        mesh.schedule, 0, mesh.pp, mesh.microbatches, mesh.virtual_stages
-    )
+    return mesh.microbatches * mesh.virtual_stages > in_flight
 
 
 def note_activations(state: StateBytes, keeps_scores: bool, notes: Notes) -> None:

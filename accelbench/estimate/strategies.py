@@ -14,6 +14,7 @@ from accelbench.errors import ConfigError
 from accelbench.estimate.activations import (
     activation_bytes,
     backward_transient_bytes,
+    checkpointed_layer_bytes,
     layer_activation_bytes,
     layer_gradient_bytes,
     note_activations,
@@ -443,20 +444,9 @@ def model_parallel_breakdown(
     checkpointing = stack.activation_checkpointing
     in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
     if checkpointing:
-        # each layer keeps only its input (the residual stream, replicated over tp unless sequence parallelism
-        # shards it) for each microbatch in flight, and its backward rebuilds one layer at a time
-        residual = 4 if state.autocast_copy else state.activation
-        mine = shape.sequence * micro * shape.hidden * residual / (mesh.tp if mesh.sequence_parallel else 1)
-        in_backward = layer_activation_bytes(
-            shape,
-            micro,
-            state,
-            keeps_scores,
-            mesh.tp,
-            mesh.sequence_parallel,
-            device_type=device_type,
-            dropout=facts.dropout > 0,
-        )
+        # each layer keeps only its input for each microbatch in flight, and its backward rebuilds one layer at a time
+        in_backward = mine
+        mine = checkpointed_layer_bytes(shape, micro, state, mesh.tp, mesh.sequence_parallel)
         notes.assume(
             "activation checkpointing: each layer keeps its input (the residual stream) for each microbatch in "
             "flight and rebuilds the rest in backward, one layer at a time"
@@ -477,7 +467,7 @@ def model_parallel_breakdown(
         unit = (activations + boundaries) / in_flight
         activations += boundaries
         in_backward += layer_gradient_bytes(shape, micro, state, keeps_scores, mesh.tp)
-        steady = pipeline_runs_forward_after_backward(mesh)
+        steady = pipeline_runs_forward_after_backward(mesh, in_flight)
         first_stage_left = (
             math.ceil(in_flight / mesh.virtual_stages) if mesh.virtual_stages > 1 else in_flight - 1
         )
