@@ -259,7 +259,7 @@ def main() -> None:
     from accelbench.contract import World, standard_plan
     from accelbench.estimate.calibration import calibrate
     from accelbench.estimate.comm import load_bus_bandwidth
-    from accelbench.estimate.engine_cost import with_zero3_hooks
+    from accelbench.estimate.engine_cost import with_dtensor_dispatch, with_zero3_hooks
     from accelbench.estimate.peak import measured_peak
     from accelbench.plugins import get_host
 
@@ -283,6 +283,11 @@ def main() -> None:
             calibration = with_zero3_hooks(calibration, threads, refresh=args.refresh_calibration)
             hooks = calibration.zero3_hooks
             print(f"ZeRO-3 engine, {threads} thread(s): {hooks.describe() if hooks else calibration.notes[-1]}",
+                  flush=True)  # fmt: skip
+        if "tp" in args.strategies:  # DTensor's dispatch cost on this host, cached apart
+            calibration = with_dtensor_dispatch(calibration, threads, refresh=args.refresh_calibration)
+            cost = calibration.dtensor_dispatch
+            print(f"DTensor dispatch, {threads} thread(s): {cost.describe() if cost else calibration.notes[-1]}",
                   flush=True)  # fmt: skip
         calibrations[threads] = calibration
     comm = args.comm or (Path(previous["comm"]) if previous else comm_record(out / "comm"))

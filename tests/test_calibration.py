@@ -1020,3 +1020,130 @@ def test_zero3s_engine_cost_is_measured_on_one_rank_of_its_own_cached_and_priced
             facts = meta_facts(get_host().workload("gpt"), config)
             expected = fresh.step_seconds(facts.modules, len(facts.tensor_sizes))
             assert prediction["engine_s"] == pytest.approx(expected)
+
+
+# -- tensor parallelism: a rank's own step -------------------------------------------------------------------------
+
+
+def test_a_tp_rank_is_traced_as_it_runs_its_own_matmuls_the_stem_and_head_whole() -> None:
+    """Under tp=2 the traced step is one rank's: its column-parallel matmuls half as wide, its row-parallel ones half
+    as deep, the logits whole, the replica's matmul FLOPs halved but the head's; each DTensor operator a marker of
+    no work of its own, the local operators DTensor runs for it recorded as operators (never the whole, unsharded
+    shapes its sharding propagation infers); two all-reduces a layer forward and two backward; and the fake process
+    group gone afterwards."""
+    import torch.distributed as dist
+
+    config, ops = traced("gpt-micro", batch_size=4, strategy="tp", devices=2)
+    _, whole = traced("gpt-micro", batch_size=4)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    shape = facts.transformer
+    assert shape is not None
+    tokens, d, layers = 4 * shape.sequence, shape.hidden, shape.layers
+    assert ops.tensor_parallel == 2 and whole.tensor_parallel == 1 and not dist.is_initialized()
+    forward = {(op.matmul.m, op.matmul.n, op.matmul.k) for op in ops.phase("forward") if op.matmul}
+    assert {(tokens, 3 * d // 2, d), (tokens, d, d // 2), (tokens, 2 * d, d), (tokens, d, 2 * d)} <= forward
+    assert (tokens, shape.vocab, d) in forward  # the head is whole on every tensor-parallel rank
+    assert not {(tokens, 3 * d, d), (tokens, 4 * d, d), (tokens, d, 4 * d)} & forward
+    head = 3 * 2 * tokens * shape.vocab * d  # forward and backward's two products
+    assert ops.flops_per_step() == pytest.approx((whole.flops_per_step() - head) / 2 + head, rel=1e-6)
+    markers = [op for op in ops.operators if op.distributed]
+    assert markers and not whole.operators[0].distributed
+    assert all(op.flops == 0 and op.bytes_moved == 0 for op in markers)
+    for phase in ("forward", "backward"):
+        reduces = [op for op in ops.phase(phase) if op.name == "all_reduce"]
+        assert len(reduces) == 2 * layers and all(op.bytes_moved == 2 * tokens * d * 4 for op in reduces)
+
+
+def test_a_sequence_parallel_rank_gathers_and_scatters_and_a_process_with_a_group_traces_the_replica() -> (
+    None
+):
+    """With sequence parallelism a layer's all-reduces become an all-gather before each column-parallel linear and a
+    reduce-scatter after each row-parallel one, and the last layer gathers the sequence for the head. In a process that holds a process group of its own (a fake one
+    cannot be made there), the step is traced whole and the prediction divides it evenly, and says so."""
+    import torch.distributed as dist
+
+    config, ops = traced("gpt-micro", batch_size=4, strategy="tp", devices=2, sequence_parallel=True)
+    layers = 4
+    assert ops.tensor_parallel == 2
+    names = [op.name for op in ops.phase("forward")]
+    assert names.count("all_gather_into_tensor") == 2 * layers + 1
+    assert names.count("reduce_scatter_tensor") == 2 * layers
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        config, replica = traced("gpt-micro", batch_size=2, strategy="tp", devices=2)
+    finally:
+        dist.destroy_process_group()
+    assert replica.tensor_parallel == 1 and not any(op.distributed for op in replica.operators)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    p = predict(config, facts, device_type="cpu", calibration=_grid_calibration(), operators=replica)
+    assert any("divided evenly over 2 model-parallel ranks" in a for a in p.assumptions)
+
+
+def test_dtensors_dispatch_is_priced_per_marker_and_per_step_where_measured() -> None:
+    """A tp rank's step with this host's DTensor dispatch cost on the calibration costs each DTensor operator that
+    cost in place of an operator's dispatch, plus the cost per step once; without it, an operator's dispatch, said.
+    A tp x pp mesh's rank is the tp rank's step divided over the pipeline stages."""
+    from accelbench.estimate.engine_cost import DTensorDispatch
+
+    config, ops = traced("gpt-micro", batch_size=2, strategy="tp", devices=2)
+    facts = meta_facts(get_host().workload("gpt"), config)
+    plain = _grid_calibration()
+    cost = DTensorDispatch(key="test", per_operator_s=1e-4, per_step_s=2e-3, probes=[], measured_at="now",
+                           seconds=0.0)  # fmt: skip
+    priced = plain.model_copy(update={"dtensor_dispatch": cost})
+    without = predict(config, facts, device_type="cpu", calibration=plain, operators=ops)
+    with_cost = predict(config, facts, device_type="cpu", calibration=priced, operators=ops)
+    markers = [op for op in ops.operators if op.distributed]
+    per_marker = sum(operator_seconds(op, plain, "cpu")[1] for op in markers)
+    assert with_cost.compute_s is not None and without.compute_s is not None
+    extra = (with_cost.compute_s + (with_cost.optimizer_s or 0)) - (
+        without.compute_s + (without.optimizer_s or 0)
+    )
+    assert extra == pytest.approx(len(markers) * 1e-4 - per_marker + 2e-3, rel=1e-6)
+    assert any(
+        f"{len(markers)} operators through DTensor's dispatch, at 100 us" in a for a in with_cost.assumptions
+    )
+    assert any(
+        "at an operator's dispatch cost (DTensor's was not measured)" in a for a in without.assumptions
+    )
+    mesh, mesh_ops = traced("gpt-micro", batch_size=2, mesh="tp=2,pp=2", devices=4, microbatches=2)
+    assert mesh_ops.tensor_parallel == 2
+    staged = predict(mesh, meta_facts(get_host().workload("gpt"), mesh), device_type="cpu", calibration=priced,
+                     operators=mesh_ops)  # fmt: skip
+    assert any("tensor-parallel rank's operators divided evenly over 2 pipeline stages" in a
+               for a in staged.assumptions)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_dtensors_dispatch_cost_is_measured_in_a_process_of_its_own_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe runs tensor-parallel linear pairs over a fake process group in a process of its own (a worker of a
+    2-process job asking: RANK 1 of 2 in its environment), against plain layers of a rank's sizes: DTensor costs
+    more, more so with more pairs, and a positive cost per operator comes out; it is cached, and ``estimate
+    --calibrate`` of a tp layout prices it."""
+    from accelbench.estimate.engine_cost import CACHE_FILE as ENGINE_CACHE
+    from accelbench.estimate.engine_cost import dtensor_dispatch
+
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")):
+        monkeypatch.setenv(name, value)
+    cost, why = dtensor_dispatch(1, directory=tmp_path)
+    assert why is None and cost is not None, why
+    assert cost.per_operator_s > 0 and [p["pairs"] for p in cost.probes] == [2, 8, 16]
+    assert all(p["tp_s"] > p["plain_s"] > 0 for p in cost.probes)
+    counts = [p["dtensor_operators"] for p in cost.probes]
+    assert counts == sorted(counts) and counts[0] > 0
+    assert cost.key.startswith("dtensor: ") and "1 thread(s)" in cost.key
+    assert dtensor_dispatch(1, directory=tmp_path) == (cost, None)
+    assert cost.key in json.loads((tmp_path / ENGINE_CACHE).read_text())
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    from accelbench.cli import main
+
+    capsys.readouterr()
+    assert main(["estimate", "--model", "gpt-micro", "--strategy", "tp", "--devices", "2", "--threads", "1",
+                 "--bus-bandwidth", "1", "--calibrate", "--json"]) == 0  # fmt: skip
+    prediction = json.loads(capsys.readouterr().out)
+    assert any("through DTensor's dispatch, at" in a and "us a DTensor operator" in a
+               for a in prediction["assumptions"])  # fmt: skip

@@ -67,7 +67,7 @@ def cached_calibration(
         calibration_drift,
         needs_spot_check,
     )
-    from accelbench.estimate.operators import step_operators
+    from accelbench.estimate.operators import has_tensor_parallelism, step_operators
     from accelbench.estimate.peak import cache_dir, matmul_dtype
 
     if run.device.type != run.backend.info.device_type:
@@ -117,6 +117,14 @@ def cached_calibration(
         from accelbench.estimate.engine_cost import with_zero3_hooks
 
         calibration = with_zero3_hooks(
+            calibration, torch.get_num_threads(), cached_only=config.no_calibration
+        )
+    if has_tensor_parallelism(config):
+        import torch
+
+        from accelbench.estimate.engine_cost import with_dtensor_dispatch
+
+        calibration = with_dtensor_dispatch(
             calibration, torch.get_num_threads(), cached_only=config.no_calibration
         )
     kernels = run.backend.optimizer_implementation(run.device)

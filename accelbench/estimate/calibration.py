@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from accelbench.estimate.engine_cost import Zero3Hooks
+from accelbench.estimate.engine_cost import DTensorDispatch, Zero3Hooks
 from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key, measured_since
 from accelbench.hostinfo import cpu_usage
 from accelbench.results import _write_atomically
@@ -192,6 +192,8 @@ class Calibration(_Model):
     # DeepSpeed ZeRO-3's engine cost on this host, attached where a ZeRO-3 step is priced (cached apart, in
     # accelbench.estimate.engine_cost; never stored with the calibration)
     zero3_hooks: Zero3Hooks | None = None
+    # DTensor's dispatch cost on this host, attached where a tensor-parallel step is priced (cached apart, as above)
+    dtensor_dispatch: DTensorDispatch | None = None
 
     def matmul_rate(self, m: int, n: int, k: int, dtype: str | None = None) -> float:
         """FLOP/s of an (m x k) @ (k x n) in ``dtype`` (the calibration's matmul dtype when it has no grid for
@@ -398,7 +400,7 @@ def calibrate(
             "measured on a busy host again: each rate is the higher of this and the cached measurement"
         )
     entries, _ = _load(folder / CACHE_FILE)  # re-read: another process may have stored meanwhile
-    entries[key] = calibration.model_dump(exclude={"zero3_hooks"})
+    entries[key] = calibration.model_dump(exclude={"zero3_hooks", "dtensor_dispatch"})
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return calibration.model_copy(update={"notes": notes})
 

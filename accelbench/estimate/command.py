@@ -337,12 +337,14 @@ def resolve_target(
     refresh_calibration: bool = False,
     zero3: bool = False,
     fresh_since: datetime | None = None,
+    tensor_parallel: bool = False,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
     backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
     with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures),
     carrying this host's DeepSpeed ZeRO-3 engine cost (:mod:`accelbench.estimate.engine_cost`) where the config's
-    strategy is ZeRO-3, or ``zero3``, and the device a CPU. With ``refresh_calibration``, what was measured at or
+    strategy is ZeRO-3, or ``zero3``, and the device a CPU, and its DTensor dispatch cost where the config's layout
+    has a tp axis, or ``tensor_parallel``. With ``refresh_calibration``, what was measured at or
     after ``fresh_since`` (the command's start: plan resolves one precision after another) is not measured again.
     Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
@@ -411,6 +413,14 @@ def resolve_target(
             from accelbench.estimate.engine_cost import with_zero3_hooks
 
             calibration = with_zero3_hooks(
+                calibration, torch.get_num_threads(), refresh=refresh_calibration, fresh_since=fresh_since
+            )
+        from accelbench.estimate.operators import has_tensor_parallelism
+
+        if tensor_parallel or has_tensor_parallelism(config):
+            from accelbench.estimate.engine_cost import with_dtensor_dispatch
+
+            calibration = with_dtensor_dispatch(
                 calibration, torch.get_num_threads(), refresh=refresh_calibration, fresh_since=fresh_since
             )
         notes += calibration.notes

@@ -1,14 +1,22 @@
-"""Times DeepSpeed ZeRO-3's engine against a plain training loop on stacks of tiny linear layers, in a process of its
-own (a one-rank gloo group on this host, the CPU at the given intra-op threads), and prints the seconds per step as
-JSON: ``{"deepspeed": version, "torch": version, "threads": n, "probes": [{"layers", "bias", "modules",
-"tensors", "plain_s", "zero3_s"}, ...]}``. :mod:`accelbench.estimate.engine_cost` runs it and fits the cost.
+"""Times an engine against a plain training loop on stacks of tiny linear layers, in a process of its own (the CPU at
+the given intra-op threads), and prints the seconds per step as JSON. :mod:`accelbench.estimate.engine_cost` runs it
+and fits the cost.
 
-    python -m accelbench.estimate.engine_probe THREADS
+    python -m accelbench.estimate.engine_probe THREADS [zero3|dtensor]
+
+``zero3`` (the default): DeepSpeed ZeRO-3 on a one-rank gloo group, ``{"deepspeed": version, "torch": version,
+"threads": n, "probes": [{"layers", "bias", "modules", "tensors", "plain_s", "zero3_s"}, ...]}``.
 
 The layers are 8 wide and the batch 4 samples, so their work is nil and what ZeRO-3 adds per step is its own:
 the hooks it puts on every module (fetch and release around each module's forward and backward), its gradient
 partitioning per tensor, its flat optimizer partition and its clipping. On one rank nothing is gathered or
-reduced; the collectives are priced apart, from ``accelbench comm`` records."""
+reduced; the collectives are priced apart, from ``accelbench comm`` records.
+
+``dtensor``: stacks of Megatron pairs (a column-parallel linear 8 -> 32, GELU, a row-parallel linear 32 -> 8, torch's
+parallel styles) over a fake process group of 2 ranks, this process rank 0, against the same stacks of plain layers
+at the rank's sizes (8 -> 16 -> 8), both with AdamW; ``{"torch": version, "threads": n, "probes": [{"pairs",
+"dtensor_operators", "plain_s", "tp_s"}, ...]}``, the DTensor operators of a step counted as the traced step counts
+them."""
 
 from __future__ import annotations
 
@@ -107,7 +115,69 @@ def main(threads: int) -> dict[str, Any]:
     }
 
 
+PAIRS = (2, 8, 16)
+TP = 2
+
+
+def dtensor(threads: int) -> dict[str, Any]:
+    import torch
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        ParallelStyle,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from accelbench.engine.parallel.executor import unmixed
+    from accelbench.estimate.operators import fake_tensor_parallel_mesh, record_operators
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    inputs = torch.randn(BATCH, WIDTH)
+
+    def pairs(count: int, hidden: int) -> torch.nn.Sequential:
+        layers: list[torch.nn.Module] = []
+        for _ in range(count):
+            layers += [torch.nn.Linear(WIDTH, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, WIDTH)]
+        return torch.nn.Sequential(*layers)
+
+    def stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+        def step() -> None:
+            model(inputs).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    probes: list[dict[str, Any]] = []
+    with fake_tensor_parallel_mesh(TP, "cpu") as mesh:
+        for count in PAIRS:
+            plain = pairs(count, 4 * WIDTH // TP)
+            split = pairs(count, 4 * WIDTH)
+            styles: dict[str, ParallelStyle] = {}
+            for i in range(count):
+                styles[str(3 * i)], styles[str(3 * i + 2)] = ColwiseParallel(), RowwiseParallel()
+            parallelize_module(split, mesh, styles)
+            tp_step = stepper(split, unmixed(torch.optim.AdamW(split.parameters(), foreach=True)))
+            tp_step()  # DTensor's sharding propagation cached, the optimizer's state made, as in a run
+            operators = record_operators(tp_step)
+            probes.append(
+                {
+                    "pairs": count,
+                    "dtensor_operators": sum(op.distributed for op in operators),
+                    "plain_s": _median_step(
+                        stepper(plain, torch.optim.AdamW(plain.parameters(), foreach=True))
+                    ),
+                    "tp_s": _median_step(tp_step),
+                }
+            )
+    return {"torch": torch.__version__, "threads": threads, "probes": probes}
+
+
 if __name__ == "__main__":
-    result = main(int(sys.argv[1]))
+    probe = sys.argv[2] if len(sys.argv) > 2 else "zero3"
+    if probe not in ("zero3", "dtensor"):
+        sys.exit(f"unknown probe {probe!r}: zero3 or dtensor")
+    result = (main if probe == "zero3" else dtensor)(int(sys.argv[1]))
     sys.stdout.flush()
     print(json.dumps(result))

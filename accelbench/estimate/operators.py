@@ -9,6 +9,17 @@ backward, gradient clipping and the optimizer step with the backend's optimizer 
 registry of formulas), the bytes it reads and writes (its tensor inputs' and outputs' sizes; a view moves none),
 its dtype, its matmul shape and the phase of the step. Nothing is computed, so gpt2-xl's step is traced in seconds.
 torch is imported inside the functions.
+
+A layout with tensor parallelism is traced as one tensor-parallel rank runs it: the executor's own DTensor styles
+(:func:`accelbench.engine.parallel.tp.parallelize_units`) are applied over a fake process group of the tp size
+(torch's ``FakeProcessGroup``: collectives that move nothing), so the rank's smaller matmuls, its whole stem and
+head, and what DTensor runs around them are the operators recorded. An operator on DTensors is recorded twice over:
+as a marker of DTensor's own dispatch (sharding propagation, its Python and C++ wrapping: a host cost priced apart,
+:mod:`accelbench.estimate.engine_cost`), then as the local operators DTensor runs for it (the recorder enters its
+dispatch again, so these reach it too). A first step is run unrecorded, as a run's first: it fills DTensor's sharding
+propagation cache, whose misses infer each operator's output shapes by running it at the whole, unsharded sizes.
+The functional collectives' copies into their output buffers are recorded as memory passes; their communication is
+priced apart, from ``accelbench comm`` records.
 """
 
 from __future__ import annotations
@@ -58,6 +69,9 @@ class Operator:
     # (random numbers, exp, norms, a reduction over a row) costs by
     elements: int = 0
     strided: bool = False  # an input is not contiguous (a copy of it gathers across rows)
+    # a marker of DTensor's dispatch of an operator on DTensors (no work of its own: the local operators it runs
+    # follow it as operators of their own); priced at the host's DTensor dispatch cost
+    distributed: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,8 @@ class StepOperators:
     measured_source: str = ""
     # where the operators were traced on another device type than ``device_type`` (the one they are priced for)
     traced_elsewhere: str = ""
+    # the tensor-parallel size the step was traced at as one rank runs it (1: the whole replica)
+    tensor_parallel: int = 1
 
     def refined(self, measured_s: dict[str, float], source: str) -> StepOperators:
         """The same operators with measured times for those ``measured_s`` names (aten names, no namespace)."""
@@ -116,30 +132,128 @@ def step_operators(
     """The operators of one training step of ``workload`` for ``config`` (resolved) on a device of
     ``device_type``, in ``plan``'s precision, with the optimizer's ``optimizer_kernels`` ('fused', 'foreach',
     'plain': the backend's ``optimizer_implementation``). The per-device micro-batch is ``batch_size /
-    grad_accum``; tensor, pipeline and mesh layouts are traced as the whole replica (the caller divides).
-    Cached per (workload, configuration, precision, device type, kernels) within the process."""
-    key = (workload.name, config.model_dump_json(), plan.model_dump_json(), device_type, optimizer_kernels)
+    grad_accum``; a layout with tensor parallelism is traced as one tensor-parallel rank runs it (where a fake
+    process group can be made here: not in a process that holds a process group of its own), pipeline stages as the
+    whole replica (the caller divides; :attr:`StepOperators.tensor_parallel` says which).
+    Cached per (workload, configuration, precision, device type, kernels, tensor-parallel size traced at) within
+    the process."""
+    tp, sequence_parallel = _tensor_parallel(config)
+    key = (
+        workload.name,
+        config.model_dump_json(),
+        plan.model_dump_json(),
+        device_type,
+        optimizer_kernels,
+        tp,
+    )
     if key not in _TRACED:
         if len(_TRACED) >= MAX_TRACED:
             _TRACED.pop(next(iter(_TRACED)))
-        _TRACED[key] = _trace(workload, config, plan, device_type, optimizer_kernels)
+        _TRACED[key] = _trace(workload, config, plan, device_type, optimizer_kernels, tp, sequence_parallel)
     return _TRACED[key]
 
 
-# The steps traced in this process, by (workload, configuration, plan, device type, kernels), oldest first.
-_TRACED: dict[tuple[str, ...], StepOperators] = {}
+# The steps traced in this process, by (workload, configuration, plan, device type, kernels, tp size traced at),
+# oldest first.
+_TRACED: dict[tuple[str | int, ...], StepOperators] = {}
 MAX_TRACED = 32
 
 
 def _trace(
-    workload: Workload, config: RunConfig, plan: PrecisionPlan, device_type: str, kernels: str
+    workload: Workload,
+    config: RunConfig,
+    plan: PrecisionPlan,
+    device_type: str,
+    kernels: str,
+    tp: int,
+    sequence_parallel: bool,
 ) -> StepOperators:
+    """The step as one rank of ``tp`` tensor-parallel ranks runs it (1: the whole replica)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     micro = max(1, config.batch_size // config.grad_accum)
     traced = config.model_copy(update={"batch_size": micro, "grad_accum": 1})
     device = torch.device(device_type)
+    if tp == 1:
+        return _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
+    with fake_tensor_parallel_mesh(tp, device_type) as mesh:
+        return _trace_step(
+            workload, traced, plan, device, kernels, mesh, sequence_parallel, config.grad_accum
+        )
+
+
+def has_tensor_parallelism(config: RunConfig) -> bool:
+    """Whether the (canonical) configuration's layout has a tp axis."""
+    if config.mesh is None:
+        return False
+    from accelbench.parallel_dims import ParallelDims
+
+    return ParallelDims.of(config).tp > 1
+
+
+def _tensor_parallel(config: RunConfig) -> tuple[int, bool]:
+    """(tp size, sequence parallelism) of the layout a rank is traced at: its tp axis where it has one and no
+    expert-parallel axis (the experts' own sharding needs their process groups), else (1, False)."""
+    if config.mesh is None:
+        return 1, False
+    from accelbench.parallel_dims import ParallelDims
+
+    dims = ParallelDims.of(config)
+    if dims.tp == 1 or dims.ep > 1 or not _can_fake_process_group():
+        return 1, False
+    return dims.tp, dims.sequence_parallel
+
+
+def _can_fake_process_group() -> bool:
+    """Whether a fake process group can be made in this process: torch has distributed, and this process holds no
+    process group (a worker of a run, or a program that made its own)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and not dist.is_initialized() and _register_fake_backend()
+
+
+@lru_cache(maxsize=1)
+def _register_fake_backend() -> bool:
+    """torch's fake process group (``FakeProcessGroup``: collectives that move nothing) registered as backend
+    ``fake``, as torch's own tools register it; False where this torch has none."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the backend on import
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def fake_tensor_parallel_mesh(size: int, device_type: str) -> Iterator[Any]:
+    """A one-axis ("tp") device mesh of ``size`` ranks over a fake process group, this process as rank 0; the
+    group is destroyed on exit."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not _register_fake_backend():
+        raise RuntimeError(
+            "this torch has no fake process group (torch.testing._internal.distributed.fake_pg)"
+        )
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=size)
+    try:
+        yield init_device_mesh(device_type, (size,), mesh_dim_names=("tp",))
+    finally:
+        dist.destroy_process_group()
+
+
+def _trace_step(
+    workload: Workload,
+    traced: RunConfig,
+    plan: PrecisionPlan,
+    device: torch.device,
+    kernels: str,
+    mesh: Any,
+    sequence_parallel: bool,
+    micro_batches: int,
+) -> StepOperators:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     recorder = _Recorder()
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device(device):
@@ -153,42 +267,87 @@ def _trace(
         for tensor in (*model.parameters(), *model.buffers()):
             if tensor.is_floating_point() and tensor.dtype != plan.torch_param_dtype:
                 tensor.data = tensor.data.to(plan.torch_param_dtype)
-        optimizer = job.make_optimizer(model, device, kernels)
+        if mesh is not None:  # as the executor splits the units, and groups the optimizer's tensors by kind
+            from accelbench.engine.parallel.executor import unmixed
+            from accelbench.engine.parallel.tp import parallelize_units
+
+            parallelize_units(job.units.modules(model), job.units.tp_plan, mesh, sequence_parallel)
+            optimizer = unmixed(job.make_optimizer(model, device, kernels))
+        else:
+            optimizer = job.make_optimizer(model, device, kernels)
         inputs, targets = next(iter(job.data.batches(0, 0, 1)))
         inputs, targets = inputs.to(device), targets.to(device)
         autocast = plan.torch_autocast_dtype
-        with recorder:
-            recorder.phase = "forward"
+
+        def loss_of_batch() -> torch.Tensor:
             if autocast is not None:
                 with torch.autocast(device.type, dtype=autocast):
-                    loss = model(inputs, targets)
-            else:
-                loss = model(inputs, targets)
-            recorder.phase = "backward"
-            loss.backward()
-            recorder.phase = "optimizer"
-            with recorder.paused():  # the first step creates the optimizer's state; a step in a run finds it
-                optimizer.step()
-            if job.grad_clip_norm is not None:
+                    return model(inputs, targets)
+            return model(inputs, targets)
+
+        def update() -> None:
+            if job.grad_clip_norm is not None and mesh is not None:  # as the executor clips DTensor gradients
+                from accelbench.engine.parallel.executor import gradient_squares, scale_gradients
+
+                params = [p for p in model.parameters() if p.grad is not None]
+                grads = [g for p in params if (g := p.grad) is not None]
+                squares = gradient_squares(grads, kernels != "plain", device)
+                scale_gradients(params, squares.sqrt(), job.grad_clip_norm)
+            elif job.grad_clip_norm is not None:
                 torch.nn.utils.clip_grad_norm_(
                     model.parameters(), job.grad_clip_norm, foreach=kernels != "plain"
                 )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    return StepOperators(tuple(recorder.operators), micro, config.grad_accum, device_type, kernels)
+
+        with recorder:
+            if mesh is not None:
+                # a first step, not recorded, as a run's first: it creates the optimizer's state and fills DTensor's
+                # sharding propagation cache, which a run's later steps find (on a miss, DTensor infers each
+                # operator's output shapes by running it on the whole, unsharded sizes)
+                with recorder.paused():
+                    loss_of_batch().backward()
+                    update()
+            recorder.phase = "forward"
+            loss = loss_of_batch()
+            recorder.phase = "backward"
+            loss.backward()
+            recorder.phase = "optimizer"
+            if mesh is None:
+                with (
+                    recorder.paused()
+                ):  # the first step creates the optimizer's state; a step in a run finds it
+                    optimizer.step()
+            update()
+    return StepOperators(
+        tuple(recorder.operators),
+        traced.batch_size,
+        micro_batches,
+        device.type,
+        kernels,
+        tensor_parallel=mesh.size() if mesh is not None else 1,
+    )
 
 
 def count_operators(step: Callable[[], object]) -> int:
     """How many aten operators one call of ``step`` dispatches, as :func:`step_operators` counts them (below
     autograd: forward, backward and what ``step`` runs besides). ``step`` runs once, for real."""
+    return len(record_operators(step))
+
+
+def record_operators(step: Callable[[], object]) -> list[Operator]:
+    """The operators one call of ``step`` dispatches, recorded as :func:`step_operators` records them (DTensor's
+    markers among them). ``step`` runs once, for real."""
     recorder = _Recorder()
     with recorder:
         step()
-    return len(recorder.operators)
+    return list(recorder.operators)
 
 
 # Operators whose time is the caller's, not the device's: shape queries, and what only moves a tensor's metadata.
 _FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like", "_unsafe_view"})
+# the functional collectives' waits and autograd wrapping: bookkeeping of a buffer already written
+_FREE_COLLECTIVE = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
 
 
 def _recorder_class() -> type[Any]:
@@ -202,6 +361,7 @@ def _recorder_class() -> type[Any]:
             self.phase: Phase = "forward"
             self.operators: list[Operator] = []
             self.recording = True
+            self.in_dtensor = False  # within DTensor's dispatch of an operator (entered again by this mode)
 
         @contextlib.contextmanager
         def paused(self) -> Iterator[None]:
@@ -215,10 +375,23 @@ def _recorder_class() -> type[Any]:
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
         ) -> Any:
             kwargs = kwargs or {}
+            if _has_dtensor((args, kwargs)):
+                if self.in_dtensor:  # entered again below: DTensor's own dispatch takes it, under this mode
+                    return NotImplemented
+                if self.recording and func.namespace == "aten":
+                    self.operators.append(_dtensor_marker(func, self.phase))
+                self.in_dtensor = True
+                try:
+                    with self:  # the local operators DTensor runs for it are recorded as they run
+                        return func(*args, **kwargs)
+                finally:
+                    self.in_dtensor = False
             if self.recording and func.overloadpacket.__name__ in _COMPOSITE:
                 return _COMPOSITE[func.overloadpacket.__name__](self, args, kwargs)
             out = func(*args, **kwargs)
-            if self.recording and func.namespace == "aten":  # not prim::device, the profiler's markers
+            if (
+                self.recording and func.namespace in _RECORDED_NAMESPACES
+            ):  # not prim::device, profiler markers
                 self.operators.append(_operator(func, args, kwargs, out, self.phase))
             return out
 
@@ -273,6 +446,32 @@ _COMPOSITE: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
 }
 
 
+# aten's operators, and the functional collectives (DTensor's redistributions): their copy into the output buffer
+_RECORDED_NAMESPACES = frozenset({"aten", "_c10d_functional"})
+
+
+def _has_dtensor(value: Any) -> bool:
+    from torch.utils._pytree import tree_leaves
+
+    dtensor = _dtensor_class()
+    return dtensor is not None and any(isinstance(leaf, dtensor) for leaf in tree_leaves(value))
+
+
+@lru_cache(maxsize=1)
+def _dtensor_class() -> type[Any] | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return None
+    return DTensor
+
+
+def _dtensor_marker(func: Any, phase: Phase) -> Operator:
+    """DTensor's dispatch of ``func``: no work of its own (the local operators it runs are recorded apart)."""
+    return Operator(name=func.overloadpacket.__name__, phase=phase, dtype="none", flops=0.0, bytes_moved=0.0,
+                    distributed=True)  # fmt: skip
+
+
 def _Recorder() -> Any:  # noqa: N802 - a class made on first use, so that torch is imported lazily
     return _recorder_class()()
 
@@ -290,7 +489,7 @@ def _operator(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     inputs = list(_tensors((args, kwargs)))
     outputs = list(_tensors(out))
     name = func.overloadpacket.__name__
-    view = bool(getattr(func, "is_view", False)) or name in _FREE
+    view = bool(getattr(func, "is_view", False)) or name in _FREE or name in _FREE_COLLECTIVE
     moved = 0.0 if view else float(sum(t.numel() * t.element_size() for t in (*inputs, *outputs)))
     counter = _flop_formula(func)
     flops = float(counter(*args, **kwargs, out_val=out)) if counter is not None else 0.0

@@ -221,7 +221,11 @@ def exposed_comm(
 
 
 def operator_seconds(op: Operator, calibration: Calibration, device_type: str) -> tuple[float, float]:
-    """One call of ``op`` at the calibrated rates: its work (the roofline) and its dispatch, in seconds."""
+    """One call of ``op`` at the calibrated rates: its work (the roofline) and its dispatch, in seconds. A marker of
+    DTensor's dispatch does no work and costs the host's DTensor dispatch cost, where the calibration carries it
+    (else an operator's dispatch)."""
+    if op.distributed and calibration.dtensor_dispatch is not None:
+        return 0.0, calibration.dtensor_dispatch.per_operator_s
     work = op.bytes_moved / calibration.stream_rate(op.bytes_moved) if op.bytes_moved else 0.0
     elementwise = calibration.elementwise_rate(op.name, op.strided, op.elements)
     if elementwise and op.elements:  # random numbers, exp, norms, masks: arithmetic, not memory, bounds them
@@ -276,8 +280,10 @@ def calibrated_times(
     each at the rate of its own ``m x n x k``, and the CPU's ``addmm`` adds a pass writing the bias into its output;
     a phase is its operators' work plus their dispatch. On an accelerator a batched product runs at the rate of one
     product of its whole work (``batch * m x n x k``), and a phase takes the longer of its operators' work and their
-    dispatch, which the host does while the device works. For tensor,
-    pipeline and mesh layouts the replica's operators are divided evenly over its model-parallel ranks."""
+    dispatch, which the host does while the device works. A step traced as one tensor-parallel rank runs it
+    (:attr:`StepOperators.tensor_parallel`) is that rank's, DTensor's dispatch priced at the host's cost per DTensor
+    operator and once a step, where the calibration carries it; otherwise (pipeline stages, or a tp layout traced
+    whole) the replica's operators are divided evenly over its model-parallel ranks."""
     # A CPU runs each operator as it is dispatched: a phase takes its operators' work and dispatch one after the
     # other. An accelerator's operators are queued by the host and run while it dispatches the next: a phase takes
     # the longer of the two, its device work or its host's dispatching (an eager step of a small model is bound by
@@ -316,11 +322,32 @@ def calibrated_times(
             f"{', '.join(sorted(by_name))} (forward and backward; the profiler's own overhead included)"
         )
     share = 1.0
-    if layout.strategy in MODEL_PARALLEL:
-        share = 1.0 / layout.dims.model_parallel
+    traced_tp = operators.tensor_parallel
+    if traced_tp > 1:
+        markers = sum(1 for op in operators.operators if op.distributed)
+        cost = calibration.dtensor_dispatch
+        if cost is not None:
+            phases["optimizer"] += cost.per_step_s
+            dispatch_total += cost.per_step_s
         notes.assume(
-            f"calibrated compute of a {layout.strategy} rank: the replica's operators divided evenly over its "
-            f"{layout.dims.model_parallel} model-parallel ranks (its own smaller matmuls are not traced)"
+            f"calibrated compute of a tensor-parallel rank as it runs (its DTensor styles over a fake process group "
+            f"of {traced_tp}): its own matmuls, the stem and head whole, and {markers} operators through DTensor's "
+            "dispatch"
+            + (f", at {cost.describe()}" if cost is not None else ", at an operator's dispatch cost (DTensor's was "
+               "not measured)")
+        )  # fmt: skip
+    if layout.strategy in MODEL_PARALLEL and layout.dims.model_parallel > traced_tp:
+        rest = layout.dims.model_parallel // traced_tp
+        share = 1.0 / rest
+        notes.assume(
+            f"calibrated compute of a {layout.strategy} rank: the "
+            + ("tensor-parallel rank's" if traced_tp > 1 else "replica's")
+            + f" operators divided evenly over {rest} "
+            + (
+                "pipeline stages"
+                if traced_tp > 1
+                else "model-parallel ranks (its own smaller matmuls are not traced)"
+            )
         )
     description = (
         f"calibrated: {len(operators.operators)} operators of a {operators.micro_batch}-sample micro-batch x "

@@ -184,7 +184,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
     bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
     deepspeed = importlib.util.find_spec("deepspeed") is not None
     strategies = args.strategies or default_strategies(world, deepspeed)
-    targets, precision_notes = _targets(host, base, args, zero3="deepspeed-zero3" in strategies)
+    targets, precision_notes = _targets(
+        host,
+        base,
+        args,
+        zero3="deepspeed-zero3" in strategies,
+        tensor_parallel=bool({"tp", "mesh"} & set(strategies)),
+    )
     facts = meta_facts(workload, base_config)
     # the configurations over the flags' choices, with activation checkpointing as asked (off, on or both)
     candidates = partial(
@@ -312,11 +318,16 @@ def _default_batches() -> list[int]:
 
 
 def _targets(
-    host: Any, base: dict[str, Any], args: argparse.Namespace, zero3: bool = False
+    host: Any,
+    base: dict[str, Any],
+    args: argparse.Namespace,
+    zero3: bool = False,
+    tensor_parallel: bool = False,
 ) -> tuple[dict[str, Target], list[str]]:
     """The device for each precision considered (its peak differs by precision): those given with --precisions,
     each of which the device must run; else every precision it runs, the others noted. ``zero3``: ZeRO-3 is among
-    the strategies, whose engine cost a calibration then carries."""
+    the strategies, whose engine cost a calibration then carries; ``tensor_parallel``: tp or mesh layouts are, whose
+    DTensor dispatch cost it carries."""
     from accelbench.cli import make_config
     from accelbench.estimate.command import resolve_target
 
@@ -336,7 +347,7 @@ def _targets(
                                            measure_peak=args.measure_peak, refresh_peak=args.refresh_peak,
                                            calibrate=args.calibrate,
                                            refresh_calibration=args.refresh_calibration, zero3=zero3,
-                                           fresh_since=started)  # fmt: skip
+                                           fresh_since=started, tensor_parallel=tensor_parallel)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from accelbench.contract import DataShard, ExecutorRequest, World
 from accelbench.contract.strategies import Strategy
-from accelbench.engine.parallel.executor import _unmixed
+from accelbench.engine.parallel.executor import unmixed
 from accelbench.engine.parallel.mesh import MeshExecutor, build_device_mesh
 from accelbench.errors import ConfigError
 from accelbench.workloads import TrainingJob
@@ -78,7 +78,7 @@ class ExpertParallelExecutor(MeshExecutor):
         if self.sharded:
             self._fully_shard(model, layers, job)
         self.model = model
-        self.optimizer = _unmixed(
+        self.optimizer = unmixed(
             job.make_optimizer(model, self.device, self.backend.optimizer_implementation(self.device))
         )
         self._clip = job.grad_clip_norm

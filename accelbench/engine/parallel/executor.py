@@ -171,7 +171,7 @@ class ParallelExecutor(MeshExecutor):
             self.modules.append(self._data_parallel(part, part_units))
         if layout.ep > 1:  # tensor parallelism made the held experts' slices new (DTensor) parameters
             self._expert_ids = {id(p) for layer in self._moe_layers for p in layer.expert_parameters()}
-        self.optimizer = _unmixed(
+        self.optimizer = unmixed(
             job.make_optimizer(
                 nn.ModuleList(self.modules), self.device, self.backend.optimizer_implementation(self.device)
             )
@@ -556,32 +556,18 @@ class ParallelExecutor(MeshExecutor):
         parameters with one."""
         copies = {id(c.parameter) for c in self._copies}
         params = list({id(p): p for m in self.modules for p in m.parameters() if p.grad is not None}.values())
-        by_mesh: dict[Any, list[torch.Tensor]] = {}
-        plain: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
         experts: list[torch.Tensor] = []
         for p in params:
             if id(p) in copies:
                 continue
-            grad = p.grad
-            assert grad is not None
-            if id(p) in self._expert_ids:
-                experts.append(grad)
-            elif isinstance(grad, DTensor):
-                by_mesh.setdefault(grad.device_mesh, []).append(grad)
-            else:
-                plain.append(grad)
-        squares = torch.zeros((), device=self.device, dtype=torch.float32)
+            assert p.grad is not None
+            (experts if id(p) in self._expert_ids else grads).append(p.grad)
         self._foreach = self.backend.optimizer_implementation(self.device) != "plain"  # the backend's kernels
-        for grads in by_mesh.values():
-            norm = torch.nn.utils.get_total_norm(grads, foreach=self._foreach)
-            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
-        if plain:
-            squares += torch.nn.utils.get_total_norm(plain, foreach=self._foreach).float() ** 2
+        squares = gradient_squares(grads, self._foreach, self.device)
         if self._ep_group is not None:  # every rank of the group takes part, whatever experts it holds
-            held = torch.zeros((), device=self.device, dtype=torch.float32)
-            if experts:  # with tp, each expert's slices first reduced over the tp group
-                norm = torch.nn.utils.get_total_norm(experts, foreach=self._foreach)
-                held += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
+            # with tp, each expert's slices first reduced over the tp group
+            held = gradient_squares(experts, self._foreach, self.device)
             dist.all_reduce(held, group=self._ep_group)
             squares += held
         if self.pipelined:
@@ -591,11 +577,7 @@ class ParallelExecutor(MeshExecutor):
     def _clip_gradients(self, max_norm: float) -> None:
         """Clip to ``max_norm`` by the global gradient norm (:meth:`_total_norm`), as ``clip_grad_norm_`` does."""
         norm, params = self._total_norm()
-        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for p in params:
-            assert p.grad is not None
-            grad = _local(p.grad)
-            grad.mul_(coefficient.to(grad.dtype))
+        scale_gradients(params, norm, max_norm)
 
     def why_no_tensor_peak(self) -> str | None:
         """The zero-bubble schedules split each backward into the input's gradient (``torch.autograd.grad`` on the
@@ -795,7 +777,36 @@ class ParallelExecutor(MeshExecutor):
         return result
 
 
-def _unmixed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def gradient_squares(grads: list[torch.Tensor], foreach: bool, device: torch.device) -> torch.Tensor:
+    """The sum of the squares of ``grads`` (their global L2 norm squared) as a float32 scalar on ``device``: each
+    mesh's DTensor gradients reduced over it, then the plain ones (foreach kernels take one kind at a time). What
+    the executor's clipping and the traced step's (:mod:`accelbench.estimate.operators`) compute."""
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    plain: list[torch.Tensor] = []
+    for grad in grads:
+        if isinstance(grad, DTensor):
+            by_mesh.setdefault(grad.device_mesh, []).append(grad)
+        else:
+            plain.append(grad)
+    squares = torch.zeros((), device=device, dtype=torch.float32)
+    for kind in (*by_mesh.values(), plain):
+        if kind:
+            norm = torch.nn.utils.get_total_norm(kind, foreach=foreach)
+            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
+    return squares
+
+
+def scale_gradients(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float) -> None:
+    """Scale the gradients of ``params`` (DTensors' local shards in place) as ``clip_grad_norm_`` does for a
+    global norm ``norm``: by ``min(1, max_norm / (norm + 1e-6))``."""
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for p in params:
+        assert p.grad is not None
+        grad = _local(p.grad)
+        grad.mul_(coefficient.to(grad.dtype))
+
+
+def unmixed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The workload's optimizer with each parameter group split by kind (plain tensors, DTensors of each mesh):
     fused and foreach kernels take one kind at a time, and tensor parallelism leaves the stem and head plain. The
     groups keep their settings (weight decay, ...), so the updates are the workload's own. Done before any step."""
