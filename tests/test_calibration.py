@@ -1147,3 +1147,49 @@ def test_dtensors_dispatch_cost_is_measured_in_a_process_of_its_own_and_cached(
     prediction = json.loads(capsys.readouterr().out)
     assert any("through DTensor's dispatch, at" in a and "us a DTensor operator" in a
                for a in prediction["assumptions"])  # fmt: skip
+
+
+def test_a_moe_tp_rank_traces_its_experts_slices_and_a_rank_that_cannot_be_traced_falls_back_to_the_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """moe-tiny under tp=2: each rank's grouped expert products are over its half of each expert's hidden width (the
+    experts' first unrecorded step runs the grouped products as the CPU does, float32 included). Where a rank cannot
+    be traced (here made to fail), the replica is traced and divided evenly, as before rank traces, and the
+    prediction says why."""
+    from accelbench.estimate import operators as operators_module
+
+    host = get_host()
+    plan = standard_plan("fp32", "ieee-fp32")
+    config = host.resolve(RunConfig(workload="moe", model="moe-tiny", strategy="tp", devices=2, batch_size=2))  # type: ignore[arg-type]
+    whole_config = host.resolve(RunConfig(workload="moe", model="moe-tiny", batch_size=2))  # type: ignore[arg-type]
+    rank = step_operators(host.workload("moe"), config, plan, "cpu", "fused")
+    whole = step_operators(host.workload("moe"), whole_config, plan, "cpu", "fused")
+
+    def grouped(ops: StepOperators) -> set[tuple[int, int, int, int]]:
+        return {(op.matmul.m, op.matmul.n, op.matmul.k, op.matmul.batch) for op in ops.phase("forward")
+                if op.name == "_grouped_mm" and op.matmul}  # fmt: skip
+
+    assert rank.tensor_parallel == 2 and not rank.whole_replica
+    assert {(m, n // 2, k, b) for m, n, k, b in grouped(whole) if n > k} <= grouped(
+        rank
+    )  # w1/w3 column-split
+    assert {(m, n, k // 2, b) for m, n, k, b in grouped(whole) if k > n} <= grouped(rank)  # w2 row-split
+    real = operators_module._trace_step
+
+    def no_rank(*args: Any) -> StepOperators:
+        if args[5] is not None:  # the mesh: a rank's trace
+            raise RuntimeError("no kernel for this")
+        return real(*args)
+
+    monkeypatch.setattr(operators_module, "_trace_step", no_rank)
+    monkeypatch.setattr(operators_module, "_TRACED", {})
+    replica = step_operators(host.workload("moe"), config, plan, "cpu", "fused")
+    assert replica.tensor_parallel == 1 and not any(op.distributed for op in replica.operators)
+    assert (
+        replica.whole_replica
+        == "a tensor-parallel rank could not be traced (RuntimeError: no kernel for this)"
+    )
+    facts = meta_facts(host.workload("moe"), config)
+    p = predict(config, facts, device_type="cpu", calibration=_grid_calibration(), operators=replica)
+    assert replica.whole_replica in p.assumptions
+    assert any("divided evenly over 2 model-parallel ranks" in a for a in p.assumptions)

@@ -25,6 +25,7 @@ priced apart, from ``accelbench comm`` records.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
@@ -92,6 +93,8 @@ class StepOperators:
     traced_elsewhere: str = ""
     # the tensor-parallel size the step was traced at as one rank runs it (1: the whole replica)
     tensor_parallel: int = 1
+    # why a layout with tensor parallelism was traced as the whole replica ("": it was not, or has none)
+    whole_replica: str = ""
 
     def refined(self, measured_s: dict[str, float], source: str) -> StepOperators:
         """The same operators with measured times for those ``measured_s`` names (aten names, no namespace)."""
@@ -174,12 +177,21 @@ def _trace(
     micro = max(1, config.batch_size // config.grad_accum)
     traced = config.model_copy(update={"batch_size": micro, "grad_accum": 1})
     device = torch.device(device_type)
-    if tp == 1:
-        return _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
-    with fake_tensor_parallel_mesh(tp, device_type) as mesh:
-        return _trace_step(
-            workload, traced, plan, device, kernels, mesh, sequence_parallel, config.grad_accum
-        )
+    if tp > 1:
+        try:
+            with fake_tensor_parallel_mesh(tp, device_type) as mesh, warnings.catch_warnings():
+                # dropout on a DTensor-parallel CPU mesh: torch warns its random streams may differ from a real
+                # run's; the trace draws no numbers
+                warnings.filterwarnings("ignore", message="DTensor random operators")
+                return _trace_step(
+                    workload, traced, plan, device, kernels, mesh, sequence_parallel, config.grad_accum
+                )
+        except Exception as exc:  # noqa: BLE001 - the replica then, divided evenly, and said why
+            whole = _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            why = f"a tensor-parallel rank could not be traced ({type(exc).__name__}: {first})"
+            return replace(whole, whole_replica=why)
+    return _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
 
 
 def has_tensor_parallelism(config: RunConfig) -> bool:
@@ -386,7 +398,7 @@ def _recorder_class() -> type[Any]:
                         return func(*args, **kwargs)
                 finally:
                     self.in_dtensor = False
-            if self.recording and func.overloadpacket.__name__ in _COMPOSITE:
+            if func.overloadpacket.__name__ in _COMPOSITE:  # run as the device runs them, recorded or not
                 return _COMPOSITE[func.overloadpacket.__name__](self, args, kwargs)
             out = func(*args, **kwargs)
             if (
@@ -398,7 +410,8 @@ def _recorder_class() -> type[Any]:
         def run(self, func: Any, *args: Any, **kwargs: Any) -> Any:
             """``func`` on ``args``, recorded as an operator of its own (a part of a composite kernel)."""
             out = func(*args, **kwargs)
-            self.operators.append(_operator(func, args, kwargs, out, self.phase))
+            if self.recording:
+                self.operators.append(_operator(func, args, kwargs, out, self.phase))
             return out
 
     return Recorder
@@ -434,7 +447,8 @@ def _grouped_mm(recorder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         dtype = kwargs.get("out_dtype") or a.dtype
         as_bf16 = {**kwargs, "out_dtype": None}
         out = grouped(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **as_bf16).to(dtype)
-    recorder.operators.append(_operator(grouped, args, kwargs, out, recorder.phase))
+    if recorder.recording:
+        recorder.operators.append(_operator(grouped, args, kwargs, out, recorder.phase))
     return out
 
 

@@ -336,6 +336,8 @@ def calibrated_times(
             + (f", at {cost.describe()}" if cost is not None else ", at an operator's dispatch cost (DTensor's was "
                "not measured)")
         )  # fmt: skip
+    if operators.whole_replica:
+        notes.assume(operators.whole_replica)
     if layout.strategy in MODEL_PARALLEL and layout.dims.model_parallel > traced_tp:
         rest = layout.dims.model_parallel // traced_tp
         share = 1.0 / rest
