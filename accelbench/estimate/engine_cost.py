@@ -267,9 +267,8 @@ def with_zero3_hooks(
 ) -> Calibration:
     """``calibration`` with this host's ZeRO-3 engine cost attached (:func:`zero3_hooks`), or with a note saying
     why it has none."""
-    hooks, why = zero3_hooks(threads, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
-    notes = [*calibration.notes, *([why] if why else [])]
-    return calibration.model_copy(update={"zero3_hooks": hooks, "notes": notes})
+    found = zero3_hooks(threads, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
+    return _attached(calibration, "zero3_hooks", found)
 
 
 def with_dtensor_dispatch(
@@ -282,6 +281,12 @@ def with_dtensor_dispatch(
 ) -> Calibration:
     """``calibration`` with this host's DTensor dispatch cost attached (:func:`dtensor_dispatch`), or with a note
     saying why it has none."""
-    cost, why = dtensor_dispatch(threads, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
+    found = dtensor_dispatch(threads, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
+    return _attached(calibration, "dtensor_dispatch", found)
+
+
+def _attached(calibration: Calibration, field: str, found: tuple[Any, str | None]) -> Calibration:
+    """``calibration`` with an engine cost ``found`` (the cost, or None and why) set as ``field``, its note added."""
+    cost, why = found
     notes = [*calibration.notes, *([why] if why else [])]
-    return calibration.model_copy(update={"dtensor_dispatch": cost, "notes": notes})
+    return calibration.model_copy(update={field: cost, "notes": notes})

@@ -177,6 +177,7 @@ def _trace(
     micro = max(1, config.batch_size // config.grad_accum)
     traced = config.model_copy(update={"batch_size": micro, "grad_accum": 1})
     device = torch.device(device_type)
+    why = ""
     if tp > 1:
         try:
             with fake_tensor_parallel_mesh(tp, device_type) as mesh, warnings.catch_warnings():
@@ -187,11 +188,10 @@ def _trace(
                     workload, traced, plan, device, kernels, mesh, sequence_parallel, config.grad_accum
                 )
         except Exception as exc:  # noqa: BLE001 - the replica then, divided evenly, and said why
-            whole = _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             why = f"a tensor-parallel rank could not be traced ({type(exc).__name__}: {first})"
-            return replace(whole, whole_replica=why)
-    return _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
+    whole = _trace_step(workload, traced, plan, device, kernels, None, False, config.grad_accum)
+    return replace(whole, whole_replica=why) if why else whole
 
 
 def has_tensor_parallelism(config: RunConfig) -> bool:
@@ -357,9 +357,9 @@ def record_operators(step: Callable[[], object]) -> list[Operator]:
 
 
 # Operators whose time is the caller's, not the device's: shape queries, and what only moves a tensor's metadata.
-_FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like", "_unsafe_view"})
-# the functional collectives' waits and autograd wrapping: bookkeeping of a buffer already written
-_FREE_COLLECTIVE = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
+# The functional collectives' waits and autograd wrapping are bookkeeping of a buffer already written.
+_FREE = frozenset({"detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like", "_unsafe_view",
+                   "wait_tensor", "_wrap_tensor_autograd"})  # fmt: skip
 
 
 def _recorder_class() -> type[Any]:
@@ -503,7 +503,7 @@ def _operator(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     inputs = list(_tensors((args, kwargs)))
     outputs = list(_tensors(out))
     name = func.overloadpacket.__name__
-    view = bool(getattr(func, "is_view", False)) or name in _FREE or name in _FREE_COLLECTIVE
+    view = bool(getattr(func, "is_view", False)) or name in _FREE
     moved = 0.0 if view else float(sum(t.numel() * t.element_size() for t in (*inputs, *outputs)))
     counter = _flop_formula(func)
     flops = float(counter(*args, **kwargs, out_val=out)) if counter is not None else 0.0
