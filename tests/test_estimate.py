@@ -43,12 +43,14 @@ A_STORED, A_PARAMETERS, A_FLOPS = 110_336, 106_304, 674_688 * 32 * 8
 # linear layers' parameters (autocast copies them to bf16): per block 12d^2 + 9d = 49,728, x 2, + the head 8,192
 A_MATMUL = 2 * 49_728 + 8_192
 # activations, 2-byte values, no scores: per layer 34 s b h = 34 x 32 x 8 x 64 = 557,056, x 2 layers;
-# outside the layers s b h (1 + 4) = 81,920 and fp32 logits 4 s b V = 4 x 32 x 8 x 128 = 131,072 (DeepSpeed's bf16
-# mode runs the model in bf16); under autocast the two norms' inputs stay fp32: + 4 s b h = 65,536 a layer
-A_ACTIVATIONS_16 = 2 * 557_056 + 81_920 + 131_072
+# outside the layers s b h (1 + 4) = 81,920 and the fp32 log-probabilities over the 65 columns the loss reads (the
+# vocabulary's, its padding to 128 dropped) 4 s b V = 4 x 32 x 8 x 65 = 66,560 (DeepSpeed's bf16 mode runs the model
+# in bf16); under autocast the two norms' inputs stay fp32: + 4 s b h = 65,536 a layer
+A_ACTIVATIONS_16 = 2 * 557_056 + 81_920 + 66_560
 A_ACTIVATIONS = A_ACTIVATIONS_16 + 2 * 65_536
-# the start of backward: the cross-entropy's gradients for the log-probabilities and the logits, fp32 4 s b V each
-A_LOSS_GRADIENTS = 2 * 4 * 32 * 8 * 128  # 262,144
+# the start of backward: the cross-entropy's gradients for the log-probabilities (65 columns) and the logits (128:
+# the padding's columns get zeros), fp32 4 s b V each
+A_LOSS_GRADIENTS = 4 * 32 * 8 * (65 + 128)  # 197,632
 
 # B: custom GPT, 1 layer, 4 heads, width 256, context 32; fp32, batch 4 per device, 2 devices, on a CPU (dropout 0.1:
 # torch's CPU attention runs the math path, which keeps the a*s^2 scores).
@@ -65,9 +67,9 @@ B_FLOPS = 4_939_776 * 32 * 4
 # activations, fp32: Korthikanti's 34 s b h (16-bit) x 2 = 68 s b h, whose two 1-byte dropout masks are fp32 noise
 # tensors on a CPU (+ 2 x 3 - 2 = 4): 32 x 4 x 256 x 72; the scores torch's math attention keeps, 12 bytes each (fp32
 # softmax, dropout noise, dropout output): 12 x a s^2 b = 12 x 4 x 32^2 x 4; outside the layers: 32,768 x (4-byte
-# embedding dropout noise + 4 x 4 / 2) + 4 s b V = 4 x 32 x 4 x 128
-B_ACTIVATIONS = 32_768 * 72 + 12 * 4 * 32 * 32 * 4 + 32_768 * 12 + 65_536
-B_LOSS_GRADIENTS = 2 * 4 * 32 * 4 * 128  # 131,072
+# embedding dropout noise + 4 x 4 / 2) + 4 s b V = 4 x 32 x 4 x 65 (the columns the loss reads)
+B_ACTIVATIONS = 32_768 * 72 + 12 * 4 * 32 * 32 * 4 + 32_768 * 12 + 33_280
+B_LOSS_GRADIENTS = 4 * 32 * 4 * (65 + 128)  # 98,816
 
 
 def test_the_facts_are_the_hand_counted_ones() -> None:
@@ -99,7 +101,7 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
     assert m.backward_transient_bytes == A_LOSS_GRADIENTS
     # the peak is at the start of backward: everything the forward holds and the loss's gradients
     assert (
-        ddp.peak_memory_bytes == 16 * A_STORED + 2 * A_MATMUL + A_ACTIVATIONS + A_LOSS_GRADIENTS == 3_700_992
+        ddp.peak_memory_bytes == 16 * A_STORED + 2 * A_MATMUL + A_ACTIVATIONS + A_LOSS_GRADIENTS == 3_571_968
     )
     assert ddp.peak_phase == "backward"
     assert ddp.flops_per_step == A_FLOPS and ddp.parameters == A_PARAMETERS
@@ -119,7 +121,7 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
     assert m.optimizer_bytes == 4 * A_STORED
     assert m.buffer_bytes == 500_000_000 * 2 and m.transient_bytes == 0
     assert m.activations_bytes == A_ACTIVATIONS_16
-    assert zero3.peak_memory_bytes == 1_002_540_800 - A_STORED + A_LOSS_GRADIENTS
+    assert zero3.peak_memory_bytes == 1_002_476_288 - A_STORED + A_LOSS_GRADIENTS
     # nothing to all-gather in forward or backward; after the optimizer step the 28 persistent tensors (2 x 12 of
     # the blocks, wte, wpe, ln_f's 2) gathered whole again one call each, (p-1)/p x 2 x 110,336 in bf16, back to
     # back; reduce-scatter of bf16 gradients: (p-1)/p x 2 x 110,336
@@ -133,8 +135,8 @@ def test_a_ddp_against_zero3_on_a_gpu() -> None:
 def test_b_ddp_against_zero3_on_a_cpu() -> None:
     config, facts = facts_for(**B, strategy="ddp")
     ddp = predict(config, facts, device_type="cpu")
-    assert ddp.memory.activations_bytes == B_ACTIVATIONS == 3_014_656
-    assert ddp.peak_memory_bytes == 16 * B_STORED + B_ACTIVATIONS + B_LOSS_GRADIENTS == 16_445_440
+    assert ddp.memory.activations_bytes == B_ACTIVATIONS == 2_982_400
+    assert ddp.peak_memory_bytes == 16 * B_STORED + B_ACTIVATIONS + B_LOSS_GRADIENTS == 16_380_928
     assert ddp.flops_per_step == B_FLOPS == 632_291_328
     assert ddp.comm_bytes_per_step == 4 * B_STORED  # 2 (p-1)/p x 4 bytes x n, p = 2
 
@@ -155,7 +157,7 @@ def test_b_ddp_against_zero3_on_a_cpu() -> None:
     assert (
         zero3.peak_memory_bytes
         == held + m.transient_bytes + B_ACTIVATIONS + B_LOSS_GRADIENTS
-        == 14_782_976 + 2_000_000_000
+        == 14_718_464 + 2_000_000_000
     )
     # all-gather of the partitioned parameters twice, (p-1)/p x 2 x 4 x 720,896, one call per tensor in forward
     # and in backward; the 13 persistent tensors' after the optimizer step, (p-1)/p x 4 x 110,336; reduce-scatter
@@ -172,8 +174,8 @@ def test_one_device_frees_its_gradients_so_its_peak_holds_the_larger_of_them_and
     config, facts = facts_for(**{**B, "devices": 1}, strategy="single")
     single = predict(config, facts, device_type="cpu")
     assert single.memory.gradients_bytes == 4 * B_STORED and single.memory.gradients_freed_each_step
-    # weights 4 + moments 8 bytes a parameter, and max(gradients 4 x n = 3,324,928, activations 3,014,656 + the
-    # loss's gradients 131,072): the gradients, at the end of backward and in the optimizer step (fused: no
+    # weights 4 + moments 8 bytes a parameter, and max(gradients 4 x n = 3,324,928, activations 2,982,400 + the
+    # loss's gradients 98,816): the gradients, at the end of backward and in the optimizer step (fused: no
     # temporaries)
     assert single.peak_memory_bytes == 12 * B_STORED + max(4 * B_STORED, B_ACTIVATIONS + B_LOSS_GRADIENTS)
     assert single.peak_memory_bytes == 13_299_712 and single.peak_phase == "backward"
@@ -201,7 +203,7 @@ def test_step_time_and_fit_follow_from_peak_bandwidth_and_memory() -> None:
     # on a GPU-like device no scores are kept and fused dropout's masks are a byte (Korthikanti's 34 s b h at fp32
     # width, 68, less a byte for each of the two masks): 16 x n + 32,768 x 66 + 294,912 + 65,536 + the loss's
     # gradients > 15,000,000 bytes
-    assert p.peak_memory_bytes == 16 * B_STORED + 32_768 * 66 + 32_768 * 9 + 65_536 + B_LOSS_GRADIENTS
+    assert p.peak_memory_bytes == 16 * B_STORED + 32_768 * 66 + 32_768 * 9 + 33_280 + B_LOSS_GRADIENTS
     assert p.fits is False
     overlapped = predict(config, facts, device_type="cuda", peak=peak, bandwidth=bandwidth, efficiency=0.5,
                          overlap="backward")  # fmt: skip

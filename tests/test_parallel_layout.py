@@ -93,6 +93,39 @@ def test_estimate_of_a_3d_layout_by_hand() -> None:
     assert e.as_dict()["memory_bytes"] == pytest.approx(300 + 300 + 600 + 12544)
 
 
+def test_each_pipeline_rank_holds_the_stem_or_the_head_it_runs() -> None:
+    """The embeddings on the first rank, the final norm and output layer (a tied head's own copy) on the one holding
+    the last stage: rank 1 of a looped pipeline, rank 0 of a V-shaped one; without the parts' counts every rank is
+    taken to hold all of them, as before."""
+    shape = TransformerShape(layers=4, hidden=8, heads=2, sequence=4, vocab=0, layer_parameters=100,
+                             other_parameters=50, stem_parameters=30, head_parameters=40)  # fmt: skip
+    looped = ParallelDims(pp=2, schedule="1f1b", microbatches=2)
+    first, last = (estimate_parallel(shape, looped, batch=4, stage_rank=r) for r in (0, 1))
+    assert (first.parameters_per_device, last.parameters_per_device) == (200 + 30, 200 + 40)
+    v = ParallelDims(pp=2, schedule="zbv", microbatches=4, virtual_stages=2)
+    assert estimate_parallel(shape, v, batch=4, stage_rank=0).parameters_per_device == 200 + 30 + 40
+    assert estimate_parallel(shape, v, batch=4, stage_rank=1).parameters_per_device == 200
+    # no pipeline: the model's whole outside (a tied tensor once)
+    assert estimate_parallel(shape, ParallelDims(tp=2), batch=4).parameters_per_device == 400 / 2 + 50
+    unknown = TransformerShape(layers=4, hidden=8, heads=2, sequence=4, vocab=0, layer_parameters=100,
+                               other_parameters=50)  # fmt: skip
+    assert estimate_parallel(unknown, looped, batch=4, stage_rank=1).parameters_per_device == 200 + 50
+
+
+def test_the_last_stage_holds_one_microbatchs_logits_unless_every_forward_runs_first() -> None:
+    from accelbench.estimate.activations import head_microbatches
+
+    one = ParallelDims(pp=4, schedule="1f1b", microbatches=8)
+    assert [head_microbatches(one, r) for r in range(4)] == [0, 0, 0, 1]
+    assert head_microbatches(ParallelDims(pp=4, schedule="gpipe", microbatches=8), 3) == 8
+    looped = ParallelDims(pp=2, schedule="looped-bfs", microbatches=4, virtual_stages=2)
+    assert [head_microbatches(looped, r) for r in range(2)] == [0, 4]
+    interleaved = ParallelDims(pp=2, schedule="interleaved-1f1b", microbatches=4, virtual_stages=2)
+    assert [head_microbatches(interleaved, r) for r in range(2)] == [0, 1]
+    v = ParallelDims(pp=2, schedule="zbv", microbatches=4, virtual_stages=2)
+    assert [head_microbatches(v, r) for r in range(2)] == [1, 0]  # the V puts the last stage on rank 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # --mesh as RunConfig makes it canonical
 # ---------------------------------------------------------------------------------------------------------------

@@ -70,8 +70,8 @@ def activation_bytes(
             f"no activation formula for workload {facts.workload!r} (not a transformer): activations unknown"
         )
         return None
-    s, h, v, b = shape.sequence, shape.hidden, shape.vocab, micro_batch
     mask = dropout_mask_bytes(device_type, state.activation)
+    b = micro_batch
     if checkpointing:
         per_layer = checkpointed_layer_bytes(shape, b, state, tp, sequence_parallel)
         notes.assume(
@@ -99,11 +99,19 @@ def activation_bytes(
                 else "torch multiplies by a noise tensor of the activation's type; Korthikanti counts 1 byte)"
             )
         )
-    # the fp32 logits: of every position, or of a masked language model's predicted ones (BERT's head picks them)
-    outside = (
-        s * b * h * (mask * (facts.dropout > 0) + 4 * state.activation / 2) + 4 * shape.logit_tokens * b * v
-    )
-    return per_layer * shape.layers + outside
+    return per_layer * shape.layers + outside_layer_bytes(facts, micro_batch, state, device_type)
+
+
+def outside_layer_bytes(facts: WorkloadFacts, micro_batch: int, state: StateBytes, device_type: str) -> float:
+    """What a whole model keeps for backward around its layers (Korthikanti's first and last stages): the embedding
+    dropout's mask, the final norm's and output layer's inputs ``4 s b h`` (16-bit) and the fp32 log-probabilities
+    ``4 s b V``, of every position or of a masked language model's predicted ones (BERT's head picks them). Whole
+    on every tensor-parallel rank: accelbench's tensor parallelism splits the layers only."""
+    shape = facts.transformer
+    assert shape is not None
+    s, h, b = shape.sequence, shape.hidden, micro_batch
+    mask = dropout_mask_bytes(device_type, state.activation) * (facts.dropout > 0)
+    return s * b * h * (mask + 4 * state.activation / 2) + 4 * shape.logit_tokens * b * shape.loss_columns
 
 
 def checkpointed_layer_bytes(
@@ -228,13 +236,12 @@ def backward_transient_bytes(
 ) -> float:
     """What the start of backward holds beside the activations: the cross-entropy's gradients with respect to the
     log-probabilities and to the logits, fp32 ``4 s b V`` each (``s``: the positions whose logits are computed, a
-    masked language model's predicted ones), and with activation checkpointing the last layer's
-    activations rebuilt (one layer at a time)."""
+    masked language model's predicted ones; whole on every tensor-parallel rank, as the head is), and with
+    activation checkpointing the last layer's activations rebuilt (one layer at a time, split over ``tp``)."""
     shape = facts.transformer
     if shape is None:
         return 0.0
-    positions = shape.logit_tokens * micro_batch  # whose logits the loss reads
-    loss = 2 * 4 * positions * shape.vocab / tp
+    loss = loss_gradient_bytes(shape, micro_batch)
     if checkpointing:
         loss += layer_activation_bytes(
             shape, micro_batch, state, keeps_scores, tp, device_type=device_type, dropout=facts.dropout > 0
@@ -256,22 +263,63 @@ def layer_gradient_bytes(
 
 
 def pipeline_boundary_bytes(
-    facts: WorkloadFacts, mesh: ParallelDims, micro_batch: int, state: StateBytes, device_type: str
+    facts: WorkloadFacts,
+    mesh: ParallelDims,
+    micro_batch: int,
+    state: StateBytes,
+    device_type: str,
+    stage_rank: int = 0,
 ) -> tuple[float, int]:
-    """What the first pipeline rank holds for its microbatches in flight beside its layers' activations, and how
-    many microbatch-stages are in flight: each stage's output (``s b h``), kept by the stage to run its backward,
-    and the first stage's embedding dropout noise (or mask) for each of its own microbatches in flight."""
+    """What pipeline rank ``stage_rank`` holds for its microbatches in flight beside its layers' activations, and
+    how many microbatch-stages are in flight: each stage's output (``s b h``), kept by the stage to run its
+    backward; on the last stage that output is the logits (:func:`head_bytes`, with the loss's log-probabilities);
+    on the first, the embedding dropout noise (or mask) for each of its own microbatches in flight."""
     shape = facts.transformer
     assert shape is not None
-    in_flight = in_flight_microbatches(mesh.schedule, 0, mesh.pp, mesh.microbatches, mesh.virtual_stages)
+    in_flight = in_flight_microbatches(
+        mesh.schedule, stage_rank, mesh.pp, mesh.microbatches, mesh.virtual_stages
+    )
     values = shape.sequence * micro_batch * shape.hidden / (mesh.tp if mesh.sequence_parallel else 1)
-    first_stage = math.ceil(in_flight / mesh.virtual_stages)
-    mask = dropout_mask_bytes(device_type, state.activation) if facts.dropout > 0 else 0
-    return values * (state.activation * in_flight + mask * first_stage), in_flight
+    heads = head_microbatches(mesh, stage_rank)
+    held = values * state.activation * (in_flight - heads) + heads * head_bytes(shape, micro_batch, state)
+    if mesh.stage_holder(0) == stage_rank and facts.dropout > 0:
+        held += (
+            values
+            * dropout_mask_bytes(device_type, state.activation)
+            * math.ceil(in_flight / mesh.virtual_stages)
+        )
+    return held, in_flight
+
+
+def head_microbatches(mesh: ParallelDims, stage_rank: int) -> int:
+    """The microbatches whose logits pipeline rank ``stage_rank`` holds at once: none where it does not hold the
+    last stage; all of them where every forward runs first (GPipe, looped BFS); else one, as each last-stage
+    forward is followed by its backward before the next (measured: the last rank of a 1F1B pipeline holds one
+    microbatch's logits whatever the microbatch count, once the schedule returns no outputs)."""
+    if mesh.stage_holder(mesh.stages - 1) != stage_rank:
+        return 0
+    return mesh.microbatches if mesh.schedule in ("gpipe", "looped-bfs") else 1
+
+
+def head_bytes(shape: TransformerShape, micro_batch: int, state: StateBytes) -> float:
+    """What the last pipeline stage keeps of one microbatch for its backward beyond its layers': its output, the
+    logits (``s b V`` at the activations' width: the output layer's), kept by the stage until the loss's backward,
+    and the loss's fp32 log-probabilities (``4 s b V``, over the columns the loss reads); the final norm's output
+    besides (``s b h``). Whole on every tensor-parallel rank: the head is not split."""
+    positions = shape.logit_tokens * micro_batch
+    logits = positions * (shape.vocab * state.activation + 4 * shape.loss_columns)
+    return logits + shape.sequence * micro_batch * shape.hidden * state.activation
+
+
+def loss_gradient_bytes(shape: TransformerShape, micro_batch: int) -> float:
+    """The loss's gradients, fp32, alive at the start of backward: with respect to the log-probabilities (the
+    columns the loss reads) and to the logits (every column: dropping the padding's columns pads their gradient
+    back with zeros), ``4 s b V`` each."""
+    return 4 * shape.logit_tokens * micro_batch * (shape.loss_columns + shape.vocab)
 
 
 def pipeline_runs_forward_after_backward(mesh: ParallelDims, in_flight: int) -> bool:
-    """Whether the first pipeline rank, holding ``in_flight`` microbatch-stages at its first backward, runs a forward
+    """Whether a pipeline rank, holding ``in_flight`` microbatch-stages at its first backward, runs a forward
     after it (so that its microbatches in flight meet the gradients made): 1F1B's and interleaved 1F1B's steady
     phase, where the microbatch-stages outnumber those; never GPipe's or looped BFS's (every forward first)."""
     if mesh.schedule in ("gpipe", "looped-bfs"):

@@ -8,7 +8,7 @@ builds the workload on torch's ``meta`` device first, which creates every parame
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from accelbench.estimate.parallel import (
@@ -99,6 +99,12 @@ def facts_of(job: TrainingJob, config: RunConfig, source: str = "the built model
             linear.update(id(p) for p in module.parameters())
     summary: dict[str, Any] = job.summary
     shape = _transformer(summary, units, stored - sum(units), workload=config.workload)
+    if shape is not None:  # what a pipeline's first and last stages hold beside their layers
+        shape = replace(
+            shape,
+            stem_parameters=job.units.parameter_count(model, job.units.stem),
+            head_parameters=job.units.parameter_count(model, job.units.head),
+        )
     megatron = job.megatron_flops_per_sample
     # Megatron's dense count has no routed experts: a mixture of experts is counted by its own formula only
     if megatron is None and shape is not None and not summary.get("expert_parameters"):
@@ -155,6 +161,9 @@ def _transformer(
         # the mean block: a mixture's dense first blocks are smaller than its MoE blocks, and the total is right
         layer_parameters=sum(units) // len(units) if units else None,
         other_parameters=outer,
+        loss_vocab=int(summary["vocab_size"])
+        if summary.get("vocab_padded_to") and summary.get("vocab_size")
+        else None,
         logit_positions=int(summary["predicted_per_sequence"])
         if summary.get("predicted_per_sequence")
         else None,

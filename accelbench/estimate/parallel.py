@@ -190,11 +190,24 @@ class TransformerShape:
     kv_width: int | None = None
     # a mixture of experts' routed feed-forward (with gated_ffn its dense blocks' width, where it has any)
     routed: RoutedExperts | None = None
+    # the logits' columns the loss reads, where it drops the vocabulary's padding columns first (the GPT's and
+    # BERT's); None: all of them
+    loss_vocab: int | None = None
+    # the parameters of the stem (embeddings) and of the head (final norm, output layer), each counted whole: a head
+    # tied to the embedding counts it in both, as the pipeline stage holding the head gets its own copy; None where
+    # unknown (then every pipeline rank is taken to hold all of other_parameters)
+    stem_parameters: int | None = None
+    head_parameters: int | None = None
 
     @property
     def logit_tokens(self) -> int:
         """Positions per sequence whose vocabulary-wide logits (and their gradients) exist."""
         return self.logit_positions if self.logit_positions is not None else self.sequence
+
+    @property
+    def loss_columns(self) -> int:
+        """The vocabulary columns the loss's log-probabilities span (the padding left out where the loss drops it)."""
+        return self.loss_vocab if self.loss_vocab is not None else self.vocab
 
     @property
     def parameters_per_layer(self) -> int:
@@ -206,6 +219,14 @@ class TransformerShape:
         if self.other_parameters is not None:
             return self.other_parameters
         return (self.vocab + self.sequence) * self.hidden + 2 * self.hidden
+
+    def outside_parameters_on(self, stem: bool, head: bool) -> int:
+        """The parameters outside the layers that a pipeline rank holding the ``stem`` and/or the ``head`` keeps:
+        each part's where the shape knows them (a tied head gets its own copy on its stage, even on the stem's rank),
+        else all of them either way."""
+        if self.stem_parameters is None or self.head_parameters is None:
+            return self.parameters_outside_layers if stem or head else 0
+        return self.stem_parameters * stem + self.head_parameters * head
 
 
 @dataclass(frozen=True)
@@ -238,11 +259,14 @@ def estimate_parallel(
     grad_bytes: int = 4,
     optimizer_bytes: int = 8,
     activation_bytes: int = 4,
+    stage_rank: int = 0,
 ) -> ParallelEstimate:
-    """Memory and communication per device of one step of ``batch`` samples per replica on ``mesh``.
+    """Memory and communication per device of one step of ``batch`` samples per replica on ``mesh``, on pipeline
+    rank ``stage_rank`` (the first by default).
 
-    The first pipeline stage holds ``l / (p v)`` layers per stage, ``v`` stages, and the embeddings (kept whole on
-    every tensor-parallel rank, as accelbench's tensor parallelism does); tensor parallelism divides the layers'
+    A pipeline rank holds ``l / (p v)`` layers per stage, ``v`` stages, and the embeddings if it holds the first
+    stage, the final norm and output layer if it holds the last (both kept whole on every tensor-parallel rank, as
+    accelbench's tensor parallelism does; without a pipeline, all of them); tensor parallelism divides the layers'
     parameters, FSDP divides everything by ``dp``. AdamW keeps two fp32 moments (``optimizer_bytes`` = 8 per
     parameter). Activations: :func:`activation_bytes_per_layer` for the layers of the stage times the microbatches
     in flight (:func:`in_flight_microbatches`).
@@ -250,11 +274,18 @@ def estimate_parallel(
     stages = mesh.pp * mesh.virtual_stages
     layers_per_stage = shape.layers / stages
     layers_here = layers_per_stage * mesh.virtual_stages
-    parameters = layers_here * shape.parameters_per_layer / mesh.tp + shape.parameters_outside_layers
+    outside = (
+        shape.outside_parameters_on(
+            stem=mesh.stage_holder(0) == stage_rank, head=mesh.stage_holder(mesh.stages - 1) == stage_rank
+        )
+        if mesh.pp > 1
+        else shape.parameters_outside_layers
+    )
+    parameters = layers_here * shape.parameters_per_layer / mesh.tp + outside
     held = parameters / mesh.dp if mesh.shards_parameters else parameters  # FSDP shards; DDP replicates
     micro_batch = batch // max(1, mesh.microbatches) if mesh.pp > 1 else batch
     in_flight = (
-        in_flight_microbatches(mesh.schedule, 0, mesh.pp, mesh.microbatches, mesh.virtual_stages)
+        in_flight_microbatches(mesh.schedule, stage_rank, mesh.pp, mesh.microbatches, mesh.virtual_stages)
         if mesh.pp > 1
         else 1
     )

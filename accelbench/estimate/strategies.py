@@ -15,9 +15,13 @@ from accelbench.estimate.activations import (
     activation_bytes,
     backward_transient_bytes,
     checkpointed_layer_bytes,
+    head_bytes,
+    head_microbatches,
     layer_activation_bytes,
     layer_gradient_bytes,
+    loss_gradient_bytes,
     note_activations,
+    outside_layer_bytes,
     pipeline_boundary_bytes,
     pipeline_runs_forward_after_backward,
 )
@@ -25,6 +29,7 @@ from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
 from accelbench.estimate.parallel import (
+    ParallelEstimate,
     activation_bytes_per_layer,
     allgather_bytes,
     allreduce_bytes,
@@ -198,7 +203,14 @@ def data_parallel_breakdown(
 
 
 def optimizer_temporaries(
-    facts: WorkloadFacts, state: StateBytes, stack: Stack, device_type: str, notes: Notes, *, shards: int
+    facts: WorkloadFacts,
+    state: StateBytes,
+    stack: Stack,
+    device_type: str,
+    notes: Notes,
+    *,
+    shards: int,
+    held: float | None = None,
 ) -> float:
     """What AdamW allocates while it steps this device's 1/``shards`` of the parameters, beside the state
     (torch.optim.adamw in torch 2.x): foreach kernels take the square root of every second moment into a new list
@@ -209,7 +221,7 @@ def optimizer_temporaries(
     if kernels == "fused":
         temporaries = 0.0
     elif kernels == "foreach":
-        temporaries = facts.stored_parameters * moment / shards
+        temporaries = (facts.stored_parameters / shards if held is None else held) * moment
     else:
         temporaries = max(facts.tensor_sizes or (facts.stored_parameters,)) * moment
     notes.assume(
@@ -408,120 +420,41 @@ def model_parallel_breakdown(
     device_type: str = "cuda",
     stack: Stack | None = None,
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
-    """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate_parallel` (its memory for the first pipeline
-    rank, its communication by axis), with this module's state widths; FLOPs per device are the replica's divided
-    by tp x pp, and the bubble is the schedule's."""
+    """tp, pp and mesh through :func:`accelbench.estimate.parallel.estimate_parallel` (its memory for the busiest
+    pipeline rank, its communication by axis), with this module's state widths; FLOPs per device are the replica's
+    divided by tp x pp, and the bubble is the schedule's.
+
+    A pipeline's busiest rank is the first (the embeddings and the deepest warm-up) or the one holding the last
+    stage (the output layer, and the logits and the loss's gradients, ``s b V`` wide, where a large vocabulary makes
+    them outweigh the first rank's microbatches in flight): both are predicted and the larger is the figure."""
     mesh, shape = layout.dims, facts.transformer
     if shape is None:
         raise ConfigError(
             f"strategy {layout.strategy!r}: the tensor/pipeline model needs a transformer's shape; workload "
             f"{facts.workload!r} gives none"
         )
-    result = estimate_parallel(
-        shape,
-        mesh,
-        layout.batch_size,
-        param_bytes=state.param,
-        grad_bytes=state.grad,
-        optimizer_bytes=state.optimizer,
-        activation_bytes=state.activation,
-    )
-    micro = layout.batch_size // max(1, mesh.microbatches) if mesh.pp > 1 else layout.batch_size
-    theirs = activation_bytes_per_layer(
-        micro, shape.sequence, shape.hidden, shape.heads, mesh.tp, mesh.sequence_parallel, state.activation
-    )
-    mine = layer_activation_bytes(
-        shape,
-        micro,
-        state,
-        keeps_scores,
-        mesh.tp,
-        mesh.sequence_parallel,
-        device_type=device_type,
-        dropout=facts.dropout > 0,
-    )
     stack = stack or Stack()
+    said = Notes()  # each rank's own assumptions: the busiest's are the prediction's
+    memory, result = _rank_memory(facts, layout, state, keeps_scores, said, device_type, stack, 0)
+    head_rank = mesh.stage_holder(mesh.stages - 1) if mesh.pp > 1 else 0
+    if head_rank != 0:
+        aside = Notes()
+        last, _ = _rank_memory(facts, layout, state, keeps_scores, aside, device_type, stack, head_rank)
+        first_total, last_total = memory.total_bytes or 0.0, last.total_bytes or 0.0
+        if last_total > first_total:
+            memory, said = last, aside
+        said.assume(
+            f"pipeline: the busiest rank is the {'last' if last_total > first_total else 'first'} (tensors: first "
+            f"rank {first_total / 2**20:,.1f} MiB, last rank {last_total / 2**20:,.1f} MiB)"
+        )
+    for text in said.assumptions:
+        notes.assume(text)
+    for text in said.sources:
+        notes.cite(text)
     checkpointing = stack.activation_checkpointing
-    in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
-    if checkpointing:
-        # each layer keeps only its input for each microbatch in flight, and its backward rebuilds one layer at a time
-        in_backward = mine
-        mine = checkpointed_layer_bytes(shape, micro, state, mesh.tp, mesh.sequence_parallel)
-        notes.assume(
-            "activation checkpointing: each layer keeps its input (the residual stream) for each microbatch in "
-            "flight and rebuilds the rest in backward, one layer at a time"
-        )
-    activations = result.activations_bytes * mine / theirs  # its layers and microbatches in flight, our count
-    note_activations(state, keeps_scores, notes)
-    end_of_backward: float | None = None
-    # whether the start of backward is counted with the gradients beside it (tp: yes, an upper bound: its step sets
-    # them to None, but their making overlaps what backward frees)
-    gradients_before_backward = True
-    if mesh.pp > 1:
-        # The first rank's backward, as its schedule runs it: its first backward holds every microbatch-stage in
-        # flight (each stage's output kept for its backward, the first stage's embedding dropout noise) and the
-        # gradients only where the schedule runs a forward after a backward (1F1B's steady phase); its last holds
-        # every gradient and the first stage's microbatches still in flight. Both hold the layer backpropagated:
-        # its gradients' temporaries (and, checkpointed, the layer rebuilt).
-        boundaries, in_flight = pipeline_boundary_bytes(facts, mesh, micro, state, device_type)
-        unit = (activations + boundaries) / in_flight
-        activations += boundaries
-        in_backward += layer_gradient_bytes(shape, micro, state, keeps_scores, mesh.tp)
-        steady = pipeline_runs_forward_after_backward(mesh, in_flight)
-        first_stage_left = (
-            math.ceil(in_flight / mesh.virtual_stages) if mesh.virtual_stages > 1 else in_flight - 1
-        )
-        end_of_backward = unit * first_stage_left + in_backward
-        # DDP's gradients are views into its buckets, held between steps; else set to None after each step
-        gradients_before_backward = steady or mesh.data_parallel == Strategy.DDP
-        notes.assume(
-            f"pipeline: the first rank holds {in_flight} microbatch-stage(s) in flight at its first backward, each "
-            "stage's output kept for its backward (and the first stage's embedding dropout noise), "
-            + ("with the gradients its steady phase has made" if steady else "before any gradient is made")
-            + f"; its last backward every gradient and {first_stage_left} of its first stage's microbatches"
-        )
-    autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
-    gathered = unsharded_grads = 0.0
-    if mesh.pp > 1 and mesh.shards_parameters and mesh.dp > 1:
-        # torch's pipelining keeps a stage's FSDP parameters gathered between its microbatches (the whole stage, in
-        # a buffer of its own beside the shard) and accumulates its gradients unsharded until the last microbatch's
-        # backward reduce-scatters them (measured: rank 0 of a dp=2 x pp=2 GPT held its shard and its stage whole,
-        # three times the shard, at its first backward, before any gradient was made)
-        gathered = result.parameters_per_device * mesh.dp * state.param
-        unsharded_grads = result.parameters_per_device * mesh.dp * state.grad
-        notes.assume(
-            "FSDP under a pipeline: each stage's parameters stay gathered between its microbatches and its gradients "
-            "accumulate unsharded until the last backward (torch.distributed.pipelining with fully_shard)"
-        )
-    memory = MemoryBreakdown(
-        weights_bytes=result.weights_bytes,
-        master_weights_bytes=0.0,
-        gradients_bytes=result.gradients_bytes,
-        optimizer_bytes=result.optimizer_bytes,
-        activations_bytes=activations,
-        transient_bytes=autocast + gathered,
-        backward_transient_bytes=(
-            backward_transient_bytes(facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp)
-            if mesh.pp == 1
-            # the loss is on the last stage; the first stage's memory is the one predicted; FSDP's unsharded
-            # gradients accumulate from the first backward on
-            else unsharded_grads * gradients_before_backward
-        )
-        + in_backward,
-        end_of_backward_bytes=None if end_of_backward is None else end_of_backward + unsharded_grads,
-        gradients_freed_each_step=not gradients_before_backward,
-        optimizer_transient_bytes=optimizer_temporaries(
-            facts,
-            state,
-            stack,
-            device_type,
-            notes,
-            shards=mesh.tp * mesh.pp * (mesh.dp if mesh.shards_parameters else 1),
-        ),
-    )
     notes.cite(
-        "tensor/pipeline parallelism: accelbench.estimate.parallel.estimate_parallel (memory of the first pipeline "
-        "rank; Korthikanti et al. 2022 activations with t and sequence parallelism; Megatron's bubble)"
+        "tensor/pipeline parallelism: accelbench.estimate.parallel.estimate_parallel (memory of the busier of the "
+        "first and last pipeline ranks; Korthikanti et al. 2022 activations with t and sequence parallelism; Megatron's bubble)"
     )
     b, s, h = layout.batch_size, shape.sequence, shape.hidden
     micro_bytes = b // max(1, mesh.microbatches) * s * h * state.activation
@@ -609,6 +542,145 @@ def model_parallel_breakdown(
     if mesh.pp > 1 and bubble is None:
         notes.assume(f"pipeline schedule {mesh.schedule}: no closed-form bubble; taken as none (its ideal)")
     return memory, comm, flops, bubble
+
+
+def _rank_memory(
+    facts: WorkloadFacts,
+    layout: RunShape,
+    state: StateBytes,
+    keeps_scores: bool,
+    notes: Notes,
+    device_type: str,
+    stack: Stack,
+    stage_rank: int,
+) -> tuple[MemoryBreakdown, ParallelEstimate]:
+    """The memory of pipeline rank ``stage_rank`` (0 without a pipeline) under tp, pp or a mesh of them, and
+    :func:`estimate_parallel`'s figures for it."""
+    mesh, shape = layout.dims, facts.transformer
+    assert shape is not None
+    result = estimate_parallel(
+        shape,
+        mesh,
+        layout.batch_size,
+        param_bytes=state.param,
+        grad_bytes=state.grad,
+        optimizer_bytes=state.optimizer,
+        activation_bytes=state.activation,
+        stage_rank=stage_rank,
+    )
+    micro = layout.batch_size // max(1, mesh.microbatches) if mesh.pp > 1 else layout.batch_size
+    theirs = activation_bytes_per_layer(
+        micro, shape.sequence, shape.hidden, shape.heads, mesh.tp, mesh.sequence_parallel, state.activation
+    )
+    mine = layer_activation_bytes(
+        shape,
+        micro,
+        state,
+        keeps_scores,
+        mesh.tp,
+        mesh.sequence_parallel,
+        device_type=device_type,
+        dropout=facts.dropout > 0,
+    )
+    checkpointing = stack.activation_checkpointing
+    in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
+    if checkpointing:
+        # each layer keeps only its input for each microbatch in flight, and its backward rebuilds one layer at a time
+        in_backward = mine
+        mine = checkpointed_layer_bytes(shape, micro, state, mesh.tp, mesh.sequence_parallel)
+        notes.assume(
+            "activation checkpointing: each layer keeps its input (the residual stream) for each microbatch in "
+            "flight and rebuilds the rest in backward, one layer at a time"
+        )
+    activations = result.activations_bytes * mine / theirs  # its layers and microbatches in flight, our count
+    if mesh.pp == 1:  # the embeddings and the head run whole on every tensor-parallel rank
+        activations += outside_layer_bytes(facts, micro, state, device_type)
+    note_activations(state, keeps_scores, notes)
+    end_of_backward: float | None = None
+    # whether the start of backward is counted with the gradients beside it: where DDP's buckets hold them between
+    # steps; else each step sets them to None and they are made as backward frees the activations (measured: a tp
+    # rank's peak, at the start of backward, holds no gradient)
+    gradients_before_backward = mesh.data_parallel == Strategy.DDP
+    if mesh.pp > 1:
+        # The rank's backward, as its schedule runs it: its first backward holds every microbatch-stage in flight
+        # (each stage's output kept for its backward, the first stage's embedding dropout noise, the last stage's
+        # logits and log-probabilities) and the gradients only where the schedule runs a forward after a backward
+        # (1F1B's steady phase); its last holds every gradient and the microbatches still in flight. Both hold the
+        # layer backpropagated: its gradients' temporaries (and, checkpointed, the layer rebuilt), or at the last
+        # stage's start of backward the loss's gradients, whichever is larger.
+        boundaries, in_flight = pipeline_boundary_bytes(facts, mesh, micro, state, device_type, stage_rank)
+        heads = head_microbatches(mesh, stage_rank)
+        layer_unit = activations / in_flight
+        unit = (activations + boundaries) / in_flight
+        activations += boundaries
+        in_backward += max(
+            layer_gradient_bytes(shape, micro, state, keeps_scores, mesh.tp),
+            loss_gradient_bytes(shape, micro) if heads else 0.0,
+        )
+        steady = pipeline_runs_forward_after_backward(mesh, in_flight)
+        if heads:  # the last stage's last backward: one microbatch's layers and logits
+            left = 1
+            end_of_backward = layer_unit + head_bytes(shape, micro, state) + in_backward
+        else:
+            left = math.ceil(in_flight / mesh.virtual_stages) if mesh.virtual_stages > 1 else in_flight - 1
+            end_of_backward = unit * left + in_backward
+        # DDP's gradients are views into its buckets, held between steps; else set to None after each step
+        gradients_before_backward = steady or mesh.data_parallel == Strategy.DDP
+        which = "first" if stage_rank == 0 else "last"
+        besides = [f"the logits and log-probabilities of {heads} of the last stage's"] if heads else []
+        if stage_rank == 0 and facts.dropout > 0:
+            besides.append("the first stage's embedding dropout noise")
+        notes.assume(
+            f"pipeline: the {which} rank holds {in_flight} microbatch-stage(s) in flight at its first backward, "
+            "each stage's output kept for its backward"
+            + (f" ({' and '.join(besides)})" if besides else "")
+            + ", "
+            + ("with the gradients its steady phase has made" if steady else "before any gradient is made")
+            + f"; its last backward every gradient and {left} microbatch(es) of its "
+            + ("last" if heads else "first")
+            + " stage"
+        )
+    autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
+    gathered = unsharded_grads = 0.0
+    if mesh.pp > 1 and mesh.shards_parameters and mesh.dp > 1:
+        # torch's pipelining keeps a stage's FSDP parameters gathered between its microbatches (the whole stage, in
+        # a buffer of its own beside the shard) and accumulates its gradients unsharded until the last microbatch's
+        # backward reduce-scatters them (measured: rank 0 of a dp=2 x pp=2 GPT held its shard and its stage whole,
+        # three times the shard, at its first backward, before any gradient was made)
+        gathered = result.parameters_per_device * mesh.dp * state.param
+        unsharded_grads = result.parameters_per_device * mesh.dp * state.grad
+        notes.assume(
+            "FSDP under a pipeline: each stage's parameters stay gathered between its microbatches and its gradients "
+            "accumulate unsharded until the last backward (torch.distributed.pipelining with fully_shard)"
+        )
+    memory = MemoryBreakdown(
+        weights_bytes=result.weights_bytes,
+        master_weights_bytes=0.0,
+        gradients_bytes=result.gradients_bytes,
+        optimizer_bytes=result.optimizer_bytes,
+        activations_bytes=activations,
+        transient_bytes=autocast + gathered,
+        backward_transient_bytes=(
+            backward_transient_bytes(facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp)
+            if mesh.pp == 1
+            # the loss's gradients are in in_backward on the last stage's rank; FSDP's unsharded gradients
+            # accumulate from the first backward on
+            else unsharded_grads * gradients_before_backward
+        )
+        + in_backward,
+        end_of_backward_bytes=None if end_of_backward is None else end_of_backward + unsharded_grads,
+        gradients_freed_each_step=not gradients_before_backward,
+        optimizer_transient_bytes=optimizer_temporaries(
+            facts,
+            state,
+            stack,
+            device_type,
+            notes,
+            shards=mesh.tp * mesh.pp * (mesh.dp if mesh.shards_parameters else 1),
+            held=result.parameters_per_device if mesh.pp > 1 else None,
+        ),
+    )
+    return memory, result
 
 
 def _expert_tensor_parallel(
@@ -746,7 +818,7 @@ def expert_pipeline_breakdown(
 ) -> tuple[MemoryBreakdown, list[CommOp], float, float | None]:
     """Memory, collectives, FLOPs and bubble of one device of ``--mesh pp=P,ep=N``, ``tp=T,ep=N`` or either with
     ``ddp=D`` (accelbench.engine.parallel.executor): each ep rank's pipeline (or tensor-parallel group) is a replica
-    on its own batch, so the tp/pp figures (:func:`model_parallel_breakdown`, the first pipeline rank's) hold for
+    on its own batch, so the tp/pp figures (:func:`model_parallel_breakdown`, the busiest pipeline rank's) hold for
     blocks keeping 1/N of their routed experts, each split over tp; beside the pipeline's sends and tensor
     parallelism's all-reduces, the stage's replicas (ep group, times the data axis) all-reduce the replicated
     gradients (one flat buffer), the data axis the held experts', and the ep group exchanges the routed rows of each

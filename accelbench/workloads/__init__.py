@@ -95,6 +95,12 @@ class ModelUnits:
         """The submodules of ``model`` at ``paths`` (default: the units), in order."""
         return [model.get_submodule(path) for path in (self.units if paths is None else paths)]
 
+    def parameter_count(self, model: torch.nn.Module, paths: tuple[str, ...]) -> int:
+        """The parameters of the submodules at ``paths``, each tensor once (a tied one included: the head's stage
+        holds its own copy of a tensor tied to the embedding)."""
+        tensors = {id(p): p.numel() for module in self.modules(model, paths) for p in module.parameters()}
+        return sum(tensors.values())
+
 
 class StepCounts(Protocol):
     """Counts a workload's model keeps while it trains, for the record: the mixture-of-experts' tokens per expert.
