@@ -414,7 +414,7 @@ EXECUTOR_RUN = [*MEASURED_RUN, "--threads", "1", "--epochs", "1", "--steps-per-e
 # ZeRO-1/2/3 over two ranks +2.3%, +2.3%, +2.0% without DeepSpeed's 2 GB bucket
 ESTIMATE_TOLERANCE = 0.05
 # Where the first pipeline rank's peak depends on the schedule's order of forwards and backwards, and where a layer
-# is rebuilt in backward, the model comes within 11% on this configuration (measured here: tp checkpointed +7%, pp
+# is rebuilt in backward, the model comes within 11% on this configuration (measured here: tp checkpointed +1%, pp
 # checkpointed +2%, interleaved 1F1B -5%, interleaved checkpointed -9.1%, the measured peak 10.1% above the
 # prediction: 233,640 bytes, the layer backpropagated's gradients' temporaries, 20 s b h here against the 8 counted,
 # unexplained at this size; docs/estimate.md)

@@ -233,20 +233,52 @@ def backward_transient_bytes(
     device_type: str = "cuda",
     checkpointing: bool = False,
     tp: int = 1,
+    sequence_parallel: bool = False,
 ) -> float:
-    """What the start of backward holds beside the activations: the cross-entropy's gradients with respect to the
-    log-probabilities and to the logits, fp32 ``4 s b V`` each (``s``: the positions whose logits are computed, a
-    masked language model's predicted ones; whole on every tensor-parallel rank, as the head is), and with
-    activation checkpointing the last layer's activations rebuilt (one layer at a time, split over ``tp``)."""
+    """What backward holds at its high point beside the activations: at its start the cross-entropy's gradients
+    with respect to the log-probabilities and to the logits, fp32 ``4 s b V`` each (``s``: the positions whose
+    logits are computed, a masked language model's predicted ones; whole on every tensor-parallel rank, as the head
+    is); with activation checkpointing the larger of those and what the last layer's backward holds once it is
+    rebuilt (:func:`rebuilt_layer_bytes`)."""
     shape = facts.transformer
     if shape is None:
         return 0.0
     loss = loss_gradient_bytes(shape, micro_batch)
     if checkpointing:
-        loss += layer_activation_bytes(
-            shape, micro_batch, state, keeps_scores, tp, device_type=device_type, dropout=facts.dropout > 0
+        rebuilt = rebuilt_layer_bytes(
+            facts, micro_batch, state, keeps_scores, tp, sequence_parallel, device_type
         )
+        return max(loss, rebuilt)
     return loss
+
+
+def rebuilt_layer_bytes(
+    facts: WorkloadFacts,
+    micro_batch: int,
+    state: StateBytes,
+    keeps_scores: bool,
+    tp: int,
+    sequence_parallel: bool,
+    device_type: str,
+) -> float:
+    """With activation checkpointing, what the backward of the last layer holds beside the activations counted at
+    the end of forward, at its feed-forward's nonlinearity: the layer rebuilt (its activations, split over ``tp``);
+    the gradients of the nonlinearity's output and input (``2 s b f``, split) and of the layer's output before and
+    after its dropout (``2 s b h``, whole unless sequence parallelism shards it), less the two tensors already freed (the second linear's input, ``s b f``,
+    and the output dropout's mask); and less what the head kept, freed by its backward before the layer is rebuilt
+    (the final norm's and output layer's inputs, ``2 s b h``, and the log-probabilities; the loss's gradients are gone
+    too)."""
+    shape = facts.transformer
+    assert shape is not None
+    s, h, b, a = shape.sequence, shape.hidden, micro_batch, state.activation
+    f = shape.gated_ffn or 4 * h
+    mask = dropout_mask_bytes(device_type, a) if facts.dropout > 0 else 0
+    rebuilt = layer_activation_bytes(
+        shape, b, state, keeps_scores, tp, sequence_parallel, device_type=device_type, dropout=mask > 0
+    )
+    feed_forward = s * b * f * a / tp + s * b * h * (2 * a - mask) / (tp if sequence_parallel else 1)
+    head = s * b * h * 2 * a + 4 * shape.logit_tokens * b * shape.loss_columns
+    return max(0.0, rebuilt + feed_forward - head)
 
 
 def layer_gradient_bytes(

@@ -586,7 +586,7 @@ def _rank_memory(
     in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
     if checkpointing:
         # each layer keeps only its input for each microbatch in flight, and its backward rebuilds one layer at a time
-        in_backward = mine
+        in_backward = mine if mesh.pp > 1 else 0.0  # without a pipeline: in backward_transient_bytes
         mine = checkpointed_layer_bytes(shape, micro, state, mesh.tp, mesh.sequence_parallel)
         notes.assume(
             "activation checkpointing: each layer keeps its input (the residual stream) for each microbatch in "
@@ -661,7 +661,16 @@ def _rank_memory(
         activations_bytes=activations,
         transient_bytes=autocast + gathered,
         backward_transient_bytes=(
-            backward_transient_bytes(facts, micro, state, keeps_scores, device_type=device_type, tp=mesh.tp)
+            backward_transient_bytes(
+                facts,
+                micro,
+                state,
+                keeps_scores,
+                device_type=device_type,
+                checkpointing=checkpointing,
+                tp=mesh.tp,
+                sequence_parallel=mesh.sequence_parallel,
+            )
             if mesh.pp == 1
             # the loss's gradients are in in_backward on the last stage's rank; FSDP's unsharded gradients
             # accumulate from the first backward on
