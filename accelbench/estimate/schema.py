@@ -51,8 +51,10 @@ class MemoryBreakdown(_Model):
     )
     backward_transient_bytes: float = Field(
         default=0.0,
-        description="Live at the start of backward beside the activations: the loss's gradients with respect to "
-        "the log-probabilities and the logits (fp32).",
+        description="Live in backward beside the activations, at its high point: the loss's gradients with "
+        "respect to the log-probabilities and the logits (fp32); with activation checkpointing the last layer "
+        "rebuilt (without a pipeline the larger of the two); on a pipeline rank the layer backpropagated's "
+        "gradients' temporaries.",
     )
     optimizer_transient_bytes: float = Field(
         default=0.0,
