@@ -277,7 +277,8 @@ def rebuilt_layer_bytes(
         shape, b, state, keeps_scores, tp, sequence_parallel, device_type=device_type, dropout=mask > 0
     )
     feed_forward = s * b * f * a / tp + s * b * h * (2 * a - mask) / (tp if sequence_parallel else 1)
-    head = s * b * h * 2 * a + 4 * shape.logit_tokens * b * shape.loss_columns
+    # what the model keeps around its layers, less the embedding dropout's mask (alive until the embedding's backward)
+    head = outside_layer_bytes(facts, b, state, device_type) - s * b * h * mask
     return max(0.0, rebuilt + feed_forward - head)
 
 

@@ -35,6 +35,7 @@ axis first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import statistics
@@ -80,9 +81,14 @@ def _no_outputs(schedule: Any) -> dict[str, bool]:
     microbatch's output (a language model's logits, ``b s V``) until the step ends and concatenates them into an
     output nobody reads. Measured on llama-tiny (vocabulary 8,192) over pp=2: the last rank's tensor peak held
     four microbatches' logits more than it needs."""
-    return (
-        {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
-    )
+    kind: Any = type(schedule)
+    return {"return_outputs": False} if _takes_return_outputs(kind) else {}
+
+
+@functools.cache
+def _takes_return_outputs(kind: Any) -> bool:
+    """Whether a schedule class's ``step`` takes ``return_outputs``: read once per class, not every step."""
+    return "return_outputs" in inspect.signature(kind.step).parameters
 
 
 class _TiedPair:
