@@ -97,3 +97,39 @@ def cpu_affinity() -> str | None:
         return cpu_list(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return None
+
+
+def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of the largest data cache the first CPU reports (its last level: an L3 shared by the socket's
+    cores, or a virtual machine's view of it), from Linux's sysfs; None where none is readable (not Linux)."""
+    sizes = []
+    try:
+        entries = list(root.glob("index*"))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            if (entry / "type").read_text().strip() == "Instruction":
+                continue
+            sizes.append(_size_bytes((entry / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=None)
+
+
+def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Memory the kernel says can be allocated without swapping (``MemAvailable``); None where unreadable."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return _size_bytes(line.split(":", 1)[1].replace("kB", "K"))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _size_bytes(text: str) -> int:
+    """'491520K', '32M', '2048 K' (sysfs's and meminfo's sizes) in bytes."""
+    text = text.strip().replace(" ", "").upper()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale

@@ -38,7 +38,8 @@ from accelbench.plugins import get_host
 from accelbench.workloads.llama import shape_of
 
 CPU = torch.device("cpu")
-TINY_GRID = {"matmul_sizes": (16, 64), "stream_bytes": (3 * 2**12, 3 * 2**20)}
+# a small grid over little cold memory: these tests check what is measured and how it is used, not how cold it is
+TINY_GRID = {"matmul_sizes": (16, 64), "stream_bytes": (3 * 2**12, 3 * 2**20), "cold_bytes": 8 * 2**20}
 
 
 def _nothing(device: torch.device) -> None:
@@ -275,6 +276,7 @@ def test_estimate_calibrate_predicts_from_the_calibration(
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
     monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    monkeypatch.setattr(module, "cold_memory_bytes", lambda device: TINY_GRID["cold_bytes"])
     assert main(["estimate", "--model", "gpt-nano", "--calibrate", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     assert p["time_model"].startswith("calibrated:") and p["forward_s"] > 0 and p["backward_s"] > 0
@@ -395,6 +397,7 @@ def test_estimate_from_a_real_profiled_run(
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
     monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    monkeypatch.setattr(module, "cold_memory_bytes", lambda device: TINY_GRID["cold_bytes"])
     flags = ["--model", "gpt-nano", "--batch-size", "4", "--threads", "1"]
     assert main(["run", *flags, "--epochs", "2", "--steps-per-epoch", "3", "--profile", "--profile-steps", "3",
                  "--output-dir", str(tmp_path / "out"), "-q"]) == 0  # fmt: skip
@@ -420,6 +423,7 @@ def test_scale_to_uses_the_calibrated_step_and_says_which_time_model(
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
     monkeypatch.setattr(module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    monkeypatch.setattr(module, "cold_memory_bytes", lambda device: TINY_GRID["cold_bytes"])
     args = ["estimate", "--model", "gpt-nano", "--strategy", "ddp", "--devices", "2", "--scale-to", "4", "8",
             "--bus-bandwidth", "1", "--peak-tflops", "0.05"]  # fmt: skip
     found = {}
@@ -671,11 +675,12 @@ def test_an_accelerators_elementwise_rates_are_interpolated_between_its_two_meas
 def test_a_cpu_calibration_times_its_kinds_at_one_size_and_each_kind_runs_at_another(tmp_path: Path) -> None:
     """The second size is an accelerator's (a CPU's kinds are bound by their arithmetic at any size, and its
     calibration stays seconds long); every kind's call is built for any size, as an accelerator's is timed."""
-    from accelbench.estimate.calibration import _time_elementwise
+    from accelbench.estimate.calibration import ColdMemory, _time_elementwise
 
     assert tiny_calibration(tmp_path).elementwise_large == {}
+    memory = ColdMemory(CPU, 64 * 2**20)
     for kind, (operator, _) in [*ELEMENTWISE_KINDS.items(), (STRIDED_KIND, ("permuted", None))]:
-        assert _time_elementwise(CPU, _nothing, operator, 0.0, 2**21) > 0, kind
+        assert _time_elementwise(CPU, _nothing, operator, 0.0, 2**21, memory) > 0, kind
 
 
 def test_a_step_the_device_cannot_trace_is_traced_on_the_cpu_priced_at_the_devices_rates_and_said(
@@ -845,18 +850,19 @@ def test_an_accelerators_elementwise_kinds_are_timed_queued_and_its_norms_on_row
 
     calls: list[int] = []
     shapes: list[tuple[tuple[int, ...], ...]] = []
-    repeat, cold_sets = calibration_module._repeat, calibration_module._cold_sets
+    repeat, cold_sets = calibration_module._repeat, calibration_module.ColdMemory.sets
 
     def counted(run, synchronize, n=1):  # type: ignore[no-untyped-def]
         calls.append(n)
         return repeat(run, synchronize, n)
 
-    def recorded(device, dtype, *wanted):  # type: ignore[no-untyped-def]
-        shapes.append(wanted)
-        return cold_sets(device, dtype, *wanted)
+    def recorded(memory, *wanted, out=None):  # type: ignore[no-untyped-def]
+        shapes.append(tuple(shape for _, shape in wanted))
+        return cold_sets(memory, *wanted, out=out)
 
     monkeypatch.setattr(calibration_module, "_repeat", counted)
-    monkeypatch.setattr(calibration_module, "_cold_sets", recorded)
+    monkeypatch.setattr(calibration_module.ColdMemory, "sets", recorded)
+    monkeypatch.setattr(calibration_module, "cold_memory_bytes", lambda device: 8 * 2**20)
     elements = 2**16
     for device, queued, width in (
         (torch.device("meta"), ACCELERATOR_ELEMENTWISE_CALLS, ACCELERATOR_NORM_ROW),
@@ -898,8 +904,9 @@ def test_an_accelerators_products_are_queued_until_a_repeat_holds_work(
         assert point.best_flops_per_s > 0
     assert calls == [DISPATCH_CALLS, int(ACCELERATOR_QUEUED_MULTIPLY_ADDS // 2048**3), 1]
     calls.clear()
-    calibration_module._time_matmul(CPU, _nothing, "float32", 64, 64, 64, 0.0)
-    calibration_module._time_matmul(CPU, _nothing, "float32", 256, 256, 256, 0.0)
+    memory = calibration_module.ColdMemory(CPU, 8 * 2**20)
+    calibration_module._time_matmul(CPU, _nothing, "float32", 64, 64, 64, 0.0, memory)
+    calibration_module._time_matmul(CPU, _nothing, "float32", 256, 256, 256, 0.0, memory)
     assert calls == [int(2e6 // 64**3), 1]
 
 

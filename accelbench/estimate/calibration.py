@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     import torch
 
 CACHE_FILE = "calibration.json"
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 7
 # Matmul grid: each of m, n, k from these (27 shapes). 32: a head's width, a tiny batch; 256: a small model's
 # width; 2048: a micro-batch's tokens, a large model's width. Beyond the grid the rate at its edge is used.
 MATMUL_SIZES = (32, 256, 2048)
@@ -125,10 +125,23 @@ ACCELERATOR_QUEUED_MULTIPLY_ADDS = 5e10
 # for. Rows of ELEMENTWISE_ROW gave the H200 80 Gelem/s on 2^24 elements, a fifth of its copy bandwidth, and
 # over-priced the norms of GPT steps at batch 128 (+35% on gpt2-medium).
 ACCELERATOR_NORM_ROW = 1024
-# The elementwise bandwidth is measured on buffers cycled through, this many bytes in all (several times a CPU's
-# last-level cache slice), at most MAX_BUFFER_SETS sets of them.
+# Products, streams and elementwise kinds are timed on tensors carved from buffers written once (:class:`ColdMemory`)
+# and cycled through, so that each call finds its tensors out of every cache, as a step's operator finds what was
+# written many operators before. Each buffer is twice the CPU's last-level cache (:func:`cold_memory_bytes`), at
+# least COLD_BYTES (what an accelerator's get: NVIDIA's and Intel's GPUs have L2s under it), at most MAX_COLD_BYTES
+# and a sixteenth of the memory available. A fixed 64 MiB had been cold on an AMD EPYC VM (32 MiB L3 slices) but
+# sat in the 480 MiB L3 an Intel Xeon VM reports: its streams ran at 58 GB/s where a step's ran at 31, and the
+# README's first run was predicted 18% short (2026-12-01). A pool has at most MAX_BUFFER_SETS sets.
 COLD_BYTES = 64 * 2**20
+MAX_COLD_BYTES = 4 * 2**30
 MAX_BUFFER_SETS = 1024
+# each tensor carved from the buffer starts on a cache line
+COLD_ALIGNMENT = 64
+# The optimizer phase's host cost (:func:`_time_optimizer_phase`): the tiny transformer with this many blocks (29
+# and 101 parameter tensors), each phase timed this many times, the best kept; for each of these AdamW kernels.
+OPTIMIZER_PROBE_BLOCKS = (2, 8)
+OPTIMIZER_PROBE_REPEATS = 5
+OPTIMIZER_KERNELS = ("fused", "foreach", "plain")
 # Of a timed call, at least this share is kept as the work's own time when the dispatch cost is taken out.
 MIN_WORK_SHARE = 0.1
 # The spot check of a cached calibration (:func:`calibration_drift`): points this small are timed again, and a
@@ -166,6 +179,20 @@ class StreamPoint(_Model):
     median_bytes_per_s: float
 
 
+class OptimizerPhase(_Model):
+    """The host's cost of a step's optimizer phase (clipping, AdamW's step, the gradients set to None) beyond its
+    operators' work: per step, and per parameter tensor updated (:func:`_time_optimizer_phase`)."""
+
+    per_step_s: float
+    per_tensor_s: float
+
+    def seconds(self, tensors: int) -> float:
+        return self.per_step_s + self.per_tensor_s * tensors
+
+    def describe(self) -> str:
+        return f"{self.per_step_s * 1e3:.2g} ms + {self.per_tensor_s * 1e6:.2g} us a tensor"
+
+
 class Calibration(_Model):
     """What this device reaches, measured (see the module's docstring); the calibrated step time's rates."""
 
@@ -184,6 +211,11 @@ class Calibration(_Model):
     # seconds per operator of a training step whose operators do no work (:func:`_time_step_dispatch`); what the
     # step time counts per forward and backward operator, where measured
     step_dispatch_s: float | None = None
+    # the bytes of each buffer the timed calls cycled through (:class:`ColdMemory`); None in calibrations from
+    # before it was recorded
+    cold_bytes: int | None = None
+    # the optimizer phase's host cost by AdamW's kernels (fused, foreach, plain: those this device runs)
+    optimizer_phase: dict[str, OptimizerPhase] = {}
     measured_at: str
     seconds: float
     contended: bool = False
@@ -264,7 +296,13 @@ class Calibration(_Model):
                 if self.step_dispatch_s is not None
                 else ""
             )
-            + f"); measured {self.measured_at} on {self.key}{busy}"
+            + ")"
+            + "".join(
+                f", optimizer phase ({kernels}) {phase.describe()}"
+                for kernels, phase in self.optimizer_phase.items()
+            )  # fmt: skip
+            + (f", on {self.cold_bytes / 2**20:.0f} MiB of tensors cycled through" if self.cold_bytes else "")
+            + f"; measured {self.measured_at} on {self.key}{busy}"
         )
 
 
@@ -305,6 +343,7 @@ def calibrate(
     directory: Path | None = None,
     matmul_sizes: Sequence[int] | None = None,
     stream_bytes: Sequence[int] | None = None,
+    cold_bytes: int | None = None,
 ) -> Calibration | None:
     """This device's calibration for matmuls in ``dtype``: from the cache where this host, device, torch, dtype
     (and CPU thread count) were calibrated before, unless ``refresh`` or the cached one was contended; else
@@ -313,7 +352,7 @@ def calibrate(
     resolves one precision after another, several of them in one dtype: each is measured once a command). With
     ``cached_only`` nothing is measured: None when nothing usable is cached. An unreadable cache entry is
     measured again, and the calibration's notes say so. ``matmul_sizes`` and ``stream_bytes`` replace the grids
-    (:data:`MATMUL_SIZES`, :data:`STREAM_BYTES`)."""
+    (:data:`MATMUL_SIZES`, :data:`STREAM_BYTES`), ``cold_bytes`` the memory cycled through (:func:`cold_memory_bytes`)."""
     import torch
 
     matmul_sizes = matmul_sizes or MATMUL_SIZES
@@ -347,12 +386,15 @@ def calibrate(
     autograd_dispatch = _time_dispatch(device, synchronize, autograd=True)
     step_dispatch = _time_step_dispatch(device, synchronize)
     dtypes = [dtype] if dtype == "float32" else [dtype, "float32"]
+    memory = ColdMemory(device, cold_bytes)
     matmul = []
     for d in dtypes:
         tiny = _time_matmul(
-            device, synchronize, d, 1, 1, 1, 0.0
+            device, synchronize, d, 1, 1, 1, 0.0, memory
         )  # a matmul's own dispatch: nothing to compute
-        matmul += _time_matmul_grid(device, synchronize, d, matmul_sizes, 2.0 / tiny.median_flops_per_s)
+        matmul += _time_matmul_grid(
+            device, synchronize, d, matmul_sizes, 2.0 / tiny.median_flops_per_s, memory
+        )
         slow = [p for p in matmul if p.dtype == d and not p.timed]
         if slow:
             notes.append(
@@ -361,17 +403,24 @@ def calibrate(
                 f"over {MAX_MATMUL_CALL_S:g} s; priced at the rate of the largest timed"
             )
     matmul = _no_faster_than_the_largest(matmul)
-    stream = [_time_stream(device, synchronize, size, dispatch) for size in stream_bytes]
+    stream = [_time_stream(device, synchronize, size, dispatch, memory) for size in stream_bytes]
     kinds = [*((kind, op) for kind, (op, _) in ELEMENTWISE_KINDS.items()), (STRIDED_KIND, "permuted")]
-    elementwise = {kind: _time_elementwise(device, synchronize, op, dispatch) for kind, op in kinds}
+    elementwise = {
+        kind: _time_elementwise(device, synchronize, op, dispatch, memory=memory) for kind, op in kinds
+    }
     elementwise_large = (
         {
-            kind: _time_elementwise(device, synchronize, op, dispatch, ELEMENTWISE_LARGE_ELEMENTS)
+            kind: _time_elementwise(device, synchronize, op, dispatch, ELEMENTWISE_LARGE_ELEMENTS, memory)
             for kind, op in kinds
         }
         if device.type != "cpu"
         else {}
     )
+    optimizer_phase = {
+        kernels: phase
+        for kernels in OPTIMIZER_KERNELS
+        if (phase := _time_optimizer_phase(device, synchronize, memory, kernels)) is not None
+    }
     after = cpu_usage()
     waiting = None
     if before.wait_s is not None and after.wait_s is not None:
@@ -389,6 +438,8 @@ def calibrate(
         dispatch_s=dispatch,
         autograd_dispatch_s=autograd_dispatch,
         step_dispatch_s=step_dispatch,
+        cold_bytes=memory.nbytes,
+        optimizer_phase=optimizer_phase,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=time.perf_counter() - started,
         contended=waiting is not None and waiting >= CONTENDED_WAITING,
@@ -436,12 +487,13 @@ def calibration_drift(
         return None
     was_matmul = max(matmuls, key=lambda p: p.m * p.n * p.k)
     was_stream = max(streams, key=lambda p: p.bytes_moved)
-    tiny = _time_matmul(device, synchronize, calibration.dtype, 1, 1, 1, 0.0)
+    memory = ColdMemory(device, calibration.cold_bytes or COLD_BYTES)
+    tiny = _time_matmul(device, synchronize, calibration.dtype, 1, 1, 1, 0.0, memory)
     overhead = 2.0 / tiny.median_flops_per_s
     matmul = _time_matmul(
-        device, synchronize, calibration.dtype, was_matmul.m, was_matmul.n, was_matmul.k, overhead
+        device, synchronize, calibration.dtype, was_matmul.m, was_matmul.n, was_matmul.k, overhead, memory
     )
-    stream = _time_stream(device, synchronize, was_stream.bytes_moved, calibration.dispatch_s)
+    stream = _time_stream(device, synchronize, was_stream.bytes_moved, calibration.dispatch_s, memory)
     changes = (
         matmul.best_flops_per_s / was_matmul.best_flops_per_s - 1.0,
         stream.best_bytes_per_s / was_stream.best_bytes_per_s - 1.0,
@@ -498,8 +550,19 @@ def _faster(now: Calibration, earlier: Calibration) -> Calibration:
             "step_dispatch_s": min(
                 (d for d in (now.step_dispatch_s, earlier.step_dispatch_s) if d is not None), default=None
             ),
+            "optimizer_phase": {
+                kernels: _cheaper(phase, earlier.optimizer_phase.get(kernels))
+                for kernels, phase in now.optimizer_phase.items()
+            },
         }
     )
+
+
+def _cheaper(now: OptimizerPhase, earlier: OptimizerPhase | None) -> OptimizerPhase:
+    if earlier is None:
+        return now
+    return OptimizerPhase(per_step_s=min(now.per_step_s, earlier.per_step_s),
+                          per_tensor_s=min(now.per_tensor_s, earlier.per_tensor_s))  # fmt: skip
 
 
 def _repeat(
@@ -594,10 +657,10 @@ def _tiny_transformer_class() -> type[torch.nn.Module]:
             return x + self.drop(self.down(nn.functional.gelu(self.up(self.norm2(x)))))
 
     class TinyTransformer(nn.Module):
-        def __init__(self, width: int, vocab: int) -> None:
+        def __init__(self, width: int, vocab: int, blocks: int = 2) -> None:
             super().__init__()
             self.embed = nn.Embedding(vocab, width)
-            self.blocks = nn.Sequential(Block(width), Block(width))
+            self.blocks = nn.Sequential(*(Block(width) for _ in range(blocks)))
             self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -606,8 +669,77 @@ def _tiny_transformer_class() -> type[torch.nn.Module]:
     return TinyTransformer
 
 
-def _TinyTransformer(width: int, vocab: int) -> torch.nn.Module:  # noqa: N802 - torch imported on first use
-    return _tiny_transformer_class()(width, vocab)
+def _TinyTransformer(width: int, vocab: int, blocks: int = 2) -> torch.nn.Module:  # noqa: N802 - torch imported on first use
+    return _tiny_transformer_class()(width, vocab, blocks)
+
+
+def _time_optimizer_phase(
+    device: torch.device, synchronize: Callable[[torch.device], None], memory: ColdMemory, kernels: str
+) -> OptimizerPhase | None:
+    """The host's cost of a step's optimizer phase with AdamW's ``kernels``, as the executor runs it (the
+    gradients clipped to a global norm, AdamW's step over two groups, decayed and not, as the workloads make them,
+    and the gradients set to None): per step and per parameter tensor, from the tiny transformer with
+    :data:`OPTIMIZER_PROBE_BLOCKS` blocks (29 and 101 tensors of a few elements, whose work is nil), each timed
+    after its forward and backward and a read of the cold memory, as a step's optimizer runs once backward has
+    gone through its activations (Python's and the optimizer's objects out of the cache: on this project's Xeon
+    VM the phase took 2-2.5x as long so). None where the device cannot run these kernels."""
+    timed = [
+        _optimizer_phase_seconds(device, synchronize, memory, kernels, b) for b in OPTIMIZER_PROBE_BLOCKS
+    ]
+    if any(t is None for t in timed):
+        return None
+    (few, t_few), (many, t_many) = (t for t in timed if t is not None)
+    per_tensor = max(0.0, (t_many - t_few) / (many - few))
+    return OptimizerPhase(per_step_s=max(0.0, t_few - per_tensor * few), per_tensor_s=per_tensor)
+
+
+def _optimizer_phase_seconds(
+    device: torch.device,
+    synchronize: Callable[[torch.device], None],
+    memory: ColdMemory,
+    kernels: str,
+    blocks: int,
+) -> tuple[int, float] | None:
+    """The tiny transformer of ``blocks`` blocks: its parameter tensors, and the best time of its optimizer phase
+    (:func:`_time_optimizer_phase`); None where the device cannot run ``kernels``."""
+    import torch
+
+    from accelbench.workloads import optimizer_kernels
+
+    generator = torch.Generator().manual_seed(0)
+    width, tokens, vocab = 8, 4, 16
+    inputs = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+    targets = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+    model = _TinyTransformer(width, vocab, blocks).to(device).train()
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+
+    def backward() -> None:
+        torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten()).backward()
+
+    try:
+        optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), **optimizer_kernels(kernels))
+
+        def update() -> None:
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=kernels != "plain")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        backward()
+        update()  # the optimizer's state made, as after a run's first step
+    except (RuntimeError, ValueError, NotImplementedError):  # e.g. no fused AdamW on this device
+        return None
+    times = []
+    for _ in range(OPTIMIZER_PROBE_REPEATS):
+        backward()
+        memory.sweep()
+        synchronize(device)
+        start = time.perf_counter()
+        update()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return len(params), min(times)
 
 
 def _time_matmul(
@@ -618,13 +750,14 @@ def _time_matmul(
     n: int,
     k: int,
     dispatch: float,
+    memory: ColdMemory | None = None,
 ) -> MatmulPoint:
-    """``a @ b -> out``, each call on the next of several operand sets (:func:`_cold_sets`): a step's products read
-    activations and weights last touched many operators before, and write where another tensor lay."""
+    """``a @ b -> out``, each call on the next of several operand sets (:class:`ColdMemory`): a step's products
+    read activations and weights last touched many operators before, and write where another tensor lay."""
     import torch
 
     kind = getattr(torch, dtype)
-    turn = _cold_sets(device, kind, (m, k), (k, n), (m, n))
+    turn = (memory or ColdMemory(device)).sets((kind, (m, k)), (kind, (k, n)), out=(kind, (m, n)))
 
     def product() -> None:
         a, b, out = next(turn)
@@ -652,11 +785,13 @@ def _time_matmul_grid(
     dtype: str,
     sizes: Sequence[int],
     dispatch: float,
+    memory: ColdMemory | None = None,
 ) -> list[MatmulPoint]:
     """Every (m, n, k) of ``sizes`` in ``dtype``, smallest work first; a product that would take longer than
     :data:`MAX_MATMUL_CALL_S` a call at the fastest rate timed so far is not timed but given the rates of the
     largest product timed (``timed`` False)."""
     shapes = sorted(itertools.product(sizes, repeat=3), key=math.prod)
+    memory = memory or ColdMemory(device)
     points: list[MatmulPoint] = []
     for m, n, k in shapes:
         timed = [p for p in points if p.timed]
@@ -665,45 +800,167 @@ def _time_matmul_grid(
             largest = max(timed, key=lambda p: p.m * p.n * p.k)
             points.append(largest.model_copy(update={"m": m, "n": n, "k": k, "timed": False}))
         else:
-            points.append(_time_matmul(device, synchronize, dtype, m, n, k, dispatch))
+            points.append(_time_matmul(device, synchronize, dtype, m, n, k, dispatch, memory))
     return points
 
 
-def _cold_sets(
-    device: torch.device, dtype: torch.dtype, *shapes: tuple[int, ...]
-) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Sets of tensors of ``shapes`` (inputs, then the output), cycled through: :data:`COLD_BYTES` in all, at most
-    :data:`MAX_BUFFER_SETS` sets, so that each call finds its tensors out of the cache the previous calls warmed,
-    as an operator in a step finds its own. Filled with small values (no denormals, no overflow)."""
+def cold_memory_bytes(device: torch.device) -> int:
+    """How much memory a cold measurement cycles through on ``device`` (:class:`ColdMemory`, per buffer): on a CPU
+    twice its last-level cache as Linux reports it, else :data:`COLD_BYTES`; at least that, at most
+    :data:`MAX_COLD_BYTES` and a sixteenth of the memory available (a calibration holds up to four buffers)."""
+    from accelbench.hostinfo import available_memory_bytes, last_level_cache_bytes
+
+    wanted = COLD_BYTES
+    if device.type == "cpu":
+        wanted = max(wanted, 2 * (last_level_cache_bytes() or 0))
+        available = available_memory_bytes()
+        if available:
+            wanted = min(wanted, max(COLD_BYTES, available // 16))
+    return min(wanted, MAX_COLD_BYTES)
+
+
+class ColdMemory:
+    """The memory a calibration's timed calls take their tensors from, so that each call finds them out of every
+    cache, as a step's operator finds what was written many operators before: per dtype one buffer of ``nbytes``
+    for the inputs, written once, and one untyped buffer the outputs are written to (never read, so one dtype's
+    results there are no other's inputs). Each buffer is cut into slots the size of one set's tensors; a pool of
+    sets (:meth:`sets`) takes the slots after those the calls before it used, and is cycled through, so a call's
+    tensors are the ones touched longest ago. Inputs are small values (0.5: no denormals, no overflow), bools
+    True; an in-place call (dropout's mask) writes 0s and 1s there."""
+
+    def __init__(self, device: torch.device, nbytes: int | None = None) -> None:
+        self.device = device
+        self.nbytes = nbytes if nbytes is not None else cold_memory_bytes(device)
+        self._buffers: dict[torch.dtype | None, torch.Tensor] = {}
+        self._cursors: dict[torch.dtype | None, int] = {}  # the byte each buffer's next pool starts from
+        self._last: _Pool | None = None
+
+    def _buffer(self, dtype: torch.dtype | None, nbytes: int) -> torch.Tensor:
+        """The input buffer of ``dtype`` (its elements), or the output buffer (None: bytes), of ``nbytes`` or
+        more; made on first use, and made again larger where a set needs more than one holds."""
+        import torch
+
+        found = self._buffers.get(dtype)
+        if found is None or found.numel() * found.element_size() < nbytes:
+            if dtype is None:  # written once too: a first write would fault its pages in while timed
+                found = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+            else:
+                value = True if dtype == torch.bool else 0.5
+                found = torch.full((nbytes // _element_size(dtype),), value, dtype=dtype, device=self.device)
+            self._buffers[dtype] = found
+            self._cursors[dtype] = 0
+        return found
+
+    def sets(
+        self,
+        *inputs: tuple[torch.dtype, tuple[int, ...]],
+        out: tuple[torch.dtype, tuple[int, ...]] | None = None,
+    ) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Sets of tensors, one set a call, cycled through: the ``inputs`` (dtype and shape each) and the output
+        ``out``, in that order; as many sets as every buffer has slots for, at most :data:`MAX_BUFFER_SETS`."""
+        self._advance()
+        wanted: dict[torch.dtype | None, list[tuple[torch.dtype, tuple[int, ...]]]] = {}
+        for dtype, shape in inputs:
+            wanted.setdefault(dtype, []).append((dtype, shape))
+        if out is not None:
+            wanted[None] = [out]
+        room = {
+            key: sum(_aligned(_nbytes(d, shape)) for d, shape in tensors) for key, tensors in wanted.items()
+        }
+        # a set larger than the buffer is one slot of a buffer its size (its own size is then what makes it cold)
+        buffers = {key: self._buffer(key, max(self.nbytes, r)) for key, r in room.items()}
+        slots = {key: buffers[key].numel() * buffers[key].element_size() // r for key, r in room.items()}
+        count = max(1, min(MAX_BUFFER_SETS, *slots.values()))
+        first = {key: -(-self._cursors[key] // room[key]) % slots[key] for key in wanted}
+        pool = []
+        for i in range(count):
+            carved: dict[torch.dtype | None, list[torch.Tensor]] = {}
+            for key, tensors in wanted.items():
+                buffer = buffers[key]
+                offset = (first[key] + i) % slots[key] * room[key]
+                carved[key] = []
+                for dtype, shape in tensors:
+                    carved[key].append(_view(buffer, offset, dtype, shape))
+                    offset += _aligned(_nbytes(dtype, shape))
+            taken = [carved[dtype].pop(0) for dtype, _ in inputs]
+            pool.append(tuple(taken + (carved[None] if out is not None else [])))
+        self._last = _Pool(pool, {key: (first[key], slots[key], room[key]) for key in wanted})
+        return self._last
+
+    def sweep(self) -> None:
+        """Read the whole fp32 input buffer: what the caches held before is gone from them."""
+        import torch
+
+        self._buffer(torch.float32, self.nbytes).sum()
+
+    def _advance(self) -> None:
+        """Each buffer's cursor past the slots the last pool's calls used (past its whole ring where they went
+        round it: what lies beyond was touched longest ago)."""
+        last, self._last = self._last, None
+        if last is None:
+            return
+        used = min(last.calls, len(last.pool))
+        for key, (first, slots, room) in last.slots.items():
+            self._cursors[key] = (first + used) % slots * room
+
+
+class _Pool:
+    """Sets of tensors cycled through, counting the calls that took one (:meth:`ColdMemory._advance`)."""
+
+    def __init__(
+        self, pool: list[tuple[torch.Tensor, ...]], slots: dict[torch.dtype | None, tuple[int, int, int]]
+    ):
+        self.pool, self.slots, self.calls = pool, slots, 0
+
+    def __iter__(self) -> _Pool:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, ...]:
+        found = self.pool[self.calls % len(self.pool)]
+        self.calls += 1
+        return found
+
+
+def _element_size(dtype: torch.dtype) -> int:
     import torch
 
-    size = sum(math.prod(shape) for shape in shapes) * torch.empty((), dtype=dtype).element_size()
-    sets = max(1, min(MAX_BUFFER_SETS, COLD_BYTES // max(size, 1)))
-    pool = [
-        tuple(torch.full(shape, 0.5, device=device, dtype=dtype) for shape in shapes) for _ in range(sets)
-    ]
-    return itertools.cycle(pool)
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * _element_size(dtype)
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole :data:`COLD_ALIGNMENT` lines."""
+    return -(-nbytes // COLD_ALIGNMENT) * COLD_ALIGNMENT
+
+
+def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A ``dtype`` tensor of ``shape`` at byte ``offset`` (aligned) of ``buffer``: an input buffer of that dtype, or
+    the untyped output buffer."""
+    if buffer.dtype == dtype:
+        return buffer.narrow(0, offset // buffer.element_size(), math.prod(shape)).view(shape)
+    return buffer.narrow(0, offset, _nbytes(dtype, shape)).view(dtype).view(shape)
 
 
 def _time_stream(
-    device: torch.device, synchronize: Callable[[torch.device], None], bytes_moved: int, dispatch: float
+    device: torch.device,
+    synchronize: Callable[[torch.device], None],
+    bytes_moved: int,
+    dispatch: float,
+    memory: ColdMemory | None = None,
 ) -> StreamPoint:
-    """``a + b -> out`` moving ``bytes_moved``, each call on the next of several buffer sets (:data:`COLD_BYTES`
-    in all), so that its tensors come from memory, not from the cache the previous call warmed: in a step most
-    elementwise work reads what was written long before (backward reads forward's activations)."""
+    """``a + b -> out`` moving ``bytes_moved``, each call on the next of several sets of tensors
+    (:class:`ColdMemory`), so that its tensors come from memory, not from the cache the previous calls warmed: in a
+    step most elementwise work reads what was written long before (backward reads forward's activations)."""
     import torch
 
     elements = bytes_moved // 12  # three fp32 tensors: a + b -> out
-    sets = max(1, min(MAX_BUFFER_SETS, COLD_BYTES // (elements * 12)))
-    pool = [
-        (
-            torch.ones(elements, device=device),
-            torch.ones(elements, device=device),
-            torch.empty(elements, device=device),
-        )
-        for _ in range(sets)
-    ]
-    turn = itertools.cycle(pool)
+    fp32 = torch.float32
+    turn = (memory or ColdMemory(device)).sets(
+        (fp32, (elements,)), (fp32, (elements,)), out=(fp32, (elements,))
+    )
 
     def add() -> None:
         a, b, out = next(turn)
@@ -725,39 +982,41 @@ def _time_elementwise(
     operator: str,
     dispatch: float,
     elements: int = ELEMENTWISE_ELEMENTS,
+    memory: ColdMemory | None = None,
 ) -> float:
     """Elements/s of ``operator`` on ``elements`` fp32 values in rows of :data:`ELEMENTWISE_ROW` (a softmax's, a
     norm's and a reduction's rows), each call on the next of several sets of inputs and output
-    (:func:`_cold_sets`), as in a step; the elements are those of its largest tensor, as
+    (:class:`ColdMemory`), as in a step; the elements are those of its largest tensor, as
     :mod:`accelbench.estimate.step_time` counts them."""
-    run = _elementwise_call(device, operator, elements)
+    run = _elementwise_call(memory or ColdMemory(device), operator, elements)
     calls = 1 if device.type == "cpu" else ACCELERATOR_ELEMENTWISE_CALLS
     best, _ = _repeat(run, lambda: synchronize(device), calls)
     return elements / _work_time(best, dispatch)
 
 
 def _elementwise_call(
-    device: torch.device, operator: str, elements: int = ELEMENTWISE_ELEMENTS
+    memory: ColdMemory, operator: str, elements: int = ELEMENTWISE_ELEMENTS
 ) -> Callable[[], object]:
     """One call of ``operator`` (an :data:`ELEMENTWISE_KINDS` kind's) on ``elements`` values, on the next set of
-    cold tensors."""
+    cold tensors from ``memory``."""
     import torch
 
     aten = torch.ops.aten
+    device, fp32, bool_ = memory.device, torch.float32, torch.bool
     norm = operator in ("native_layer_norm", "native_layer_norm_backward")
     width = ACCELERATOR_NORM_ROW if norm and device.type != "cpu" else ELEMENTWISE_ROW
     rows = elements // width
     shape, row = (rows, width), (rows, 1)
     if operator == "bernoulli_":  # in place: the mask overwrites its input
-        masks = _cold_sets(device, torch.float32, shape)
+        masks = memory.sets((fp32, shape))
         return lambda: next(masks)[0].bernoulli_(0.9)  # dropout's keep probability
     if norm:
         weight = torch.ones(width, device=device)
         bias = torch.zeros(width, device=device)
         if operator == "native_layer_norm":
-            inputs = _cold_sets(device, torch.float32, shape)
+            inputs = memory.sets((fp32, shape))
             return lambda: aten.native_layer_norm(next(inputs)[0], [width], weight, bias, 1e-5)
-        sets = _cold_sets(device, torch.float32, shape, shape, row, row)
+        sets = memory.sets((fp32, shape), (fp32, shape), (fp32, row), (fp32, row))
 
         def backward() -> object:
             grad, x, mean, rstd = next(sets)
@@ -767,7 +1026,7 @@ def _elementwise_call(
 
         return backward
     if operator == "all":  # over each row of a bool per score, as _safe_softmax's test of a row masked whole
-        flags = _cold_sets(device, torch.bool, shape, row)
+        flags = memory.sets((bool_, shape), out=(bool_, row))
 
         def reduce() -> object:
             x, out = next(flags)
@@ -776,18 +1035,17 @@ def _elementwise_call(
         return reduce
     if operator == "where":  # a bool per row broadcast over it, a scalar where it holds, the scores elsewhere
         zero = torch.zeros((), device=device)
-        conditions = _cold_sets(device, torch.bool, row)
-        sets = _cold_sets(device, torch.float32, shape, shape)
+        sets = memory.sets((bool_, row), (fp32, shape), out=(fp32, shape))
 
         def select() -> object:
-            x, out = next(sets)
-            return aten.where.self_out(next(conditions)[0], zero, x, out=out)
+            condition, x, out = next(sets)
+            return aten.where.self_out(condition, zero, x, out=out)
 
         return select
     if operator == "permuted":
         # a (batch, sequence, heads, width) activation made contiguous as (batch, heads, sequence, width)
         batch = elements // (width * 4 * 32)
-        sets = _cold_sets(device, torch.float32, (batch, width, 4, 32), (batch, 4, width, 32))
+        sets = memory.sets((fp32, (batch, width, 4, 32)), out=(fp32, (batch, 4, width, 32)))
 
         def gather() -> object:
             x, out = next(sets)
@@ -795,10 +1053,14 @@ def _elementwise_call(
 
         return gather
     if operator == "isneginf":
-        inputs = _cold_sets(device, torch.float32, shape)
-        outputs = _cold_sets(device, torch.bool, shape)
-        return lambda: aten.isneginf.out(next(inputs)[0], out=next(outputs)[0])
-    sets = _cold_sets(device, torch.float32, shape, shape, shape)
+        tests = memory.sets((fp32, shape), out=(bool_, shape))
+
+        def test() -> object:
+            x, out = next(tests)
+            return aten.isneginf.out(x, out=out)
+
+        return test
+    sets = memory.sets((fp32, shape), (fp32, shape), out=(fp32, shape))
 
     def run() -> None:
         x, grad, out = next(sets)

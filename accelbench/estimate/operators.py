@@ -95,6 +95,8 @@ class StepOperators:
     tensor_parallel: int = 1
     # why a layout with tensor parallelism was traced as the whole replica ("": it was not, or has none)
     whole_replica: str = ""
+    # the parameter tensors the optimizer updates (tied ones once), whose host cost its phase pays per tensor
+    parameter_tensors: int = 0
 
     def refined(self, measured_s: dict[str, float], source: str) -> StepOperators:
         """The same operators with measured times for those ``measured_s`` names (aten names, no namespace)."""
@@ -338,6 +340,7 @@ def _trace_step(
         device.type,
         kernels,
         tensor_parallel=mesh.size() if mesh is not None else 1,
+        parameter_tensors=len(list(model.parameters())),
     )
 
 

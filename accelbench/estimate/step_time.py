@@ -296,8 +296,13 @@ def calibrated_times(
         str, float
     ] = {}  # calibrated seconds per step of the profiled operators, forward and backward
     times = []
+    # the optimizer phase's host cost, measured whole (clipping, AdamW's step, zero_grad), in place of its
+    # operators' dispatch, where the calibration has it for these kernels
+    host_optimizer = calibration.optimizer_phase.get(operators.optimizer_kernels)
     for op in operators.operators:
         work, dispatch = operator_seconds(op, calibration, operators.device_type)
+        if op.phase == "optimizer" and host_optimizer is not None:
+            dispatch = 0.0
         repeat = operators.micro_batches if op.phase != "optimizer" else 1
         # what a profile's kernel time replaces: the device work where the host's dispatch runs beside it
         own = work * repeat if queued else (work + dispatch) * repeat
@@ -311,6 +316,16 @@ def calibrated_times(
             )  # the profile's time, shared as the calibration shares it
         work_by_phase[op.phase] += seconds
         dispatch_by_phase[op.phase] += dispatch
+    if host_optimizer is not None:
+        host = host_optimizer.seconds(operators.parameter_tensors)
+        if not queued:  # a CPU pays it between its operators; an accelerator's host while the device works
+            work_by_phase["optimizer"] += host
+        dispatch_by_phase["optimizer"] += host
+        notes.assume(
+            f"the optimizer phase's host cost (clipping, AdamW's {operators.optimizer_kernels} step, zero_grad; "
+            f"measured after a backward, caches cold): {host * 1e3:.3g} ms for {operators.parameter_tensors} "
+            f"parameter tensors, at {host_optimizer.describe()}"
+        )
     dispatch_total = sum(dispatch_by_phase.values())
     phases = {
         phase: max(work_by_phase[phase], dispatch_by_phase[phase]) if queued else work_by_phase[phase]
