@@ -16,6 +16,8 @@ fitted to them:
 - beside it, the calibrated step time (`accelbench estimate --calibrate`): this CPU's calibration at that thread
   count (accelbench.estimate.calibration: matmul rates by shape, elementwise bandwidth, dispatch cost; cached) over
   the step's traced operators (accelbench.estimate.operators);
+- FSDP2's hooks' cost on this host (accelbench.estimate.engine_cost: per unit, per parameter tensor and per step,
+  from FSDP2 against a plain loop on units of tiny layers on one rank; cached), where FSDP is among the strategies;
 - DeepSpeed ZeRO-3's engine cost on this host (accelbench.estimate.engine_cost: its hooks and per-tensor
   bookkeeping, per module, per parameter tensor and per step, from ZeRO-3 against a plain loop on stacks of tiny
   layers on one rank; cached), where ZeRO-3 is among the strategies;
@@ -259,7 +261,7 @@ def main() -> None:
     from accelbench.contract import World, standard_plan
     from accelbench.estimate.calibration import calibrate
     from accelbench.estimate.comm import load_bus_bandwidth
-    from accelbench.estimate.engine_cost import with_dtensor_dispatch, with_zero3_hooks
+    from accelbench.estimate.engine_cost import with_dtensor_dispatch, with_fsdp_hooks, with_zero3_hooks
     from accelbench.estimate.peak import measured_peak
     from accelbench.plugins import get_host
 
@@ -283,6 +285,12 @@ def main() -> None:
             calibration = with_zero3_hooks(calibration, threads, refresh=args.refresh_calibration)
             hooks = calibration.zero3_hooks
             print(f"ZeRO-3 engine, {threads} thread(s): {hooks.describe() if hooks else calibration.notes[-1]}",
+                  flush=True)  # fmt: skip
+        if "fsdp" in args.strategies:  # FSDP2's hooks' cost on this host, cached apart
+            kernels = backend.optimizer_implementation(device)
+            calibration = with_fsdp_hooks(calibration, threads, kernels, refresh=args.refresh_calibration)
+            fsdp = calibration.fsdp_hooks
+            print(f"FSDP2 hooks, {threads} thread(s): {fsdp.describe() if fsdp else calibration.notes[-1]}",
                   flush=True)  # fmt: skip
         if "tp" in args.strategies:  # DTensor's dispatch cost on this host, cached apart
             calibration = with_dtensor_dispatch(calibration, threads, refresh=args.refresh_calibration)

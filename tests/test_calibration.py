@@ -16,6 +16,7 @@ from torch.utils.flop_counter import flop_registry
 
 from accelbench.config import RunConfig
 from accelbench.contract import standard_plan
+from accelbench.estimate import calibration as calibration_module
 from accelbench.estimate import predict
 from accelbench.estimate.calibration import (
     CACHE_FILE,
@@ -964,6 +965,83 @@ def test_zero3s_engine_cost_is_added_to_a_cpus_zero3_step_and_only_there() -> No
     assert gpu.engine_s is None and any(
         "run on the host while the device works" in a for a in gpu.assumptions
     )
+
+
+def test_fsdps_hooks_are_added_to_a_cpus_fsdp_step_per_unit_and_tensor_and_only_there() -> None:
+    """With this host's FSDP2 cost on the calibration, an FSDP step on a CPU adds 1 ms + 0.3 ms for each FSDP unit
+    (gpt-nano's 3 blocks and the root) and 0.05 ms for each parameter tensor, per micro-batch; DDP and ZeRO-3 add
+    no FSDP cost; on an accelerator nothing is added and the assumptions say so."""
+    from accelbench.estimate.comm import BusBandwidth
+    from accelbench.estimate.engine_cost import FsdpHooks
+
+    bus = BusBandwidth.constant(1e9, "test")
+    hooks = FsdpHooks(key="test", per_module_s=3e-4, per_tensor_s=5e-5, per_step_s=1e-3, kernels="fused",
+                      probes=[], measured_at="now", seconds=0.0)  # fmt: skip
+    calibration = _grid_calibration().model_copy(update={"fsdp_hooks": hooks})
+    host = get_host()
+    steps = {}
+    for strategy, accum in (("fsdp", 1), ("fsdp", 2), ("ddp", 1), ("deepspeed-zero3", 1)):
+        config, ops = traced("gpt-nano", batch_size=4, grad_accum=accum, strategy=strategy, devices=2)
+        facts = meta_facts(host.workload("gpt"), config)
+        steps[(strategy, accum)] = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops,
+                                           bandwidth=bus)  # fmt: skip
+    units, tensors = len(facts.unit_parameters) + 1, len(facts.tensor_sizes)
+    assert (units, tensors) == (4, 40)
+    for accum in (1, 2):
+        p = steps[("fsdp", accum)]
+        assert p.engine_s == pytest.approx(1e-3 + accum * (3e-4 * units + 5e-5 * tensors))
+        assert p.compute_s and p.optimizer_s and p.comm_exposed_s
+        assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s + p.comm_exposed_s + p.engine_s)
+        assert any("4 FSDP units (the root among them) and 40 parameter tensors" in a for a in p.assumptions)
+    assert steps[("ddp", 1)].engine_s is None and steps[("deepspeed-zero3", 1)].engine_s is None
+    config, ops = traced("gpt-nano", batch_size=4, strategy="fsdp", devices=2)
+    gpu = predict(config, facts, device_type="cuda", calibration=calibration, operators=ops.on_device("cuda", "test"),
+                  bandwidth=bus)  # fmt: skip
+    assert gpu.engine_s is None and any(
+        "FSDP2's hooks run on the host while the device" in a for a in gpu.assumptions
+    )
+
+
+@pytest.mark.slow
+def test_fsdps_hooks_are_measured_on_one_rank_of_their_own_cached_and_priced_by_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe runs FSDP2 for real in a process of its own, one rank even where a worker of a 2-process job asks,
+    with the run's AdamW kernels, and measures a positive cost per unit or tensor; it is cached under those
+    kernels (another kernels' is another entry). ``estimate --calibrate`` of an FSDP step prices it; of DDP not."""
+    from accelbench.estimate.engine_cost import CACHE_FILE as ENGINE_CACHE
+    from accelbench.estimate.engine_cost import fsdp_hooks
+
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(calibration_module, "cold_memory_bytes", lambda device: 16 * 2**20)
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    hooks, why = fsdp_hooks(1, "fused", directory=tmp_path)
+    assert why is None and hooks is not None, why
+    assert hooks.per_module_s + hooks.per_tensor_s > 0 and len(hooks.probes) == 4 and hooks.kernels == "fused"
+    assert all(p["fsdp_s"] > p["plain_s"] > 0 for p in hooks.probes)
+    assert [p["units"] for p in hooks.probes] == [5, 9, 17, 17]  # the root counted
+    assert fsdp_hooks(1, "fused", directory=tmp_path)[0] == hooks
+    assert fsdp_hooks(1, "foreach", cached_only=True, directory=tmp_path)[0] is None
+    assert hooks.key in json.loads((tmp_path / ENGINE_CACHE).read_text())
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(calibration_module, "MATMUL_SIZES", TINY_GRID["matmul_sizes"])
+    monkeypatch.setattr(calibration_module, "STREAM_BYTES", TINY_GRID["stream_bytes"])
+    from accelbench.cli import main
+
+    for strategy, priced in (("fsdp", True), ("ddp", False)):
+        capsys.readouterr()
+        assert main(["estimate", "--model", "gpt-nano", "--strategy", strategy, "--devices", "2", "--threads", "1",
+                     "--bus-bandwidth", "1", "--calibrate", "--json"]) == 0  # fmt: skip
+        prediction = json.loads(capsys.readouterr().out)
+        assert (prediction["engine_s"] is not None) is priced, prediction["engine_s"]
+        if priced:
+            config, _ = traced("gpt-nano")
+            facts = meta_facts(get_host().workload("gpt"), config)
+            assert prediction["engine_s"] == pytest.approx(
+                hooks.step_seconds(len(facts.unit_parameters) + 1, len(facts.tensor_sizes))
+            )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs DeepSpeed")

@@ -16,7 +16,13 @@ import torch
 
 import accelbench.hostinfo as hostinfo
 from accelbench.estimate import calibration as module
-from accelbench.estimate.calibration import COLD_BYTES, MAX_BUFFER_SETS, MAX_COLD_BYTES, ColdMemory
+from accelbench.estimate.calibration import (
+    COLD_BYTES,
+    CPU_COLD_BYTES,
+    MAX_BUFFER_SETS,
+    MAX_COLD_BYTES,
+    ColdMemory,
+)
 
 CPU = torch.device("cpu")
 FP32 = torch.float32
@@ -59,11 +65,12 @@ def test_the_last_level_cache_is_the_largest_data_cache_sysfs_lists(tmp_path: Pa
     ("cache", "available", "expected"),
     [
         (480 * 2**20, 24 * 2**30, 960 * 2**20),  # the Xeon VM: twice its L3
-        (16 * 2**20, 24 * 2**30, COLD_BYTES),  # a small cache: at least COLD_BYTES, as before
-        (None, None, COLD_BYTES),  # nothing readable (not Linux)
+        (32 * 2**20, 24 * 2**30, CPU_COLD_BYTES),  # an EPYC's 32 MiB slice: the floor, eight times it
+        (None, None, CPU_COLD_BYTES),  # nothing readable (not Linux)
         (1152 * 2**20, 64 * 2**30, 2304 * 2**20),  # a 3D V-cache EPYC
         (4 * 2**30, 256 * 2**30, MAX_COLD_BYTES),  # never beyond the cap
-        (480 * 2**20, 4 * 2**30, 256 * 2**20),  # a sixteenth of what is available, a calibration holding four
+        (480 * 2**20, 2 * 2**30, 128 * 2**20),  # a sixteenth of what is available, a calibration holding four
+        (480 * 2**20, 2**29, COLD_BYTES),  # and never under the accelerators' 64 MiB
     ],
 )
 def test_a_cpu_cycles_through_twice_its_last_level_cache(

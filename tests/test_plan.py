@@ -357,6 +357,7 @@ def test_plan_calibrate_prices_each_configuration_from_its_traced_operators(
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(module, "MATMUL_SIZES", (16, 64))
     monkeypatch.setattr(module, "STREAM_BYTES", (3 * 2**12, 3 * 2**20))
+    monkeypatch.setattr(module, "cold_memory_bytes", lambda device: 8 * 2**20)
     # one intra-op thread (a one-core host): on a busy host a second OpenMP thread descheduled at every matmul's
     # barrier made each 64^3 product wait a timeslice (8.8 ms, 0.06 GFLOP/s), a calibration that priced both alike
     monkeypatch.setattr("accelbench.hostinfo.usable_cores", lambda: 1)

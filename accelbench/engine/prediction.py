@@ -119,6 +119,15 @@ def cached_calibration(
         calibration = with_zero3_hooks(
             calibration, torch.get_num_threads(), cached_only=config.no_calibration
         )
+    kernels = run.backend.optimizer_implementation(run.device)
+    if config.strategy == "fsdp" and run.device.type == "cpu":
+        import torch
+
+        from accelbench.estimate.engine_cost import with_fsdp_hooks
+
+        calibration = with_fsdp_hooks(
+            calibration, torch.get_num_threads(), kernels, cached_only=config.no_calibration
+        )
     if has_tensor_parallelism(config):
         import torch
 
@@ -127,7 +136,6 @@ def cached_calibration(
         calibration = with_dtensor_dispatch(
             calibration, torch.get_num_threads(), cached_only=config.no_calibration
         )
-    kernels = run.backend.optimizer_implementation(run.device)
     try:
         return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
     except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot trace on this device

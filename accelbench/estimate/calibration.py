@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from accelbench.estimate.engine_cost import DTensorDispatch, Zero3Hooks
+from accelbench.estimate.engine_cost import DTensorDispatch, FsdpHooks, Zero3Hooks
 from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key, measured_since
 from accelbench.hostinfo import cpu_usage
 from accelbench.results import _write_atomically
@@ -127,12 +127,15 @@ ACCELERATOR_QUEUED_MULTIPLY_ADDS = 5e10
 ACCELERATOR_NORM_ROW = 1024
 # Products, streams and elementwise kinds are timed on tensors carved from buffers written once (:class:`ColdMemory`)
 # and cycled through, so that each call finds its tensors out of every cache, as a step's operator finds what was
-# written many operators before. Each buffer is twice the CPU's last-level cache (:func:`cold_memory_bytes`), at
-# least COLD_BYTES (what an accelerator's get: NVIDIA's and Intel's GPUs have L2s under it), at most MAX_COLD_BYTES
-# and a sixteenth of the memory available. A fixed 64 MiB had been cold on an AMD EPYC VM (32 MiB L3 slices) but
-# sat in the 480 MiB L3 an Intel Xeon VM reports: its streams ran at 58 GB/s where a step's ran at 31, and the
-# README's first run was predicted 18% short (2026-12-01). A pool has at most MAX_BUFFER_SETS sets.
+# written many operators before. On a CPU each buffer is twice its last-level cache (:func:`cold_memory_bytes`),
+# at least CPU_COLD_BYTES, at most MAX_COLD_BYTES and a sixteenth of the memory available; an accelerator's is
+# COLD_BYTES (NVIDIA's and Intel's GPUs have L2s under it). A fixed 64 MiB had sat in the 480 MiB L3 an Intel Xeon
+# VM reports: its streams ran at 58 GB/s where a step's ran at 31, and the README's first run was predicted 18% short
+# (2026-12-01). There a cycle of 128 MiB still ran 50% faster than memory (the VM's share of the L3 is about 100
+# MiB, and a cache's replacement keeps part of a cycle larger than itself), 256 MiB and more at memory's speed:
+# hence the floor, well beyond a 32 MiB L3 slice and its L2s. A pool has at most MAX_BUFFER_SETS sets.
 COLD_BYTES = 64 * 2**20
+CPU_COLD_BYTES = 256 * 2**20
 MAX_COLD_BYTES = 4 * 2**30
 MAX_BUFFER_SETS = 1024
 # each tensor carved from the buffer starts on a cache line
@@ -226,6 +229,8 @@ class Calibration(_Model):
     zero3_hooks: Zero3Hooks | None = None
     # DTensor's dispatch cost on this host, attached where a tensor-parallel step is priced (cached apart, as above)
     dtensor_dispatch: DTensorDispatch | None = None
+    # FSDP2's hooks' cost on this host, attached where an FSDP step is priced (cached apart, as above)
+    fsdp_hooks: FsdpHooks | None = None
 
     def matmul_rate(self, m: int, n: int, k: int, dtype: str | None = None) -> float:
         """FLOP/s of an (m x k) @ (k x n) in ``dtype`` (the calibration's matmul dtype when it has no grid for
@@ -451,7 +456,7 @@ def calibrate(
             "measured on a busy host again: each rate is the higher of this and the cached measurement"
         )
     entries, _ = _load(folder / CACHE_FILE)  # re-read: another process may have stored meanwhile
-    entries[key] = calibration.model_dump(exclude={"zero3_hooks", "dtensor_dispatch"})
+    entries[key] = calibration.model_dump(exclude={"zero3_hooks", "dtensor_dispatch", "fsdp_hooks"})
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)
     return calibration.model_copy(update={"notes": notes})
 
@@ -806,17 +811,18 @@ def _time_matmul_grid(
 
 def cold_memory_bytes(device: torch.device) -> int:
     """How much memory a cold measurement cycles through on ``device`` (:class:`ColdMemory`, per buffer): on a CPU
-    twice its last-level cache as Linux reports it, else :data:`COLD_BYTES`; at least that, at most
-    :data:`MAX_COLD_BYTES` and a sixteenth of the memory available (a calibration holds up to four buffers)."""
+    twice its last-level cache as Linux reports it, at least :data:`CPU_COLD_BYTES`, at most :data:`MAX_COLD_BYTES`
+    and a sixteenth of the memory available (a calibration holds up to four buffers), never under
+    :data:`COLD_BYTES`; an accelerator's :data:`COLD_BYTES`."""
     from accelbench.hostinfo import available_memory_bytes, last_level_cache_bytes
 
-    wanted = COLD_BYTES
-    if device.type == "cpu":
-        wanted = max(wanted, 2 * (last_level_cache_bytes() or 0))
-        available = available_memory_bytes()
-        if available:
-            wanted = min(wanted, max(COLD_BYTES, available // 16))
-    return min(wanted, MAX_COLD_BYTES)
+    if device.type != "cpu":
+        return COLD_BYTES
+    wanted = min(max(CPU_COLD_BYTES, 2 * (last_level_cache_bytes() or 0)), MAX_COLD_BYTES)
+    available = available_memory_bytes()
+    if available:
+        wanted = min(wanted, available // 16)
+    return max(wanted, COLD_BYTES)
 
 
 class ColdMemory:

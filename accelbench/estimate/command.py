@@ -338,13 +338,14 @@ def resolve_target(
     zero3: bool = False,
     fresh_since: datetime | None = None,
     tensor_parallel: bool = False,
+    fsdp: bool = False,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
     backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
     with ``calibrate`` this device's calibration too (cached, or measured now; ``refresh_calibration`` remeasures),
     carrying this host's DeepSpeed ZeRO-3 engine cost (:mod:`accelbench.estimate.engine_cost`) where the config's
-    strategy is ZeRO-3, or ``zero3``, and the device a CPU, and its DTensor dispatch cost where the config's layout
-    has a tp axis, or ``tensor_parallel``. With ``refresh_calibration``, what was measured at or
+    strategy is ZeRO-3, or ``zero3``, and the device a CPU, its FSDP2 hooks' cost likewise where it is FSDP, or
+    ``fsdp``, and its DTensor dispatch cost where the config's layout has a tp axis, or ``tensor_parallel``. With ``refresh_calibration``, what was measured at or
     after ``fresh_since`` (the command's start: plan resolves one precision after another) is not measured again.
     Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
@@ -414,6 +415,16 @@ def resolve_target(
 
             calibration = with_zero3_hooks(
                 calibration, torch.get_num_threads(), refresh=refresh_calibration, fresh_since=fresh_since
+            )
+        if kind.type == "cpu" and (fsdp or config.strategy == "fsdp"):
+            from accelbench.estimate.engine_cost import with_fsdp_hooks
+
+            calibration = with_fsdp_hooks(
+                calibration,
+                torch.get_num_threads(),
+                backend.optimizer_implementation(kind),
+                refresh=refresh_calibration,
+                fresh_since=fresh_since,
             )
         from accelbench.estimate.operators import has_tensor_parallelism
 

@@ -23,6 +23,16 @@ move nothing) against plain layers of the rank's own sizes, and counts the DTens
 traced step records them (:mod:`accelbench.estimate.operators`); the differences give a cost per DTensor operator
 and one per step (least squares, none below 0). On this project's VM some 60 us an operator: gpt-micro's tp rank
 dispatches 274 a step, about 16 ms of its 190.
+
+**FSDP2's hooks.** ``fully_shard`` puts hooks on each unit (all-gather before its forward and its backward, reshard
+after, the gradients' reduce-scatter after its backward) and makes every parameter a DTensor, which the optimizer
+and the clipping then dispatch through. The probe times, on one rank of a gloo group, units of tiny linear layers
+sharded as the executor shards a model (each unit and the root) against the same stacks plain, with AdamW's kernels
+as the run's, each step after a read of memory twice the last-level cache; the differences give a cost per unit
+(the root counted), one per parameter tensor and one per step (least squares, none below 0). On one rank the
+collectives move nothing; at several they are priced apart, from ``accelbench comm`` records. On the Xeon VM
+(2026-12-01): some 0.28 ms a unit and 0.05 ms a tensor, 5 ms of gpt-micro's step (a run on one process took 7 ms
+more with FSDP than without).
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ CACHE_FILE = "engine_cost.json"
 VERSION = 1
 PROBE_TIMEOUT_S = 600.0
 DTENSOR_PREFIX = "dtensor: "  # a DTensor dispatch cost's cache key starts so (ZeRO-3's keys came first, bare)
+FSDP_PREFIX = "fsdp: "
 
 
 class Zero3Hooks(BaseModel):
@@ -140,6 +151,53 @@ def zero3_hooks(
     )  # fmt: skip
 
 
+class FsdpHooks(Zero3Hooks):
+    """FSDP2's cost per step on this host (seconds): per FSDP unit (``per_module_s``: each unit ``fully_shard``
+    wraps, the root among them), per parameter tensor, and per step, measured at ``threads`` intra-op threads with
+    AdamW's ``kernels`` (:func:`fsdp_hooks`)."""
+
+    kernels: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.per_module_s * 1e3:.3g} ms an FSDP unit, {self.per_tensor_s * 1e3:.3g} ms a parameter tensor and "
+            f"{self.per_step_s * 1e3:.3g} ms a step (FSDP2 against a plain loop on one rank, {self.kernels} AdamW, "
+            f"measured {self.measured_at})"
+        )
+
+
+def fsdp_key(threads: int, kernels: str) -> str:
+    import torch
+
+    return f"{FSDP_PREFIX}{platform.node()}, torch {torch.__version__}, {kernels} AdamW, {threads} thread(s)"
+
+
+def fsdp_hooks(
+    threads: int,
+    kernels: str,
+    *,
+    refresh: bool = False,
+    fresh_since: datetime | None = None,
+    cached_only: bool = False,
+    directory: Path | None = None,
+) -> tuple[FsdpHooks | None, str | None]:
+    """This host's FSDP2 cost at ``threads`` intra-op threads with AdamW's ``kernels`` and a note, cached or
+    measured as :func:`zero3_hooks` (seconds, in a subprocess). (None, why) where the probe fails."""
+
+    def measured(probes: list[dict[str, Any]], key: str, seconds: float) -> FsdpHooks:
+        per_unit, per_tensor, per_step = _non_negative_fit(
+            [[p["units"], p["tensors"], 1.0] for p in probes], [p["fsdp_s"] - p["plain_s"] for p in probes]
+        )
+        return FsdpHooks(key=key, per_module_s=per_unit, per_tensor_s=per_tensor, per_step_s=per_step,
+                         kernels=kernels, probes=probes, measured_at=_now(), seconds=seconds)  # fmt: skip
+
+    return _cached_probe(
+        "fsdp", fsdp_key(threads, kernels), threads, FsdpHooks, measured, "FSDP2's hooks",
+        refresh=refresh, fresh_since=fresh_since, cached_only=cached_only, directory=directory,
+        arguments=(kernels,),
+    )  # fmt: skip
+
+
 class DTensorDispatch(BaseModel):
     """DTensor's dispatch cost on this host (seconds): per operator on DTensors and per step, measured at
     ``threads`` intra-op threads (:func:`dtensor_dispatch`)."""
@@ -207,9 +265,11 @@ def _cached_probe(
     fresh_since: datetime | None,
     cached_only: bool,
     directory: Path | None,
+    arguments: tuple[str, ...] = (),
 ) -> tuple[Any, str | None]:
     """The cost under ``key`` in the cache (validated as ``model``), else ``measured(probes, key, seconds)`` of
-    ``engine_probe THREADS PROBE`` run now in a process of its own, stored; (None, why) where it cannot be had."""
+    ``engine_probe THREADS PROBE ARGUMENTS`` run now in a process of its own, stored; (None, why) where it cannot be
+    had."""
     path = (directory or cache_dir()) / CACHE_FILE
     entries = read_cache(path)
     if key in entries and (not refresh or measured_since(entries[key], fresh_since)):
@@ -233,7 +293,7 @@ def _cached_probe(
         env.pop(name, None)  # a worker of a distributed run asks: the probe is a one-rank job of its own
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "accelbench.estimate.engine_probe", str(threads), probe],
+            [sys.executable, "-m", "accelbench.estimate.engine_probe", str(threads), probe, *arguments],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
@@ -269,6 +329,21 @@ def with_zero3_hooks(
     why it has none."""
     found = zero3_hooks(threads, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
     return _attached(calibration, "zero3_hooks", found)
+
+
+def with_fsdp_hooks(
+    calibration: Calibration,
+    threads: int,
+    kernels: str,
+    *,
+    cached_only: bool = False,
+    refresh: bool = False,
+    fresh_since: datetime | None = None,
+) -> Calibration:
+    """``calibration`` with this host's FSDP2 cost attached (:func:`fsdp_hooks`), or with a note saying why it has
+    none."""
+    found = fsdp_hooks(threads, kernels, cached_only=cached_only, refresh=refresh, fresh_since=fresh_since)
+    return _attached(calibration, "fsdp_hooks", found)
 
 
 def with_dtensor_dispatch(

@@ -112,26 +112,37 @@ def engine_time(
     calibration: Calibration | None,
     notes: Notes,
 ) -> float | None:
-    """DeepSpeed ZeRO-3's engine cost beyond the traced operators and the collectives, where the calibration
-    carries this host's (:mod:`accelbench.estimate.engine_cost`): per module and per parameter tensor for each
-    micro-batch (its hooks and gradient partitioning run in each forward and backward), per step once. Priced on a
+    """An engine's cost beyond the traced operators and the collectives, where the calibration carries this host's
+    (:mod:`accelbench.estimate.engine_cost`): DeepSpeed ZeRO-3's per module and per parameter tensor for each
+    micro-batch (its hooks and gradient partitioning run in each forward and backward), per step once; FSDP2's per
+    unit (each wrapped unit and the root) and per parameter tensor for each micro-batch, per step once. Priced on a
     CPU, whose cores run the hooks and the operators in turn; an accelerator's host runs them while the device
     works, so there they are left out, and said so."""
-    hooks = calibration.zero3_hooks if calibration is not None else None
-    if layout.strategy != "deepspeed-zero3" or hooks is None:
+    if calibration is None:
+        return None
+    tensors = len(facts.tensor_sizes)
+    if layout.strategy == "deepspeed-zero3" and calibration.zero3_hooks is not None:
+        hooks, modules = calibration.zero3_hooks, facts.modules
+        engine, parts = "DeepSpeed ZeRO-3's", f"{modules} modules"
+        doing = "module hooks, per-tensor gradient partitioning"
+    elif layout.strategy == "fsdp" and calibration.fsdp_hooks is not None:
+        hooks, modules = calibration.fsdp_hooks, len(facts.unit_parameters) + 1
+        engine, parts = "FSDP2's", f"{modules} FSDP units (the root among them)"
+        doing = (
+            "each unit's gathers and reshards, its DTensor parameters through the clipping and the optimizer"
+        )
+    else:
         return None
     if hardware.device_type != "cpu":
         notes.assume(
-            "DeepSpeed ZeRO-3's hooks run on the host while the device works: their cost (measured on this host's "
-            "CPU) is not added to the step"
+            f"{engine} hooks run on the host while the device works: their cost (measured on this host's CPU) is not "
+            "added to the step"
         )
         return None
-    tensors = len(facts.tensor_sizes)
-    per_micro_batch = facts.modules * hooks.per_module_s + tensors * hooks.per_tensor_s
+    per_micro_batch = modules * hooks.per_module_s + tensors * hooks.per_tensor_s
     seconds = per_micro_batch * layout.grad_accum + hooks.per_step_s
     notes.assume(
-        f"DeepSpeed ZeRO-3's engine (module hooks, per-tensor gradient partitioning): {seconds * 1e3:.3g} ms a "
-        f"step for {facts.modules} modules and {tensors} parameter tensors"
+        f"{engine} engine ({doing}): {seconds * 1e3:.3g} ms a step for {parts} and {tensors} parameter tensors"
         + (f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else "")
         + f", at {hooks.describe()}"
     )

@@ -190,6 +190,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         args,
         zero3="deepspeed-zero3" in strategies,
         tensor_parallel=bool({"tp", "mesh"} & set(strategies)),
+        fsdp="fsdp" in strategies,
     )
     facts = meta_facts(workload, base_config)
     # the configurations over the flags' choices, with activation checkpointing as asked (off, on or both)
@@ -323,11 +324,12 @@ def _targets(
     args: argparse.Namespace,
     zero3: bool = False,
     tensor_parallel: bool = False,
+    fsdp: bool = False,
 ) -> tuple[dict[str, Target], list[str]]:
     """The device for each precision considered (its peak differs by precision): those given with --precisions,
     each of which the device must run; else every precision it runs, the others noted. ``zero3``: ZeRO-3 is among
-    the strategies, whose engine cost a calibration then carries; ``tensor_parallel``: tp or mesh layouts are, whose
-    DTensor dispatch cost it carries."""
+    the strategies, whose engine cost a calibration then carries; ``fsdp``: FSDP is, whose hooks' cost it carries;
+    ``tensor_parallel``: tp or mesh layouts are, whose DTensor dispatch cost it carries."""
     from accelbench.cli import make_config
     from accelbench.estimate.command import resolve_target
 
@@ -347,7 +349,8 @@ def _targets(
                                            measure_peak=args.measure_peak, refresh_peak=args.refresh_peak,
                                            calibrate=args.calibrate,
                                            refresh_calibration=args.refresh_calibration, zero3=zero3,
-                                           fresh_since=started, tensor_parallel=tensor_parallel)  # fmt: skip
+                                           fresh_since=started, tensor_parallel=tensor_parallel,
+                                           fsdp=fsdp)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:
