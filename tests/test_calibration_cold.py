@@ -196,3 +196,20 @@ def test_the_optimizer_phase_is_measured_for_each_kernel_the_device_runs() -> No
     slow = module.OptimizerPhase(per_step_s=1.0, per_tensor_s=1e-6)
     kept = module._cheaper(found["fused"], slow)
     assert kept.per_step_s == found["fused"].per_step_s and kept.per_tensor_s == 1e-6
+
+
+def test_a_cpu_carves_its_sets_from_buffers_and_another_device_makes_them_apart() -> None:
+    """A CPU's sets are slices of its buffers, every output in one buffer of bytes; another device's (the meta
+    device standing in) are tensors of their own, as many as fit the memory's bytes: a lazy device compiles a graph
+    for each slice of a buffer (XLA's CPU device compiled for minutes over a calibration's slices)."""
+    memory = ColdMemory(CPU, 2**16)
+    _, out = next(memory.sets((FP32, (16,)), out=(FP32, (16,))))
+    _, tested = next(memory.sets((FP32, (16,)), out=(torch.bool, (16,))))
+    assert (out.dtype, tested.dtype) == (FP32, torch.bool) and set(memory._buffers) == {FP32, None}
+    meta = ColdMemory(torch.device("meta"), 2**16)
+    pool = meta.sets((FP32, (1024,)), out=(torch.bool, (1024,)))
+    sets = [next(pool) for _ in range(13)]
+    assert meta._buffers == {} and all(x.device.type == "meta" for s in sets for x in s)
+    assert len({id(s[0]) for s in sets}) == 2**16 // (4096 + 1024) == 12  # then round again
+    assert sets[0][1].dtype == torch.bool
+    meta.sweep()  # a buffer of its bytes read whole

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -825,36 +825,45 @@ def cold_memory_bytes(device: torch.device) -> int:
     return max(wanted, COLD_BYTES)
 
 
+# a cold buffer's key: an input dtype, or None: the untyped output buffer
+_Key = Union["torch.dtype", None]
+
+
 class ColdMemory:
     """The memory a calibration's timed calls take their tensors from, so that each call finds them out of every
-    cache, as a step's operator finds what was written many operators before: per dtype one buffer of ``nbytes``
-    for the inputs, written once, and one untyped buffer the outputs are written to (never read, so one dtype's
-    results there are no other's inputs). Each buffer is cut into slots the size of one set's tensors; a pool of
-    sets (:meth:`sets`) takes the slots after those the calls before it used, and is cycled through, so a call's
-    tensors are the ones touched longest ago. Inputs are small values (0.5: no denormals, no overflow), bools
-    True; an in-place call (dropout's mask) writes 0s and 1s there."""
+    cache, as a step's operator finds what was written many operators before.
+
+    On a CPU, whose buffers are its memory's (up to GiBs): per dtype one buffer of ``nbytes`` for the inputs,
+    written once, and one untyped buffer the outputs are written to (never read, so one dtype's results there are
+    no other's inputs). Each buffer is cut into slots the size of one set's tensors; a pool of sets (:meth:`sets`)
+    takes the slots after those the calls before it used, and is cycled through, so a call's tensors are the ones
+    touched longest ago. Elsewhere each pool's sets are tensors of their own, ``nbytes`` in all, as before: a lazy
+    device (XLA) compiles a graph for each slice of a buffer it is given (on XLA's CPU device a calibration over
+    slices compiled for minutes and held 9 GB), and needs no dtype reinterpreted. Inputs are small values (0.5: no
+    denormals, no overflow), bools True; an in-place call (dropout's mask) writes 0s and 1s there."""
 
     def __init__(self, device: torch.device, nbytes: int | None = None) -> None:
         self.device = device
         self.nbytes = nbytes if nbytes is not None else cold_memory_bytes(device)
-        self._buffers: dict[torch.dtype | None, torch.Tensor] = {}
-        self._cursors: dict[torch.dtype | None, int] = {}  # the byte each buffer's next pool starts from
+        self._buffers: dict[_Key, torch.Tensor] = {}
+        self._cursors: dict[_Key, int] = {}  # the byte each buffer's next pool starts from
         self._last: _Pool | None = None
 
-    def _buffer(self, dtype: torch.dtype | None, nbytes: int) -> torch.Tensor:
-        """The input buffer of ``dtype`` (its elements), or the output buffer (None: bytes), of ``nbytes`` or
-        more; made on first use, and made again larger where a set needs more than one holds."""
+    def _buffer(self, key: _Key, nbytes: int) -> torch.Tensor:
+        """The input buffer of a dtype (its elements), or the output buffer (None: bytes), of ``nbytes`` or more;
+        made on first use, and made again larger where a set needs more than one holds. The output buffer is written
+        once too: a first write would fault its pages in while timed."""
         import torch
 
-        found = self._buffers.get(dtype)
+        found = self._buffers.get(key)
         if found is None or found.numel() * found.element_size() < nbytes:
-            if dtype is None:  # written once too: a first write would fault its pages in while timed
+            if key is None:
                 found = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
             else:
-                value = True if dtype == torch.bool else 0.5
-                found = torch.full((nbytes // _element_size(dtype),), value, dtype=dtype, device=self.device)
-            self._buffers[dtype] = found
-            self._cursors[dtype] = 0
+                value = True if key == torch.bool else 0.5
+                found = torch.full((nbytes // _element_size(key),), value, dtype=key, device=self.device)
+            self._buffers[key] = found
+            self._cursors[key] = 0
         return found
 
     def sets(
@@ -863,9 +872,12 @@ class ColdMemory:
         out: tuple[torch.dtype, tuple[int, ...]] | None = None,
     ) -> Iterator[tuple[torch.Tensor, ...]]:
         """Sets of tensors, one set a call, cycled through: the ``inputs`` (dtype and shape each) and the output
-        ``out``, in that order; as many sets as every buffer has slots for, at most :data:`MAX_BUFFER_SETS`."""
+        ``out``, in that order; as many sets as every buffer has slots for (elsewhere than on a CPU, as fit
+        ``nbytes``), at most :data:`MAX_BUFFER_SETS`."""
+        if self.device.type != "cpu":
+            return self._separate_sets(inputs, out)
         self._advance()
-        wanted: dict[torch.dtype | None, list[tuple[torch.dtype, tuple[int, ...]]]] = {}
+        wanted: dict[_Key, list[tuple[torch.dtype, tuple[int, ...]]]] = {}
         for dtype, shape in inputs:
             wanted.setdefault(dtype, []).append((dtype, shape))
         if out is not None:
@@ -880,7 +892,7 @@ class ColdMemory:
         first = {key: -(-self._cursors[key] // room[key]) % slots[key] for key in wanted}
         pool = []
         for i in range(count):
-            carved: dict[torch.dtype | None, list[torch.Tensor]] = {}
+            carved: dict[_Key, list[torch.Tensor]] = {}
             for key, tensors in wanted.items():
                 buffer = buffers[key]
                 offset = (first[key] + i) % slots[key] * room[key]
@@ -893,8 +905,28 @@ class ColdMemory:
         self._last = _Pool(pool, {key: (first[key], slots[key], room[key]) for key in wanted})
         return self._last
 
+    def _separate_sets(
+        self,
+        inputs: tuple[tuple[torch.dtype, tuple[int, ...]], ...],
+        out: tuple[torch.dtype, tuple[int, ...]] | None,
+    ) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Sets of tensors of their own (a device other than a CPU), ``nbytes`` in all, cycled through."""
+        import torch
+
+        tensors = [*inputs, *([out] if out is not None else [])]
+        size = sum(_nbytes(dtype, shape) for dtype, shape in tensors)
+        count = max(1, min(MAX_BUFFER_SETS, self.nbytes // max(size, 1)))
+        pool = [
+            tuple(
+                torch.full(shape, True if dtype == torch.bool else 0.5, dtype=dtype, device=self.device)
+                for dtype, shape in tensors
+            )
+            for _ in range(count)
+        ]
+        return _Pool(pool, {})
+
     def sweep(self) -> None:
-        """Read the whole fp32 input buffer: what the caches held before is gone from them."""
+        """Read a whole buffer of ``nbytes``: what the caches held before is gone from them."""
         import torch
 
         self._buffer(torch.float32, self.nbytes).sum()
@@ -913,9 +945,7 @@ class ColdMemory:
 class _Pool:
     """Sets of tensors cycled through, counting the calls that took one (:meth:`ColdMemory._advance`)."""
 
-    def __init__(
-        self, pool: list[tuple[torch.Tensor, ...]], slots: dict[torch.dtype | None, tuple[int, int, int]]
-    ):
+    def __init__(self, pool: list[tuple[torch.Tensor, ...]], slots: dict[_Key, tuple[int, int, int]]):
         self.pool, self.slots, self.calls = pool, slots, 0
 
     def __iter__(self) -> _Pool:
