@@ -492,7 +492,7 @@ def calibration_drift(
         return None
     was_matmul = max(matmuls, key=lambda p: p.m * p.n * p.k)
     was_stream = max(streams, key=lambda p: p.bytes_moved)
-    memory = ColdMemory(device, calibration.cold_bytes or COLD_BYTES)
+    memory = ColdMemory(device, calibration.cold_bytes)
     tiny = _time_matmul(device, synchronize, calibration.dtype, 1, 1, 1, 0.0, memory)
     overhead = 2.0 / tiny.median_flops_per_s
     matmul = _time_matmul(
@@ -616,19 +616,13 @@ def _time_step_dispatch(device: torch.device, synchronize: Callable[[torch.devic
     cross-entropy and backward, timed as a whole and divided by the operators the tracer
     (:mod:`accelbench.estimate.operators`) records in the same step, views and all. The per-operator cost of a
     step's module calls, autograd's engine and the allocator, which a loop of one operator does not pay."""
-    import torch
 
     from accelbench.estimate.operators import count_operators
 
-    generator = torch.Generator().manual_seed(0)
-    width, tokens, vocab = 8, 4, 16
-    model = _TinyTransformer(width, vocab).to(device).train()
-    inputs = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
-    targets = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+    model, backward = _tiny_training_step(device, blocks=2)
 
     def step() -> None:
-        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
-        loss.backward()
+        backward()
         for p in model.parameters():
             p.grad = None
 
@@ -678,6 +672,23 @@ def _TinyTransformer(width: int, vocab: int, blocks: int = 2) -> torch.nn.Module
     return _tiny_transformer_class()(width, vocab, blocks)
 
 
+def _tiny_training_step(device: torch.device, blocks: int) -> tuple[torch.nn.Module, Callable[[], None]]:
+    """The tiny transformer of ``blocks`` blocks, 8 wide, on ``device`` in train mode, and its forward,
+    cross-entropy and backward on a batch of 2 sequences of 4 tokens (a vocabulary of 16)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    width, tokens, vocab = 8, 4, 16
+    model = _TinyTransformer(width, vocab, blocks).to(device).train()
+    inputs = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+    targets = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
+
+    def backward() -> None:
+        torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten()).backward()
+
+    return model, backward
+
+
 def _time_optimizer_phase(
     device: torch.device, synchronize: Callable[[torch.device], None], memory: ColdMemory, kernels: str
 ) -> OptimizerPhase | None:
@@ -711,18 +722,10 @@ def _optimizer_phase_seconds(
 
     from accelbench.workloads import optimizer_kernels
 
-    generator = torch.Generator().manual_seed(0)
-    width, tokens, vocab = 8, 4, 16
-    inputs = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
-    targets = torch.randint(0, vocab, (2, tokens), generator=generator).to(device)
-    model = _TinyTransformer(width, vocab, blocks).to(device).train()
+    model, backward = _tiny_training_step(device, blocks)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
-
-    def backward() -> None:
-        torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten()).backward()
-
     try:
         optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), **optimizer_kernels(kernels))
 

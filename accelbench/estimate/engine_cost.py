@@ -90,11 +90,14 @@ class Zero3Hooks(BaseModel):
         )
 
 
-def fit(probes: list[dict[str, Any]]) -> tuple[float, float, float]:
-    """(per module, per tensor, per step) seconds: least squares of each probe's ``zero3_s - plain_s`` over its
-    modules and tensors, a cost that comes out below 0 set to 0 and the others fitted again without it."""
+def fit(
+    probes: list[dict[str, Any]], modules: str = "modules", engine: str = "zero3_s"
+) -> tuple[float, float, float]:
+    """(per module, per tensor, per step) seconds: least squares of each probe's ``engine - plain_s`` (ZeRO-3's
+    step, or FSDP2's) over its ``modules`` (ZeRO-3's hooked modules, or FSDP's units) and tensors, a cost that comes
+    out below 0 set to 0 and the others fitted again without it."""
     costs = _non_negative_fit(
-        [[p["modules"], p["tensors"], 1.0] for p in probes], [p["zero3_s"] - p["plain_s"] for p in probes]
+        [[p[modules], p["tensors"], 1.0] for p in probes], [p[engine] - p["plain_s"] for p in probes]
     )
     return costs[0], costs[1], costs[2]
 
@@ -185,9 +188,7 @@ def fsdp_hooks(
     measured as :func:`zero3_hooks` (seconds, in a subprocess). (None, why) where the probe fails."""
 
     def measured(probes: list[dict[str, Any]], key: str, seconds: float) -> FsdpHooks:
-        per_unit, per_tensor, per_step = _non_negative_fit(
-            [[p["units"], p["tensors"], 1.0] for p in probes], [p["fsdp_s"] - p["plain_s"] for p in probes]
-        )
+        per_unit, per_tensor, per_step = fit(probes, modules="units", engine="fsdp_s")
         return FsdpHooks(key=key, per_module_s=per_unit, per_tensor_s=per_tensor, per_step_s=per_step,
                          kernels=kernels, probes=probes, measured_at=_now(), seconds=seconds)  # fmt: skip
 
