@@ -414,7 +414,7 @@ EXECUTOR_RUN = [*MEASURED_RUN, "--threads", "1", "--epochs", "1", "--steps-per-e
 # ZeRO-1/2/3 over two ranks +2.3%, +2.3%, +2.0% without DeepSpeed's 2 GB bucket
 ESTIMATE_TOLERANCE = 0.05
 # Where the first pipeline rank's peak depends on the schedule's order of forwards and backwards, and where a layer
-# is rebuilt in backward, the model comes within 11% on this configuration (measured here: tp checkpointed +1%, pp
+# is rebuilt in backward, the model comes within 11% on this configuration (measured here: tp checkpointed +3.5%, pp
 # checkpointed +2%, interleaved 1F1B -5%, interleaved checkpointed -9.1%, the measured peak 10.1% above the
 # prediction: 233,640 bytes, the layer backpropagated's gradients' temporaries, 20 s b h here against the 8 counted,
 # unexplained at this size; docs/estimate.md)
@@ -536,6 +536,43 @@ def test_tensor_and_pipeline_parallel_ranks_measure_the_peak_the_estimate_predic
     layers = layout[layout.index("--layers") : layout.index("--layers") + 2] if "--layers" in layout else []
     weights = estimate_json([*MEASURED_RUN, *layers], capsys)["memory"]["weights_bytes"]
     assert weights / 2 < peak.by_kind["parameters"] < 0.7 * weights
+
+
+# llama-tiny with a vocabulary of 512, so that its layers' activations, not its logits, make the peak
+LLAMA_512 = ["--workload", "llama", "--model", "llama-tiny", "--seq-len", "64", "--vocab-size", "512",
+             "--batch-size", "8"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        [*LLAMA_512],
+        [*LLAMA_512, "--precision", "bf16-mixed"],
+        [*MEASURED_RUN, "--activation-checkpointing"],
+    ],  # fmt: skip
+    ids=["llama", "llama-bf16-mixed", "gpt-checkpointed"],
+)
+def test_sequence_parallel_ranks_keep_the_gathered_inputs_the_estimate_counts(
+    layout: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two gloo processes, tp=2 with sequence parallelism: torch's column-parallel styles all-gather each linear's
+    sequence-sharded input and the linear keeps the gathered tensor whole (Megatron keeps the shard: Korthikanti's
+    34/t). Rank 0's tensor peak is within 5% of the estimate (it had counted shards: llama-tiny -13.8% in fp32,
+    -6.8% under bf16-mixed; the 2-layer GPT checkpointed -12.2%, its peak in the first layer's backward)."""
+    args = [*layout, "--mesh", "tp=2", "--devices", "2", "--sequence-parallel"]
+    done = accelbench("run", *args, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2",
+                      "--output-dir", str(tmp_path), "-q", timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    peak = read_record(path).metrics.tensor_peak  # type: ignore[union-attr]
+    assert peak is not None and len(peak.ranks) == 2 and all(peak.ranks)
+    predicted = estimate_json(args, capsys)
+    assert any(
+        a.startswith("sequence parallelism as torch's styles run it") for a in predicted["assumptions"]
+    )
+    tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
+    assert peak.ranks[0] == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
 
 
 # llama-tiny (vocabulary 8,192) over two pipeline ranks: the last stage's logits outweigh the first rank's layers

@@ -656,7 +656,12 @@ def show(prediction: Prediction, out: Console) -> None:
         ("buffers (DeepSpeed bucket, DDP buckets)", m.buffer_bytes),
         ("start of backward (loss gradients, the layer backpropagated)", m.backward_transient_bytes),
         *(
-            [("a pipeline's last backward, beside every gradient", m.end_of_backward_bytes)]
+            [
+                (
+                    "the last backward (a pipeline's, or the first layer's rebuilt), beside every gradient",
+                    m.end_of_backward_bytes,
+                )
+            ]
             if m.end_of_backward_bytes is not None
             else []
         ),

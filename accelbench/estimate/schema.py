@@ -69,9 +69,11 @@ class MemoryBreakdown(_Model):
 
     end_of_backward_bytes: float | None = Field(
         default=None,
-        description="A pipeline rank's last backward, beside the state and every gradient, where it can be the "
-        "high point: the first stage's microbatches still in flight and the layer backpropagated (rebuilt under "
-        "activation checkpointing, with its gradients' temporaries). None elsewhere.",
+        description="The last backward of a step, beside the state and every gradient, where it can be the "
+        "high point: on a pipeline rank the first stage's microbatches still in flight and the layer "
+        "backpropagated (rebuilt under activation checkpointing, with its gradients' temporaries); checkpointed "
+        "without a pipeline, the first layer's backward (the layer rebuilt, the later layers' inputs freed), less "
+        "the gradients not made by then. None elsewhere.",
     )
     gradients_freed_each_step: bool = Field(
         default=False,

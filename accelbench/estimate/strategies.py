@@ -15,6 +15,7 @@ from accelbench.estimate.activations import (
     activation_bytes,
     backward_transient_bytes,
     checkpointed_layer_bytes,
+    first_layer_backward,
     head_bytes,
     head_microbatches,
     layer_activation_bytes,
@@ -50,6 +51,26 @@ DS_PERSISTENCE_THRESHOLD = (
 
 
 # --- data parallelism: single, DDP, FSDP2, DeepSpeed ZeRO 1-3 ------------------------------------------------
+
+
+def first_layer_end_of_backward(
+    facts: WorkloadFacts,
+    micro: int,
+    state: StateBytes,
+    keeps_scores: bool,
+    device_type: str,
+    activations: float | None,
+    gradients: float,
+    freed: bool,
+) -> float | None:
+    """Checkpointed, the first layer's backward beside every gradient (``MemoryBreakdown.end_of_backward_bytes``):
+    the activations at the end of forward with what that backward adds (:func:`first_layer_backward`), less the
+    gradients not made yet (the first layer's, the embeddings'), where they are ``freed`` each step (not DDP's
+    bucket views, alive throughout)."""
+    if facts.transformer is None or activations is None:
+        return None
+    extra, made = first_layer_backward(facts, micro, state, keeps_scores, device_type=device_type)
+    return activations + extra - (1 - made) * gradients * freed
 
 
 def data_parallel_breakdown(
@@ -99,6 +120,18 @@ def data_parallel_breakdown(
             transient_bytes=autocast,
             buffer_bytes=grad_total if separate_buckets else 0.0,
             backward_transient_bytes=start_of_backward,
+            end_of_backward_bytes=first_layer_end_of_backward(
+                facts,
+                micro,
+                state,
+                keeps_scores,
+                device_type,
+                activations,
+                n * state.grad,
+                strategy == Strategy.SINGLE or separate_buckets,
+            )
+            if checkpointing
+            else None,
             optimizer_transient_bytes=optimizer_temporaries(
                 facts, state, stack, device_type, notes, shards=1
             ),
@@ -582,6 +615,12 @@ def _rank_memory(
         device_type=device_type,
         dropout=facts.dropout > 0,
     )
+    if mesh.sequence_parallel and mesh.tp > 1:
+        notes.assume(
+            "sequence parallelism as torch's styles run it: each column-parallel linear gathers its sequence-sharded "
+            "input and keeps it whole for its backward (Megatron keeps the shard and gathers again; Korthikanti's "
+            "34/t counts that)"
+        )
     checkpointing = stack.activation_checkpointing
     in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
     if checkpointing:
@@ -640,6 +679,12 @@ def _rank_memory(
             + ("last" if heads else "first")
             + " stage"
         )
+    if mesh.pp == 1 and checkpointing:  # the first layer's backward, the later layers' gradients beside it
+        extra, made = first_layer_backward(
+            facts, micro, state, keeps_scores, mesh.tp, mesh.sequence_parallel, device_type
+        )
+        made = 1.0 if gradients_before_backward else made  # DDP's bucket views are alive throughout
+        end_of_backward = activations + extra - (1 - made) * result.gradients_bytes
     autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
     gathered = unsharded_grads = 0.0
     if mesh.pp > 1 and mesh.shards_parameters and mesh.dp > 1:
