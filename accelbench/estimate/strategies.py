@@ -62,6 +62,8 @@ def first_layer_end_of_backward(
     activations: float | None,
     gradients: float,
     freed: bool,
+    tp: int = 1,
+    sequence_parallel: bool = False,
 ) -> float | None:
     """Checkpointed, the first layer's backward beside every gradient (``MemoryBreakdown.end_of_backward_bytes``):
     the activations at the end of forward with what that backward adds (:func:`first_layer_backward`), less the
@@ -69,8 +71,8 @@ def first_layer_end_of_backward(
     bucket views, alive throughout)."""
     if facts.transformer is None or activations is None:
         return None
-    extra, made = first_layer_backward(facts, micro, state, keeps_scores, device_type=device_type)
-    return activations + extra - (1 - made) * gradients * freed
+    extra, made = first_layer_backward(facts, micro, state, keeps_scores, tp, sequence_parallel, device_type)
+    return activations + extra - ((1 - made) * gradients if freed else 0.0)
 
 
 def data_parallel_breakdown(
@@ -127,7 +129,7 @@ def data_parallel_breakdown(
                 keeps_scores,
                 device_type,
                 activations,
-                n * state.grad,
+                grad_total,
                 strategy == Strategy.SINGLE or separate_buckets,
             )
             if checkpointing
@@ -680,11 +682,18 @@ def _rank_memory(
             + " stage"
         )
     if mesh.pp == 1 and checkpointing:  # the first layer's backward, the later layers' gradients beside it
-        extra, made = first_layer_backward(
-            facts, micro, state, keeps_scores, mesh.tp, mesh.sequence_parallel, device_type
+        end_of_backward = first_layer_end_of_backward(
+            facts,
+            micro,
+            state,
+            keeps_scores,
+            device_type,
+            activations,
+            result.gradients_bytes,
+            not gradients_before_backward,
+            mesh.tp,
+            mesh.sequence_parallel,
         )
-        made = 1.0 if gradients_before_backward else made  # DDP's bucket views are alive throughout
-        end_of_backward = activations + extra - (1 - made) * result.gradients_bytes
     autocast = state.autocast_copy * result.parameters_per_device * (mesh.dp if mesh.shards_parameters else 1)
     gathered = unsharded_grads = 0.0
     if mesh.pp > 1 and mesh.shards_parameters and mesh.dp > 1:
