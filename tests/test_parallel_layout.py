@@ -112,6 +112,32 @@ def test_each_pipeline_rank_holds_the_stem_or_the_head_it_runs() -> None:
     assert estimate_parallel(unknown, looped, batch=4, stage_rank=1).parameters_per_device == 200 + 50
 
 
+def test_each_stage_keeps_a_receive_buffer_a_microbatch_for_its_inputs_and_one_for_its_gradients() -> None:
+    """torch.distributed.pipelining's stages allocate their receive buffers once and keep them: activations for
+    every stage but the first, gradients for every stage but the last, one a microbatch, at the boundary's size."""
+    from accelbench.estimate.activations import pipeline_receive_buffer_bytes
+    from accelbench.estimate.facts import WorkloadFacts
+    from accelbench.estimate.state import state_bytes
+
+    shape = TransformerShape(layers=4, hidden=8, heads=2, sequence=4, vocab=16, layer_parameters=100,
+                             other_parameters=50)  # fmt: skip
+    facts = WorkloadFacts("gpt", "custom", 450, 450, 1.0, "", 4, transformer=shape)
+    boundary = 4 * 2 * 8 * 4  # s b h float32 for a microbatch of 2
+    state = state_bytes("fp32", "pp")
+
+    def buffers(mesh: ParallelDims, rank: int) -> float:
+        return pipeline_receive_buffer_bytes(facts, mesh, 2, state, rank) / boundary
+
+    one = ParallelDims(pp=2, schedule="1f1b", microbatches=4)
+    assert [buffers(one, r) for r in range(2)] == [4, 4]  # stage 0's gradients; stage 1's inputs
+    looped = ParallelDims(pp=2, schedule="looped-bfs", microbatches=4, virtual_stages=2)
+    assert [buffers(looped, r) for r in range(2)] == [12, 12]  # stages 0 and 2; 1 and 3
+    deep = ParallelDims(pp=4, schedule="1f1b", microbatches=4)
+    assert [buffers(deep, r) for r in range(4)] == [4, 8, 8, 4]
+    sharded = ParallelDims(tp=2, pp=2, schedule="1f1b", microbatches=4, sequence_parallel=True)
+    assert buffers(sharded, 0) == 2  # a sequence-parallel boundary is a shard
+
+
 def test_the_last_stage_holds_one_microbatchs_logits_unless_every_forward_runs_first() -> None:
     from accelbench.estimate.activations import head_microbatches
 

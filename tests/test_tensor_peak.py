@@ -414,15 +414,24 @@ EXECUTOR_RUN = [*MEASURED_RUN, "--threads", "1", "--epochs", "1", "--steps-per-e
 # ZeRO-1/2/3 over two ranks +2.3%, +2.3%, +2.0% without DeepSpeed's 2 GB bucket
 ESTIMATE_TOLERANCE = 0.05
 # Where the first pipeline rank's peak depends on the schedule's order of forwards and backwards, and where a layer
-# is rebuilt in backward, the model comes within 11% on this configuration (measured here: tp checkpointed +3.5%, pp
-# checkpointed +2%, interleaved 1F1B -5%, interleaved checkpointed -9.1%, the measured peak 10.1% above the
-# prediction: 233,640 bytes, the layer backpropagated's gradients' temporaries, 20 s b h here against the 8 counted,
-# unexplained at this size; docs/estimate.md)
-SCHEDULED_TOLERANCE = 0.11
+# is rebuilt in backward, the model comes within 8% on this configuration (measured here, rank 0 against the
+# estimate: tp checkpointed +3.5%, pp checkpointed +5.3% (the estimate gives the last rank's, +3.3% against it),
+# interleaved 1F1B -2.6%, interleaved checkpointed -4.0%; it was 11% until the pipelines' receive buffers were
+# counted, 2026-12-02: interleaved checkpointed -9.1%; docs/estimate.md)
+SCHEDULED_TOLERANCE = 0.08
 # Ranks that hold the same tensors can still differ by one activation: gloo's work object keeps a collective's input
 # (a (batch, block, embd) float32 activation under tp) alive until its own thread lets go of it, which a busy host
 # delays on one rank and not the other (CI saw 2,414,776 against 2,480,312 bytes: 65,536, that one activation).
 ONE_ACTIVATION = 8 * 32 * 64 * 4
+
+
+def run_peak(args: list[str], out: Path) -> Any:
+    """The tensor peak of ``accelbench run ARGS`` (one thread, one epoch of two steps), from its record."""
+    done = accelbench("run", *args, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2",
+                      "--output-dir", str(out), "-q", timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.glob("*.json")
+    return read_record(path).metrics.tensor_peak  # type: ignore[union-attr]
 
 
 def alike(first: int | None, second: int | None) -> bool:
@@ -538,6 +547,28 @@ def test_tensor_and_pipeline_parallel_ranks_measure_the_peak_the_estimate_predic
     assert weights / 2 < peak.by_kind["parameters"] < 0.7 * weights
 
 
+@pytest.mark.slow
+def test_a_looped_pipeline_rank_measures_its_receive_buffers_and_its_sends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two gloo processes, gpt-micro under looped BFS (stages 0 and 2 on rank 0, four microbatches), checkpointed.
+    The stages' receive buffers (four for stage 0's gradients, eight for stage 2's inputs and gradients, one
+    ``s b h`` each) are real memory MemTracker never saw whole (the gradients' eight, 1 MiB, were missing: the
+    measured peak now counts them, registered before the step), and the estimate counts them; its peak, in stage
+    0's second backward with every gradient made, holds what stage 2 sent (its outputs and input gradients, kept by
+    the sends until the step ends). Rank 0 within 5% (it was -8.3%)."""
+    args = ["--model", "gpt-micro", "--batch-size", "8", "--mesh", "pp=2", "--devices", "2",
+            "--pp-schedule", "looped-bfs", "--activation-checkpointing"]  # fmt: skip
+    peak = run_peak(args, tmp_path)
+    assert peak is not None and len(peak.ranks) == 2 and peak.rank == 0
+    boundary = 128 * 2 * 128 * 4  # s b h float32, a microbatch of 2
+    assert peak.by_kind["other"] >= 12 * boundary
+    predicted = estimate_json(args, capsys)
+    assert predicted["memory"]["buffer_bytes"] == 12 * boundary
+    tensors = predicted["peak_memory_bytes"] - predicted["memory"]["runtime_bytes"]
+    assert peak.peak_bytes == pytest.approx(tensors, rel=ESTIMATE_TOLERANCE)
+
+
 # llama-tiny with a vocabulary of 512, so that its layers' activations, not its logits, make the peak
 LLAMA_512 = ["--workload", "llama", "--model", "llama-tiny", "--seq-len", "64", "--vocab-size", "512",
              "--batch-size", "8"]  # fmt: skip
@@ -561,11 +592,7 @@ def test_sequence_parallel_ranks_keep_the_gathered_inputs_the_estimate_counts(
     34/t). Rank 0's tensor peak is within 5% of the estimate (it had counted shards: llama-tiny -13.8% in fp32,
     -6.8% under bf16-mixed; the 2-layer GPT checkpointed -12.2%, its peak in the first layer's backward)."""
     args = [*layout, "--mesh", "tp=2", "--devices", "2", "--sequence-parallel"]
-    done = accelbench("run", *args, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2",
-                      "--output-dir", str(tmp_path), "-q", timeout=400)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = tmp_path.glob("*.json")
-    peak = read_record(path).metrics.tensor_peak  # type: ignore[union-attr]
+    peak = run_peak(args, tmp_path)
     assert peak is not None and len(peak.ranks) == 2 and all(peak.ranks)
     predicted = estimate_json(args, capsys)
     assert any(
@@ -612,11 +639,7 @@ def test_the_last_pipeline_rank_holds_what_the_estimate_predicts(
     Under 1F1B it holds one microbatch's logits only because the schedule is asked for no outputs: torch's default
     keeps every microbatch's logits to concatenate them (measured: 42.9 MB, not 26.9, with four microbatches)."""
     args = [*LLAMA_PIPELINE, *schedule]
-    done = accelbench("run", *args, "--threads", "1", "--epochs", "1", "--steps-per-epoch", "2",
-                      "--output-dir", str(tmp_path), "-q", timeout=400)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = tmp_path.glob("*.json")
-    peak = read_record(path).metrics.tensor_peak  # type: ignore[union-attr]
+    peak = run_peak(args, tmp_path)
     assert peak is not None and len(peak.ranks) == 2 and peak.rank == 1
     assert peak.ranks[1] > 2 * (peak.ranks[0] or 0)
     predicted = estimate_json(args, capsys)

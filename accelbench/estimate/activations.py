@@ -353,15 +353,19 @@ def pipeline_boundary_bytes(
     """What pipeline rank ``stage_rank`` holds for its microbatches in flight beside its layers' activations, and
     how many microbatch-stages are in flight: each stage's output (``s b h``), kept by the stage to run its
     backward; on the last stage that output is the logits (:func:`head_bytes`, with the loss's log-probabilities);
-    on the first, the embedding dropout noise (or mask) for each of its own microbatches in flight."""
+    on the first, the embedding dropout noise (or mask) for each of its own microbatches in flight; less, on the
+    later stages, their inputs, which are the stages' receive buffers."""
     shape = facts.transformer
     assert shape is not None
     in_flight = in_flight_microbatches(
         mesh.schedule, stage_rank, mesh.pp, mesh.microbatches, mesh.virtual_stages
     )
-    values = shape.sequence * micro_batch * shape.hidden / (mesh.tp if mesh.sequence_parallel else 1)
+    values = boundary_values(facts, mesh, micro_batch)
     heads = head_microbatches(mesh, stage_rank)
     held = values * state.activation * (in_flight - heads) + heads * head_bytes(shape, micro_batch, state)
+    # a later stage's input, which its first layer keeps, is its receive buffer (pipeline_receive_buffer_bytes)
+    own = math.ceil(in_flight / mesh.virtual_stages) if mesh.stage_holder(0) == stage_rank else 0
+    held -= values * state.activation * (in_flight - own)
     if mesh.stage_holder(0) == stage_rank and facts.dropout > 0:
         held += (
             values
@@ -369,6 +373,41 @@ def pipeline_boundary_bytes(
             * math.ceil(in_flight / mesh.virtual_stages)
         )
     return held, in_flight
+
+
+def boundary_values(facts: WorkloadFacts, mesh: ParallelDims, micro_batch: int) -> float:
+    """The values of one microbatch's tensor at a pipeline stage boundary (the residual stream, ``s b h``), on one
+    tensor-parallel rank: sharded by sequence parallelism, else whole."""
+    shape = facts.transformer
+    assert shape is not None
+    return shape.sequence * micro_batch * shape.hidden / (mesh.tp if mesh.sequence_parallel else 1)
+
+
+def pipeline_receive_buffer_bytes(
+    facts: WorkloadFacts, mesh: ParallelDims, micro_batch: int, state: StateBytes, stage_rank: int = 0
+) -> float:
+    """The receive buffers torch.distributed.pipelining keeps on pipeline rank ``stage_rank`` from step to step:
+    each of its stages allocates, at its first step, one buffer a microbatch for the activations it receives
+    (every stage but the first) and one for the gradients sent back to it (every stage but the last), each a
+    stage boundary's ``s b h`` (sharded by sequence parallelism). Measured: rank 0 of a looped-BFS gpt-micro (stages
+    0 and 2, 4 microbatches) held 12 such buffers."""
+    ends = sum(int(stage > 0) + int(stage < mesh.stages - 1) for stage in mesh.stage_ids(stage_rank))
+    return boundary_values(facts, mesh, micro_batch) * state.activation * mesh.microbatches * ends
+
+
+def pipeline_sent_bytes(
+    facts: WorkloadFacts, mesh: ParallelDims, micro_batch: int, state: StateBytes
+) -> float:
+    """What a looped BFS rank's later stages have sent, held until the step ends: torch's runtime schedules wait
+    for their sends only then, so each send keeps its tensor, every microbatch's output sent forward and every
+    input gradient sent back (``2 m s b h`` a stage that is neither the first nor the last)."""
+    return (
+        2
+        * boundary_values(facts, mesh, micro_batch)
+        * state.activation
+        * mesh.microbatches
+        * (mesh.virtual_stages - 1)
+    )
 
 
 def head_microbatches(mesh: ParallelDims, stage_rank: int) -> int:

@@ -151,6 +151,8 @@ def with_trace(
 
 # The largest job --scale-to predicts for: 2^20 devices, ten times the largest training jobs reported (about 10^5
 # accelerators); a larger count is a typo, and the model's figures for it would mean nothing.
+# the memory table's row for MemoryBreakdown.buffer_bytes (left out where it is zero)
+BUFFERS_ROW = "buffers (DDP, DeepSpeed buckets; pipeline receives)"
 MAX_SCALE_TO = 2**20
 # Bus bandwidth a --bus-bandwidth figure may claim, in GB/s: from 1 MB/s (below any network a job would run on) to
 # 100 TB/s (some 50x today's fastest links, NVLink 5's 1.8 TB/s per GPU).
@@ -653,7 +655,7 @@ def show(prediction: Prediction, out: Console) -> None:
         ("optimizer state (AdamW)", m.optimizer_bytes),
         ("activations", m.activations_bytes),
         ("transient while computing (gathered, copies)", m.transient_bytes),
-        ("buffers (DeepSpeed bucket, DDP buckets)", m.buffer_bytes),
+        (BUFFERS_ROW, m.buffer_bytes),
         ("start of backward (loss gradients, the layer backpropagated)", m.backward_transient_bytes),
         *(
             [
@@ -672,7 +674,7 @@ def show(prediction: Prediction, out: Console) -> None:
     optional = (
         "fp32 master weights",
         "runtime (given)",
-        "buffers (DeepSpeed bucket, DDP buckets)",
+        BUFFERS_ROW,
         "optimizer step temporaries",
     )
     for kind, value in rows:

@@ -47,7 +47,8 @@ class MemoryBreakdown(_Model):
     buffer_bytes: float = Field(
         default=0.0,
         description="Buffers held for the whole step beside the state: DeepSpeed's gradient bucket, DDP's buckets "
-        "when they are not the gradients (gradient_as_bucket_view off).",
+        "when they are not the gradients (gradient_as_bucket_view off), a pipeline stage's receive buffers (one a "
+        "microbatch for its inputs and one for its outputs' gradients).",
     )
     backward_transient_bytes: float = Field(
         default=0.0,

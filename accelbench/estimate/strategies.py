@@ -14,6 +14,7 @@ from accelbench.errors import ConfigError
 from accelbench.estimate.activations import (
     activation_bytes,
     backward_transient_bytes,
+    boundary_values,
     checkpointed_layer_bytes,
     first_layer_backward,
     head_bytes,
@@ -24,7 +25,9 @@ from accelbench.estimate.activations import (
     note_activations,
     outside_layer_bytes,
     pipeline_boundary_bytes,
+    pipeline_receive_buffer_bytes,
     pipeline_runs_forward_after_backward,
+    pipeline_sent_bytes,
 )
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
@@ -39,7 +42,7 @@ from accelbench.estimate.parallel import (
 )
 from accelbench.estimate.schema import CommOp, MemoryBreakdown
 from accelbench.estimate.shape import RunShape
-from accelbench.estimate.stack import Stack
+from accelbench.estimate.stack import Stack, dropout_mask_bytes
 from accelbench.estimate.state import StateBytes, element_type
 from accelbench.parallel_dims import ParallelDims
 
@@ -627,8 +630,11 @@ def _rank_memory(
     in_backward = 0.0  # the layer backpropagated: rebuilt with checkpointing, its gradients' temporaries (pp)
     if checkpointing:
         # each layer keeps only its input for each microbatch in flight, and its backward rebuilds one layer at a time
-        in_backward = mine if mesh.pp > 1 else 0.0  # without a pipeline: in backward_transient_bytes
-        mine = checkpointed_layer_bytes(shape, micro, state, mesh.tp, mesh.sequence_parallel)
+        kept = checkpointed_layer_bytes(shape, micro, state, mesh.tp, mesh.sequence_parallel)
+        # the layer rebuilt is its microbatch's, whose input the stage kept: counted once, with the microbatches
+        # in flight (without a pipeline: in backward_transient_bytes)
+        in_backward = mine - kept if mesh.pp > 1 else 0.0
+        mine = kept
         notes.assume(
             "activation checkpointing: each layer keeps its input (the residual stream) for each microbatch in "
             "flight and rebuilds the rest in backward, one layer at a time"
@@ -661,7 +667,30 @@ def _rank_memory(
         steady = pipeline_runs_forward_after_backward(mesh, in_flight)
         if heads:  # the last stage's last backward: one microbatch's layers and logits
             left = 1
-            end_of_backward = layer_unit + head_bytes(shape, micro, state) + in_backward
+            # (its input is its receive buffer, counted in buffer_bytes)
+            end_of_backward = (
+                layer_unit
+                - boundary_values(facts, mesh, micro) * state.activation
+                + head_bytes(shape, micro, state)
+                + in_backward
+            )
+        elif mesh.schedule == "looped-bfs":
+            # its first stage's second backward, every gradient made: that stage's outputs, all held (for backward
+            # or by their sends), the microbatches not yet backpropagated (their layers' inputs or activations and
+            # the embedding noise) and what the later stages sent (measured, MemTracker: rank 0 of gpt-micro's)
+            left = mesh.microbatches - 1
+            values = boundary_values(facts, mesh, micro)
+            noise = (
+                values * dropout_mask_bytes(device_type, state.activation)
+                if mesh.stage_holder(0) == stage_rank and facts.dropout > 0
+                else 0.0
+            )
+            end_of_backward = (
+                mesh.microbatches * values * state.activation
+                + left * (layer_unit + noise)
+                + pipeline_sent_bytes(facts, mesh, micro, state)
+                + in_backward
+            )
         else:
             left = math.ceil(in_flight / mesh.virtual_stages) if mesh.virtual_stages > 1 else in_flight - 1
             end_of_backward = unit * left + in_backward
@@ -714,6 +743,9 @@ def _rank_memory(
         optimizer_bytes=result.optimizer_bytes,
         activations_bytes=activations,
         transient_bytes=autocast + gathered,
+        buffer_bytes=pipeline_receive_buffer_bytes(facts, mesh, micro, state, stage_rank)
+        if mesh.pp > 1
+        else 0.0,
         backward_transient_bytes=(
             backward_transient_bytes(
                 facts,

@@ -232,6 +232,21 @@ def make_schedule(
     return cls(target, microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
+def receive_buffers(stages: list[Any]) -> list[torch.Tensor]:
+    """The receive buffers ``stages`` (torch ``PipelineStage``s) hold from step to step: one a microbatch for the
+    activations each receives and one for the gradients sent back to it, made at its first step (torch's
+    ``args_recv_info`` and ``grad_recv_info``, a ``_RecvInfo`` each with its ``buffer``; none before that)."""
+    buffers: list[torch.Tensor] = []
+    for stage in stages:
+        for table in (getattr(stage, "args_recv_info", {}), getattr(stage, "grad_recv_info", {})):
+            for infos in table.values():
+                for info in infos:
+                    buffer = getattr(info, "buffer", None)
+                    if isinstance(buffer, torch.Tensor):
+                        buffers.append(buffer)
+    return buffers
+
+
 @dataclass
 class _Timed:
     start: Any
