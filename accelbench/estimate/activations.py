@@ -366,13 +366,23 @@ def pipeline_boundary_bytes(
     # a later stage's input, which its first layer keeps, is its receive buffer (pipeline_receive_buffer_bytes)
     own = math.ceil(in_flight / mesh.virtual_stages) if mesh.stage_holder(0) == stage_rank else 0
     held -= values * state.activation * (in_flight - own)
-    if mesh.stage_holder(0) == stage_rank and facts.dropout > 0:
-        held += (
-            values
-            * dropout_mask_bytes(device_type, state.activation)
-            * math.ceil(in_flight / mesh.virtual_stages)
-        )
+    held += embedding_noise_bytes(facts, mesh, micro_batch, state, device_type, stage_rank) * own
     return held, in_flight
+
+
+def embedding_noise_bytes(
+    facts: WorkloadFacts,
+    mesh: ParallelDims,
+    micro_batch: int,
+    state: StateBytes,
+    device_type: str,
+    stage_rank: int,
+) -> float:
+    """The embedding dropout's noise (or mask) the first stage keeps for one microbatch in flight, on the pipeline
+    rank holding it (none elsewhere, nor without dropout)."""
+    if mesh.stage_holder(0) != stage_rank or facts.dropout <= 0:
+        return 0.0
+    return boundary_values(facts, mesh, micro_batch) * dropout_mask_bytes(device_type, state.activation)
 
 
 def boundary_values(facts: WorkloadFacts, mesh: ParallelDims, micro_batch: int) -> float:

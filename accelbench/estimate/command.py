@@ -149,10 +149,10 @@ def with_trace(
 # The estimate flags, checked before anything is built
 # --------------------------------------------------------------------------------------------------------------
 
-# The largest job --scale-to predicts for: 2^20 devices, ten times the largest training jobs reported (about 10^5
-# accelerators); a larger count is a typo, and the model's figures for it would mean nothing.
 # the memory table's row for MemoryBreakdown.buffer_bytes (left out where it is zero)
 BUFFERS_ROW = "buffers (DDP, DeepSpeed buckets; pipeline receives)"
+# The largest job --scale-to predicts for: 2^20 devices, ten times the largest training jobs reported (about 10^5
+# accelerators); a larger count is a typo, and the model's figures for it would mean nothing.
 MAX_SCALE_TO = 2**20
 # Bus bandwidth a --bus-bandwidth figure may claim, in GB/s: from 1 MB/s (below any network a job would run on) to
 # 100 TB/s (some 50x today's fastest links, NVLink 5's 1.8 TB/s per GPU).

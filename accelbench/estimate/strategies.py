@@ -16,6 +16,7 @@ from accelbench.estimate.activations import (
     backward_transient_bytes,
     boundary_values,
     checkpointed_layer_bytes,
+    embedding_noise_bytes,
     first_layer_backward,
     head_bytes,
     head_microbatches,
@@ -42,7 +43,7 @@ from accelbench.estimate.parallel import (
 )
 from accelbench.estimate.schema import CommOp, MemoryBreakdown
 from accelbench.estimate.shape import RunShape
-from accelbench.estimate.stack import Stack, dropout_mask_bytes
+from accelbench.estimate.stack import Stack
 from accelbench.estimate.state import StateBytes, element_type
 from accelbench.parallel_dims import ParallelDims
 
@@ -679,14 +680,9 @@ def _rank_memory(
             # or by their sends), the microbatches not yet backpropagated (their layers' inputs or activations and
             # the embedding noise) and what the later stages sent (measured, MemTracker: rank 0 of gpt-micro's)
             left = mesh.microbatches - 1
-            values = boundary_values(facts, mesh, micro)
-            noise = (
-                values * dropout_mask_bytes(device_type, state.activation)
-                if mesh.stage_holder(0) == stage_rank and facts.dropout > 0
-                else 0.0
-            )
+            noise = embedding_noise_bytes(facts, mesh, micro, state, device_type, stage_rank)
             end_of_backward = (
-                mesh.microbatches * values * state.activation
+                mesh.microbatches * boundary_values(facts, mesh, micro) * state.activation
                 + left * (layer_unit + noise)
                 + pipeline_sent_bytes(facts, mesh, micro, state)
                 + in_backward
