@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -11,7 +12,15 @@ import torch
 
 from accelbench.config import RunConfig
 from accelbench.workloads.gpt import GPT, MODEL_SIZES, GPTConfig, GPTWorkload, configure_adamw
-from accelbench.workloads.gpt.data import SEED_CORPUS_BYTES, SHAKESPEARE_CHARSET, CharCorpus, RandomWindows
+from accelbench.workloads.gpt import data as gpt_data
+from accelbench.workloads.gpt.data import (
+    SEED_CORPUS_BYTES,
+    SHAKESPEARE_CHARSET,
+    CharCorpus,
+    RandomWindows,
+    corpus_cache_file,
+    generate_corpus,
+)
 
 
 def resolved(config: RunConfig) -> RunConfig:
@@ -56,6 +65,60 @@ def test_generated_corpus_has_the_seed_size_and_character_set() -> None:
     assert corpus.vocab_size == 65
     assert set(bytes(corpus.data).decode()) == set(SHAKESPEARE_CHARSET)
     assert np.array_equal(CharCorpus.generated().data, corpus.data)  # the same text every time
+
+
+# the seed corpus's bytes: the shipped quality references were trained on them (a generator change must bump
+# CORPUS_FORMAT and regenerate the references)
+SEED_CORPUS_SHA256 = "799a43b87abd4c9df57fba4cd0eed3116d6100fb6ba21b0b640d96ad8930c88d"
+
+
+def _sha256(data: np.ndarray) -> str:
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
+def test_the_generated_corpus_is_cached_and_read_back_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first process generates the text and caches it (its SHA-256, then the bytes); the next reads it back
+    without generating (generating would fail here) and trains on exactly the seed corpus."""
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+    generate_corpus.cache_clear()
+    first = generate_corpus()
+    assert _sha256(first) == SEED_CORPUS_SHA256
+    cached = corpus_cache_file(SEED_CORPUS_BYTES, 1234)
+    assert cached.parent == tmp_path / "corpus" and cached.stat().st_size == 32 + SEED_CORPUS_BYTES
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]  # no temporary file left
+    generate_corpus.cache_clear()
+
+    def no_generating(n_bytes: int, seed: int) -> np.ndarray:
+        raise AssertionError("generated again, though cached")
+
+    monkeypatch.setattr(gpt_data, "_generate", no_generating)
+    assert _sha256(generate_corpus()) == SEED_CORPUS_SHA256
+    generate_corpus.cache_clear()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a byte changed", "the cache is a file"])
+def test_a_damaged_or_unwritable_corpus_cache_is_never_trained_on(
+    damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    generate_corpus.cache_clear()
+    text = generate_corpus(4096, seed=3)
+    cached = corpus_cache_file(4096, 3)
+    raw = cached.read_bytes()
+    if damage == "truncated":
+        cached.write_bytes(raw[:-100])
+    elif damage == "a byte changed":
+        cached.write_bytes(raw[:40] + bytes([raw[40] ^ 1]) + raw[41:])
+    else:
+        monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(cached))  # a file where the folder should be
+    generate_corpus.cache_clear()
+    again = generate_corpus(4096, seed=3)
+    assert np.array_equal(again, text) and len(again) == 4096
+    if damage != "the cache is a file":
+        assert cached.read_bytes() == raw  # written again, whole
+    generate_corpus.cache_clear()
 
 
 def test_epoch_is_ceil_n_over_block_plus_one_random_windows(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ corpus. A file is memory-mapped, so a multi-GiB corpus streams from disk instead
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ from accelbench.errors import ConfigError
 # The 65 characters of the Shakespeare corpus used by the seed study (char-rnn / minGPT).
 SHAKESPEARE_CHARSET = "\n !$&',-.3:;?" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwxyz"
 SEED_CORPUS_BYTES = round(4.4 * 2**20)  # the seed study's 4.4 MiB
+# the generator's output: bump it when its bytes change, so no cached corpus of the old is read
+CORPUS_FORMAT = 1
 _SCAN_CHUNK = 64 * 2**20
 # --data-placement auto keeps corpora up to this size on the device (larger ones stream from host memory)
 AUTO_DEVICE_BYTES = 2 * 2**30
@@ -31,8 +36,61 @@ def generate_corpus(n_bytes: int = SEED_CORPUS_BYTES, seed: int = 1234) -> np.nd
     """A deterministic play-like text of ``n_bytes`` over the Shakespeare character set.
 
     Speaker lines, sentences of Zipf-distributed pseudo-words and punctuation give the model structure to learn
-    (so the loss falls as in the seed study) while the benchmark stays offline.
+    (so the loss falls as in the seed study) while the benchmark stays offline. Generating it takes about a second
+    of pure Python, which every process of every run paid (each rank of a job, the launcher's preflight): the bytes
+    are cached under ``$ACCELBENCH_CACHE_DIR/corpus`` and read back, checked against their SHA-256, in milliseconds
+    (:func:`_cached_corpus`).
     """
+    cached = _cached_corpus(n_bytes, seed)
+    if cached is not None:
+        return cached
+    data = _generate(n_bytes, seed)
+    _cache_corpus(data, n_bytes, seed)
+    return data
+
+
+def corpus_cache_file(n_bytes: int, seed: int) -> Path:
+    """Where the generated corpus of ``n_bytes`` and ``seed`` is cached: the generator's format, seed and size in
+    its name, so a change of the generator (a new ``CORPUS_FORMAT``) never reads an old file."""
+    from accelbench.estimate.peak import cache_dir
+
+    return cache_dir() / "corpus" / f"play-v{CORPUS_FORMAT}-seed{seed}-{n_bytes}.bin"
+
+
+def _cached_corpus(n_bytes: int, seed: int) -> np.ndarray | None:
+    """The cached bytes, or None where there are none, or they are not exactly what was written (the file holds
+    the payload's SHA-256, then the payload: a truncated or altered file is regenerated, never trained on)."""
+    try:
+        raw = corpus_cache_file(n_bytes, seed).read_bytes()
+    except OSError:
+        return None
+    digest, payload = raw[:32], raw[32:]
+    if len(payload) != n_bytes or hashlib.sha256(payload).digest() != digest:
+        return None
+    return np.frombuffer(payload, dtype=np.uint8)
+
+
+def _cache_corpus(data: np.ndarray, n_bytes: int, seed: int) -> None:
+    """Write the cache file atomically (a temporary file renamed: a concurrent rank reads all of it or none);
+    best effort: an unwritable cache only means the next process generates the text again."""
+    path = corpus_cache_file(n_bytes, seed)
+    payload = data.tobytes()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".bin", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(hashlib.sha256(payload).digest() + payload)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass
+
+
+def _generate(n_bytes: int, seed: int) -> np.ndarray:
+    """The text itself (:func:`generate_corpus`); its bytes are ``CORPUS_FORMAT``'s: change them, bump it."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
     letter_p = 1.0 / np.arange(1, 27) ** 0.9
