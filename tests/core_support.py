@@ -51,15 +51,22 @@ class Site:
 def accelbench(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """Run the installed `accelbench` command in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "accelbench.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-    )
+    """Run the installed `accelbench` command in a fresh interpreter. Past ``timeout`` it is killed and the test
+    fails with what it had printed (the tail of its stderr): a hang says where it hung."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "accelbench.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        raise AssertionError(
+            f"accelbench {' '.join(args)} ran past {timeout:g} s and was killed; its stderr ended:\n{stderr[-3000:]}"
+        ) from None
 
 
 class RealRuns:

@@ -949,7 +949,7 @@ def test_an_exploding_gradient_ends_the_run_under_a_pipeline_deepspeed_and_light
             pytest.skip(f"needs {package} (pip install 'accelbench[{package}]')")
     proc = accelbench(
         "run", *SMALL, *stack, "--batch-size", "8", "--grad-norm-limit", "0.01", "--output-dir", str(tmp_path),
-        "-q", timeout=300,
+        "-q", timeout=150,  # 5 to 8 s here: stop 54's CI host failed the deepspeed-zero2 and lightning runs, unseen
     )  # fmt: skip
     assert proc.returncode == 4, proc.stderr[-3000:]
     record = read_record(next(tmp_path.glob("*.json")))
