@@ -11,6 +11,7 @@ tests share (:func:`slurm`): one cluster a session, never two on one host.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING
 import pytest
 from cluster_support import ClusterUnavailable, SlurmCluster, start_slurm
 from core_support import RealRuns, Site
+
+from accelbench.estimate.peak import CACHE_ENV
 
 if TYPE_CHECKING:
     from accelbench.results import ResultRecord
@@ -101,6 +104,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             plugins = f"plugin{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
             paths = " ".join(f"./plugins/{name.removeprefix('accelbench-')}" for name in missing)
             pytest.skip(f"needs the vendor {plugins} installed ({mark.kwargs['why']}): pip install {paths}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's own ``$ACCELBENCH_CACHE_DIR`` (calibrations, measured peaks, the corpus, tokenizers), which
+    every run a test starts inherits: tests never write the user's cache. They did: stand-in devices' entries, and a
+    calibration measured beside the tests' jobs, 20 to 1,000 times too slow, that the user's next run priced its
+    step with. A ``$ACCELBENCH_CACHE_DIR`` set before the session is kept."""
+    if os.environ.get(CACHE_ENV):
+        yield Path(os.environ[CACHE_ENV])
+        return
+    folder = tmp_path_factory.mktemp("accelbench-cache")
+    os.environ[CACHE_ENV] = str(folder)
+    try:
+        yield folder
+    finally:
+        os.environ.pop(CACHE_ENV, None)
 
 
 @pytest.fixture

@@ -507,7 +507,7 @@ def test_a_loss_that_is_not_finite_ends_the_run_as_diverged_naming_the_step(
     assert cell["outcomes"] == {"diverged": 1} and cell["epoch_s"] is None
 
 
-@pytest.mark.slow  # three runs and a calibration
+@pytest.mark.slow  # four runs and two calibrations
 def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -551,3 +551,12 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     assert "this device runs -" in err and "against its cached calibration" in err
     again = json.loads((cache / CACHE_FILE).read_text())[key]
     assert again["measured_at"] >= measured_at and again["matmul"] != fast["matmul"]
+    # one measured minutes ago on a busy host, 4x too slow: spot-checked however young, found out, measured again
+    busy = {**again, "contended": True}
+    busy["matmul"] = [{**p, "best_flops_per_s": p["best_flops_per_s"] / 4} for p in again["matmul"]]
+    busy["stream"] = [{**p, "best_bytes_per_s": p["best_bytes_per_s"] / 4} for p in again["stream"]]
+    (cache / CACHE_FILE).write_text(json.dumps({key: busy}))
+    assert main([*argv, "--output-dir", str(tmp_path / "fourth")]) == 0
+    err = capsys.readouterr().err
+    assert "this device runs +" in err and "against its cached calibration" in err
+    assert json.loads((cache / CACHE_FILE).read_text())[key]["matmul"] != busy["matmul"]
