@@ -13,11 +13,12 @@ The step time is the calibrated one (:mod:`accelbench.estimate.calibration`): th
 few seconds) and timed at the device's rates for the run's matmul dtype and thread count. Where none is cached
 (``accelbench estimate --calibrate`` makes one too), rank 0 measures it once, after every epoch is timed and the
 record's measurements are drafted (seconds; cached for every later run), so that a first run on a device already
-shows the calibrated prediction. A cached one more than an hour old, or measured on a busy host, is spot-checked first (two of its points
-timed again, a few tenths of a second) and measured again where the device now runs more than 10% away from it (a
-shared host's speed moves by tens of percent within an hour; a calibration measured beside other jobs was once 20 to
-1,000 times too slow, and priced a quiet run's step at 38 times what it took). ``--no-calibration`` skips all of this, and the compute is then the cached
-calibration's where there is one, else the peak at the default efficiency; ``time_model`` says which.
+shows the calibrated prediction. A cached one more than an hour old, or measured on a busy host, is spot-checked
+first (two of its points timed again, a few tenths of a second) and measured again where the device now runs more
+than 10% away from it (a shared host's speed moves by tens of percent within an hour; a calibration measured beside
+other jobs was once 20 to 1,000 times too slow, and priced a quiet run's step at 38 times what it took).
+``--no-calibration`` skips all of this, and the compute is then the cached calibration's where there is one, else
+the peak at the default efficiency; ``time_model`` says which.
 """
 
 from __future__ import annotations

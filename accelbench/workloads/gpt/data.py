@@ -7,11 +7,10 @@ corpus. A file is memory-mapped, so a multi-GiB corpus streams from disk instead
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,22 +70,13 @@ def _cached_corpus(n_bytes: int, seed: int) -> np.ndarray | None:
 
 
 def _cache_corpus(data: np.ndarray, n_bytes: int, seed: int) -> None:
-    """Write the cache file atomically (a temporary file renamed: a concurrent rank reads all of it or none);
-    best effort: an unwritable cache only means the next process generates the text again."""
-    path = corpus_cache_file(n_bytes, seed)
+    """Write the cache file atomically (:func:`accelbench.results.write_output`: a concurrent rank reads all of it
+    or none); best effort: an unwritable cache only means the next process generates the text again."""
+    from accelbench.results import write_output
+
     payload = data.tobytes()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".bin", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(hashlib.sha256(payload).digest() + payload)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        write_output(hashlib.sha256(payload).digest() + payload, corpus_cache_file(n_bytes, seed))
 
 
 def _generate(n_bytes: int, seed: int) -> np.ndarray:
