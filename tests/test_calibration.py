@@ -1002,6 +1002,39 @@ def test_fsdps_hooks_are_added_to_a_cpus_fsdp_step_per_unit_and_tensor_and_only_
     )
 
 
+def test_a_meshs_fsdp_axis_prices_fsdps_hooks_over_the_units_a_rank_holds() -> None:
+    """A mesh whose data axis is FSDP2's pays its hooks on each rank for what that rank shards: under tp every unit
+    and tensor (as the strategy does); a pipeline rank its share of the units plus its stage's root for each of the
+    step's microbatches, and its share of the tensors once (their reduce-scatter and optimizer work run on the last
+    backward). A mesh with a DDP data axis, or none, adds no FSDP cost."""
+    from accelbench.estimate.comm import BusBandwidth
+    from accelbench.estimate.engine_cost import FsdpHooks
+
+    bus = BusBandwidth.constant(1e9, "test")
+    hooks = FsdpHooks(key="test", per_module_s=3e-4, per_tensor_s=5e-5, per_step_s=1e-3, kernels="fused",
+                      probes=[], measured_at="now", seconds=0.0)  # fmt: skip
+    calibration = _grid_calibration().model_copy(update={"fsdp_hooks": hooks})
+    host = get_host()
+    steps = {}
+    for mesh in ("fsdp=2,tp=2", "fsdp=2,pp=2", "ddp=2,pp=2", "tp=2,pp=2"):
+        pipelined = "pp" in mesh
+        config, ops = traced("gpt-nano", batch_size=4, mesh=mesh, devices=4,
+                             **({"microbatches": 4} if pipelined else {}))  # type: ignore[arg-type]  # fmt: skip
+        facts = meta_facts(host.workload("gpt"), config)
+        steps[mesh] = predict(config, facts, device_type="cpu", calibration=calibration, operators=ops,
+                              bandwidth=bus)  # fmt: skip
+    units, tensors = len(facts.unit_parameters), len(facts.tensor_sizes)
+    assert (units, tensors) == (3, 40)
+    tp = steps["fsdp=2,tp=2"]
+    assert tp.engine_s == pytest.approx(1e-3 + 3e-4 * (units + 1) + 5e-5 * tensors)
+    pp = steps["fsdp=2,pp=2"]
+    assert pp.engine_s == pytest.approx(1e-3 + 4 * 3e-4 * (units / 2 + 1) + 5e-5 * tensors / 2)
+    assert any("over 2 pipeline ranks, 1 root(s)) x 4 microbatches" in a for a in pp.assumptions)
+    for p in (tp, pp):
+        assert p.compute_s and p.step_time_s and p.step_time_s > p.compute_s + p.engine_s
+    assert steps["ddp=2,pp=2"].engine_s is None and steps["tp=2,pp=2"].engine_s is None
+
+
 @pytest.mark.slow
 def test_fsdps_hooks_are_measured_on_one_rank_of_their_own_cached_and_priced_by_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from accelbench.errors import AccelbenchError, ConfigError
+from accelbench.parallel_dims import ParallelDims
 from accelbench.results import RunPrediction
 
 if TYPE_CHECKING:
@@ -128,7 +129,9 @@ def cached_calibration(
             calibration, torch.get_num_threads(), cached_only=config.no_calibration
         )
     kernels = run.backend.optimizer_implementation(run.device)
-    if config.strategy == "fsdp" and run.device.type == "cpu":
+    if (
+        config.strategy == "fsdp" or ParallelDims.of(config).shards_parameters
+    ) and run.device.type == "cpu":  # fsdp, or a mesh's FSDP axis
         import torch
 
         from accelbench.estimate.engine_cost import with_fsdp_hooks

@@ -22,6 +22,7 @@ from accelbench.errors import ConfigError
 from accelbench.estimate.hardware import Bandwidth
 from accelbench.estimate.schema import Prediction, ScalingPrediction
 from accelbench.exitcodes import ExitCode
+from accelbench.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -418,7 +419,9 @@ def resolve_target(
             calibration = with_zero3_hooks(
                 calibration, torch.get_num_threads(), refresh=refresh_calibration, fresh_since=fresh_since
             )
-        if kind.type == "cpu" and (fsdp or config.strategy == "fsdp"):
+        if kind.type == "cpu" and (
+            fsdp or config.strategy == "fsdp" or ParallelDims.of(config).shards_parameters
+        ):
             from accelbench.estimate.engine_cost import with_fsdp_hooks
 
             calibration = with_fsdp_hooks(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from accelbench.estimate.calibration import MATMUL_SIZES, Calibration
+from accelbench.estimate.engine_cost import FsdpHooks
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
@@ -125,12 +126,10 @@ def engine_time(
         hooks, modules = calibration.zero3_hooks, facts.modules
         engine, parts = "DeepSpeed ZeRO-3's", f"{modules} modules"
         doing = "module hooks, per-tensor gradient partitioning"
-    elif layout.strategy == "fsdp" and calibration.fsdp_hooks is not None:
-        hooks, modules = calibration.fsdp_hooks, len(facts.unit_parameters) + 1
-        engine, parts = "FSDP2's", f"{modules} FSDP units (the root among them)"
-        doing = (
-            "each unit's gathers and reshards, its DTensor parameters through the clipping and the optimizer"
-        )
+    elif calibration.fsdp_hooks is not None and (
+        layout.strategy == "fsdp" or (layout.dims.data_parallel == "fsdp" and layout.dims.dp > 1)
+    ):
+        return _fsdp_time(facts, layout, hardware, calibration.fsdp_hooks, notes)
     else:
         return None
     if hardware.device_type != "cpu":
@@ -145,6 +144,49 @@ def engine_time(
         f"{engine} engine ({doing}): {seconds * 1e3:.3g} ms a step for {parts} and {tensors} parameter tensors"
         + (f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else "")
         + f", at {hooks.describe()}"
+    )
+    return seconds
+
+
+def _fsdp_time(
+    facts: WorkloadFacts, layout: RunShape, hardware: Hardware, hooks: FsdpHooks, notes: Notes
+) -> float | None:
+    """FSDP2's engine cost on one rank: the strategy's (every unit and the root over the whole model, per
+    micro-batch) or a mesh's FSDP data axis, where a rank shards what it holds: a pipeline rank its stages' share of
+    the units (the replica's divided evenly over the stages, as its operators are), each of its stages a root of its
+    own, the hooks run for each of the step's microbatches and the per-tensor work (the reduce-scatter's copies, the
+    clipping's and the optimizer's DTensor parameters) once, on the last backward; a tensor-parallel rank every unit
+    and tensor, sharded over both axes."""
+    dims, units, tensors = layout.dims, len(facts.unit_parameters), len(facts.tensor_sizes)
+    if layout.strategy == "mesh" and dims.pipelined:
+        roots = dims.virtual_stages
+        modules = units / dims.pp + roots
+        tensors_per_rank = tensors / dims.pp
+        seconds = (
+            modules * hooks.per_module_s * dims.microbatches
+            + tensors_per_rank * hooks.per_tensor_s
+            + hooks.per_step_s
+        )
+        parts = (
+            f"{modules:.3g} FSDP units a rank ({units} over {dims.pp} pipeline ranks, {roots} root(s)) x "
+            f"{dims.microbatches} microbatches and {tensors_per_rank:.3g} parameter tensors once"
+        )
+    else:
+        modules = units + 1
+        seconds = (modules * hooks.per_module_s + tensors * hooks.per_tensor_s) * layout.grad_accum
+        seconds += hooks.per_step_s
+        parts = f"{modules} FSDP units (the root among them) and {tensors} parameter tensors" + (
+            f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else ""
+        )
+    if hardware.device_type != "cpu":
+        notes.assume(
+            "FSDP2's hooks run on the host while the device works: their cost (measured on this host's CPU) is not "
+            "added to the step"
+        )
+        return None
+    notes.assume(
+        "FSDP2's engine (each unit's gathers and reshards, its DTensor parameters through the clipping and the "
+        f"optimizer): {seconds * 1e3:.3g} ms a step for {parts}, at {hooks.describe()}"
     )
     return seconds
 

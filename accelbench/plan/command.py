@@ -190,7 +190,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         args,
         zero3="deepspeed-zero3" in strategies,
         tensor_parallel=bool({"tp", "mesh"} & set(strategies)),
-        fsdp="fsdp" in strategies,
+        fsdp=bool({"fsdp", "mesh"} & set(strategies)),  # a mesh's data axis is FSDP2's
     )
     facts = meta_facts(workload, base_config)
     # the configurations over the flags' choices, with activation checkpointing as asked (off, on or both)
