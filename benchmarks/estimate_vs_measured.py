@@ -26,6 +26,9 @@ fitted to them:
   many milliseconds of compute on both ranks, the wait for the slower rank included), which is what the
   prediction prices the collectives at (`--isolated-comm`: at their bus bandwidth alone, as before), and in bursts
   of 16 calls back to back (`--burst 16`), which ZeRO-3's gathers of its persistent tensors are priced at;
+  measured twice unless --comm names one, before the runs and after them, and the two pooled (each call's time in
+  a step the mean of the two records'): on this shared VM the same call's in-step time moved 1.2 to 2.9 ms
+  within the hour;
 - the runtime a process holds besides its model (the CPU backend's peak is the resident-set high-water mark, which
   counts the interpreter, torch and its libraries): measured in a fresh interpreter that imports what a worker
   imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
@@ -298,10 +301,14 @@ def main() -> None:
             print(f"DTensor dispatch, {threads} thread(s): {cost.describe() if cost else calibration.notes[-1]}",
                   flush=True)  # fmt: skip
         calibrations[threads] = calibration
-    comm = args.comm or (Path(previous["comm"]) if previous else comm_record(out / "comm"))
-    bandwidth = load_bus_bandwidth([comm])
-    if args.isolated_comm:
-        bandwidth.in_step = []
+    earlier = previous["comm"] if previous else None
+    comms = (
+        [args.comm]
+        if args.comm
+        else [Path(c) for c in ([earlier] if isinstance(earlier, str) else earlier)]
+        if earlier
+        else [comm_record(out / "comm")]
+    )
     if previous:
         runtimes = {k: int(v) for k, v in previous["runtime_bytes"].items()}
     else:
@@ -313,7 +320,7 @@ def main() -> None:
         if previous
         else [(m, s, d, None) for m in models for s, d in [("single", 1), *((s, 2) for s in args.strategies)]]
     )
-    rows = []
+    records = []
     for model, strategy, devices, path in runs:
         if path is None:
             record = run(model, strategy, devices, args, out / "runs")
@@ -321,6 +328,16 @@ def main() -> None:
             path.write_text(json.dumps(record))
         else:
             record = json.loads(path.read_text())
+        records.append((model, strategy, devices, path, record))
+    if not args.comm and not previous:
+        # a collective's time in a step moves by tens of percent within the hour on a shared host: a second
+        # record after the runs, the two pooled (their in-step times averaged), prices them nearer their moment
+        comms.append(comm_record(out / "comm-after"))
+    bandwidth = load_bus_bandwidth(comms)
+    if args.isolated_comm:
+        bandwidth.in_step = []
+    rows = []
+    for model, strategy, devices, path, record in records:
         row = {"model": model, "strategy": strategy, "devices": devices, "record": str(path),
                "measured": measured(record), "predicted": predicted(record, runtimes[strategy], bandwidth, peaks, calibrations)}  # fmt: skip
         rows.append(row)
@@ -383,7 +400,7 @@ def main() -> None:
     print(f"\nrecords: {out / 'runs'}; this host is shared: 'waited' is the share of ready time the run's threads "
           "waited for a core")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "runtime_bytes": runtimes, "comm": str(comm),
+        args.json.write_text(json.dumps({"rows": rows, "runtime_bytes": runtimes, "comm": [str(c) for c in comms],
                                          "peaks": {k: v.model_dump() for k, v in peaks.items()},
                                          "calibrations": {k: v.model_dump() for k, v in calibrations.items()}},
                                         indent=2))  # fmt: skip

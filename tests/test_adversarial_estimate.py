@@ -83,7 +83,8 @@ def test_numeric_flags_past_their_bounds_are_refused(
 
 def test_values_at_the_bounds_are_predicted(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--json", "--scale-to", "1", str(MAX_SCALE_TO), "--bus-bandwidth", str(MAX_BUS_GBPS),
-            "--runtime-mib", str(MAX_RUNTIME_MIB), "--efficiency", "1"]  # fmt: skip
+            "--runtime-mib", str(MAX_RUNTIME_MIB), "--efficiency", "1",
+            "--peak-tflops", "1"]  # fmt: skip  # a step time to scale from, whatever the session's cache holds
     assert main(["estimate", *TINY, *args]) == 0
     prediction = json.loads(capsys.readouterr().out)
     assert [s["devices_to"] for s in prediction["scaling"]] == [1, MAX_SCALE_TO]

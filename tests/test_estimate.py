@@ -358,6 +358,28 @@ def all_gather_timed(size: int, in_step: list[tuple[float, float]]) -> CommMeasu
                            in_step=[InStepTime(compute_ms=ms, time_us=us) for ms, us in in_step])  # fmt: skip
 
 
+def test_several_records_of_a_host_price_a_call_in_a_step_at_their_mean(tmp_path: Path) -> None:
+    """On this VM the same 1 MiB all_reduce after 5 ms of compute took 1.2 ms in one record and 2.6 ms in another
+    made minutes later. Records given together are pooled by the compute asked for (--in-step): each size's call
+    after 5 ms is the mean of the records' (compute 4.6 and 5.4 ms measured, not two points to zigzag between), and
+    the text says how many records it averages. A record alone reads as before."""
+    from accelbench.comm.records import write_comm_record
+
+    for name, lengths, times in (("a", (4.6, 18.0), (1000.0, 3000.0)), ("b", (5.4, 22.0), (3000.0, 5000.0))):
+        record = comm_record([all_gather_timed(2**20, list(zip(lengths, times, strict=True)))], [2**20],
+                             run_id=name * 16)  # fmt: skip
+        record = record.model_copy(
+            update={"config": record.config.model_copy(update={"in_step_ms": [5.0, 20.0]})}
+        )
+        write_comm_record(record, tmp_path / name)
+    both = load_bus_bandwidth([tmp_path / "a", tmp_path / "b"])
+    found = both.lookup_in_step("all_gather", 2, 2**20, "fp32", 0.005)
+    assert found is not None and found[0] == pytest.approx(2e-3) and "the mean of 2 records" in found[1]
+    assert both.lookup_in_step("all_gather", 2, 2**20, "fp32", 0.020)[0] == pytest.approx(4e-3)  # type: ignore[index]
+    alone = load_bus_bandwidth([tmp_path / "a"]).lookup_in_step("all_gather", 2, 2**20, "fp32", 0.0046)
+    assert alone is not None and alone[0] == pytest.approx(1e-3) and "mean of" not in alone[1]
+
+
 def test_collectives_are_priced_as_a_step_meets_them_where_comm_timed_them_so(tmp_path: Path) -> None:
     """On this CPU an FSDP all_gather of 704 KiB took 0.4-0.9 ms timed alone and 2-3.5 ms after 5-70 ms of compute
     on both ranks (the wait for the slower rank and the collective's own cold start), and the prediction, pricing

@@ -64,6 +64,11 @@ class InStepSample(_Sample):
 
     compute_s: float = Field(gt=0)
     time_s: float = Field(ge=0)
+    asked_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="The compute asked for (--in-step), which records measured alike share.",
+    )
 
 
 class BurstSample(_Sample):
@@ -104,17 +109,17 @@ class BusBandwidth(Bandwidth):
         points, head, tail = found
         sizes = sorted({s.size_bytes for s in points})
         at_size = {
-            size: _along(
-                [(s.compute_s, s.time_s) for s in points if s.size_bytes == size], compute_s, log_value=False
-            )
+            size: _along(_pooled([s for s in points if s.size_bytes == size]), compute_s, log_value=False)
             for size in sizes
         }
         seconds = _along(sorted(at_size.items()), message_bytes, log_value=True)
         lengths = sorted({s.compute_s for s in points})
+        records = len({s.source for s in points})
+        pooled = f", the mean of {records} records" if records > 1 else ""
         return seconds, (
             f"{head} after {compute_s * 1e3:.3g} ms of compute: {seconds * 1e3:.3g} ms a call (measured after "
-            f"{lengths[0] * 1e3:.3g} to {lengths[-1] * 1e3:.3g} ms, at {_size(sizes[0])} to {_size(sizes[-1])})"
-            f"{tail}"
+            f"{lengths[0] * 1e3:.3g} to {lengths[-1] * 1e3:.3g} ms, at {_size(sizes[0])} to {_size(sizes[-1])}"
+            f"{pooled}){tail}"
         )
 
     def lookup_burst(self, op: str, ranks: int, message_bytes: float, dtype: str) -> tuple[float, str] | None:
@@ -213,6 +218,19 @@ def _interpolate(points: Sequence[BandwidthSample], size: float) -> tuple[float,
     raise AssertionError("unreachable: the size lies between two measured sizes")
 
 
+def _pooled(points: Sequence[InStepSample]) -> list[tuple[float, float]]:
+    """One size's (compute, time) points, those measured after the same compute asked for (``--in-step``, in
+    several records of the host: moments apart, the same call's time in a step moves by tens of percent on a
+    shared host) merged into one: their mean compute and mean time. Points without the length asked stand alone."""
+    groups: dict[float, list[InStepSample]] = {}
+    for sample in points:
+        groups.setdefault(sample.asked_s or sample.compute_s, []).append(sample)
+    return sorted(
+        (sum(s.compute_s for s in group) / len(group), sum(s.time_s for s in group) / len(group))
+        for group in groups.values()
+    )
+
+
 def _along(points: Sequence[tuple[float, float]], x: float, log_value: bool) -> float:
     """The value at ``x`` of measured (x, value) ``points``: linear in log(x) between the two around it (in log
     value too where ``log_value``), the nearest end's value outside them; several values at one x, their mean."""
@@ -280,10 +298,12 @@ def load_bus_bandwidth(paths: Sequence[Path]) -> BusBandwidth:
                     busbw_bytes_per_s=m.busbw_gbps * 1e9,
                     source=label,
                 )
+                asked = record.config.in_step_ms if len(record.config.in_step_ms) == len(m.in_step) else []
                 in_step += [
                     InStepSample(op=m.op, dtype=m.dtype, world_size=record.world_size, size_bytes=m.size_bytes,
-                                 compute_s=t.compute_ms * 1e-3, time_s=t.time_us * 1e-6, source=label)
-                    for t in m.in_step
+                                 compute_s=t.compute_ms * 1e-3, time_s=t.time_us * 1e-6, source=label,
+                                 asked_s=asked[j] * 1e-3 if asked else None)
+                    for j, t in enumerate(m.in_step)
                 ]  # fmt: skip
                 if m.burst_us is not None and record.config.burst >= 2:
                     bursts.append(
