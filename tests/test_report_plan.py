@@ -126,8 +126,8 @@ def test_a_measured_plan_shows_predicted_against_measured_with_spearman(tmp_path
     out = tmp_path / "measured"
     done = accelbench("plan", "--model", "gpt-nano", "--devices", "2", "--bus-bandwidth", "1", "--strategies",
                       "ddp,fsdp", "--precisions", "fp32", "--batch-sizes", "4,8", "--measure", "3",
-                      "--measure-epochs", "2", "--measure-steps", "3", "--out", str(out), "--json", cwd=ROOT,
-                      timeout=900)  # fmt: skip
+                      "--measure-epochs", "2", "--measure-steps", "3", "--out", str(out), "--json", "--measure-peak",
+                      cwd=ROOT, timeout=900)  # fmt: skip  # --measure-peak: its own peak to rank by (cached)
     assert done.returncode == 0, done.stderr[-3000:]
     path = tmp_path / "plan.json"
     path.write_text(done.stdout)
