@@ -156,6 +156,25 @@ def _scaled(calibration: Calibration, factor: float) -> Calibration:
     )
 
 
+def test_a_drift_counts_beyond_five_percent_on_two_checks_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's quick start predicted its step 9% short from a calibration the spot check found 5-10% too
+    fast, within the old 10% tolerance. A drift beyond 5% on two checks running now counts (the nearer of the two
+    reported); one reading beyond it, then one within (a busy tenth of a second), does not, nor a drift within."""
+    import accelbench.estimate.calibration as module
+
+    assert module.DRIFT_TOLERANCE == 0.05
+    for readings, expected in (
+        ([-0.08, -0.07], -0.07),
+        ([0.09, 0.12], 0.09),
+        ([-0.21, -0.02], None),
+        ([-0.04], None),
+        ([None], None),
+    ):
+        checks = iter(readings)
+        monkeypatch.setattr(module, "calibration_drift", lambda *_, checks=checks: next(checks))
+        assert module.drift_beyond_tolerance(None, CPU, _nothing) == expected, readings  # type: ignore[arg-type]
+
+
 def test_a_cached_calibration_from_a_faster_or_slower_moment_is_found_out(tmp_path: Path) -> None:
     """The spot check times two of the calibration's points again: a calibration whose rates are 4x what this
     device reaches is found 70-80% too fast, one at a quarter of them about 4x too slow, both far beyond the

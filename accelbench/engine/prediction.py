@@ -64,10 +64,9 @@ def cached_calibration(
     device fed from the host, whose timings say nothing of it, or a step that could not be traced, with the
     error)."""
     from accelbench.estimate.calibration import (
-        DRIFT_TOLERANCE,
         _first_line,
         calibrate,
-        calibration_drift,
+        drift_beyond_tolerance,
         needs_spot_check,
     )
     from accelbench.estimate.operators import has_tensor_parallelism, step_operators
@@ -99,8 +98,8 @@ def cached_calibration(
         and not config.no_calibration
         and (calibration.contended or needs_spot_check(calibration))
     ):
-        drift = calibration_drift(calibration, run.device, run.backend.synchronize)
-        if drift is not None and abs(drift) > DRIFT_TOLERANCE:
+        drift = drift_beyond_tolerance(calibration, run.device, run.backend.synchronize)
+        if drift is not None:
             print(
                 f"[accelbench {datetime.now().strftime('%H:%M:%S')}] this device runs {drift:+.0%} against its "
                 f"cached calibration for {dtype} (measured {calibration.measured_at}): measuring it again for the "
