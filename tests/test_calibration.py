@@ -986,17 +986,21 @@ def test_zero3s_engine_cost_is_added_to_a_cpus_zero3_step_and_only_there() -> No
     )
 
 
+def _fsdp_hooks_of_a_test_host() -> tuple[Any, Calibration]:
+    """A 1 GB/s bus and the grid calibration carrying FSDP2's cost: 0.3 ms a unit, 0.05 ms a tensor, 1 ms a step."""
+    from accelbench.estimate.comm import BusBandwidth
+    from accelbench.estimate.engine_cost import FsdpHooks
+
+    hooks = FsdpHooks(key="test", per_module_s=3e-4, per_tensor_s=5e-5, per_step_s=1e-3, kernels="fused",
+                      probes=[], measured_at="now", seconds=0.0)  # fmt: skip
+    return BusBandwidth.constant(1e9, "test"), _grid_calibration().model_copy(update={"fsdp_hooks": hooks})
+
+
 def test_fsdps_hooks_are_added_to_a_cpus_fsdp_step_per_unit_and_tensor_and_only_there() -> None:
     """With this host's FSDP2 cost on the calibration, an FSDP step on a CPU adds 1 ms + 0.3 ms for each FSDP unit
     (gpt-nano's 3 blocks and the root) and 0.05 ms for each parameter tensor, per micro-batch; DDP and ZeRO-3 add
     no FSDP cost; on an accelerator nothing is added and the assumptions say so."""
-    from accelbench.estimate.comm import BusBandwidth
-    from accelbench.estimate.engine_cost import FsdpHooks
-
-    bus = BusBandwidth.constant(1e9, "test")
-    hooks = FsdpHooks(key="test", per_module_s=3e-4, per_tensor_s=5e-5, per_step_s=1e-3, kernels="fused",
-                      probes=[], measured_at="now", seconds=0.0)  # fmt: skip
-    calibration = _grid_calibration().model_copy(update={"fsdp_hooks": hooks})
+    bus, calibration = _fsdp_hooks_of_a_test_host()
     host = get_host()
     steps = {}
     for strategy, accum in (("fsdp", 1), ("fsdp", 2), ("ddp", 1), ("deepspeed-zero3", 1)):
@@ -1026,13 +1030,7 @@ def test_a_meshs_fsdp_axis_prices_fsdps_hooks_over_the_units_a_rank_holds() -> N
     and tensor (as the strategy does); a pipeline rank its share of the units plus its stage's root for each of the
     step's microbatches, and its share of the tensors once (their reduce-scatter and optimizer work run on the last
     backward). A mesh with a DDP data axis, or none, adds no FSDP cost."""
-    from accelbench.estimate.comm import BusBandwidth
-    from accelbench.estimate.engine_cost import FsdpHooks
-
-    bus = BusBandwidth.constant(1e9, "test")
-    hooks = FsdpHooks(key="test", per_module_s=3e-4, per_tensor_s=5e-5, per_step_s=1e-3, kernels="fused",
-                      probes=[], measured_at="now", seconds=0.0)  # fmt: skip
-    calibration = _grid_calibration().model_copy(update={"fsdp_hooks": hooks})
+    bus, calibration = _fsdp_hooks_of_a_test_host()
     host = get_host()
     steps = {}
     for mesh in ("fsdp=2,tp=2", "fsdp=2,pp=2", "ddp=2,pp=2", "tp=2,pp=2"):

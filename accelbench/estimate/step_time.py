@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from accelbench.estimate.calibration import MATMUL_SIZES, Calibration
-from accelbench.estimate.engine_cost import FsdpHooks
+from accelbench.estimate.engine_cost import Zero3Hooks
 from accelbench.estimate.facts import WorkloadFacts
 from accelbench.estimate.hardware import Hardware
 from accelbench.estimate.notes import Notes
@@ -116,20 +116,42 @@ def engine_time(
     """An engine's cost beyond the traced operators and the collectives, where the calibration carries this host's
     (:mod:`accelbench.estimate.engine_cost`): DeepSpeed ZeRO-3's per module and per parameter tensor for each
     micro-batch (its hooks and gradient partitioning run in each forward and backward), per step once; FSDP2's per
-    unit (each wrapped unit and the root) and per parameter tensor for each micro-batch, per step once. Priced on a
-    CPU, whose cores run the hooks and the operators in turn; an accelerator's host runs them while the device
-    works, so there they are left out, and said so."""
+    unit (each wrapped unit and the root) and per parameter tensor for each micro-batch, per step once, on the
+    strategy or a mesh's FSDP data axis. A pipeline rank of such a mesh shards what it holds: its share of the units
+    (the replica's divided evenly over the stages, as its operators are) and a root for each of its stages, their
+    hooks run for each of the step's microbatches, and its share of the tensors once (torch's pipeline stage keeps
+    FSDP's gradient sync off until the last microbatch's backward and reduce-scatters then, ``perform_reduce_grad``).
+    Priced on a CPU, whose cores run the hooks and the operators in turn; an accelerator's host runs them while the
+    device works, so there they are left out, and said so."""
     if calibration is None:
         return None
-    tensors = len(facts.tensor_sizes)
+    dims, tensors = layout.dims, float(len(facts.tensor_sizes))
+    module_repeats = tensor_repeats = layout.grad_accum
+    repeated = f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else ""
+    hooks: Zero3Hooks
     if layout.strategy == "deepspeed-zero3" and calibration.zero3_hooks is not None:
-        hooks, modules = calibration.zero3_hooks, facts.modules
-        engine, parts = "DeepSpeed ZeRO-3's", f"{modules} modules"
+        hooks, modules = calibration.zero3_hooks, float(facts.modules)
+        engine, parts = "DeepSpeed ZeRO-3's", f"{facts.modules} modules"
         doing = "module hooks, per-tensor gradient partitioning"
     elif calibration.fsdp_hooks is not None and (
-        layout.strategy == "fsdp" or (layout.dims.data_parallel == "fsdp" and layout.dims.dp > 1)
+        layout.strategy == "fsdp" or (dims.data_parallel == "fsdp" and dims.dp > 1)
     ):
-        return _fsdp_time(facts, layout, hardware, calibration.fsdp_hooks, notes)
+        hooks, units = calibration.fsdp_hooks, len(facts.unit_parameters)
+        engine = "FSDP2's"
+        doing = (
+            "each unit's gathers and reshards, its DTensor parameters through the clipping and the optimizer"
+        )
+        if layout.strategy == "mesh" and dims.pipelined:
+            modules, tensors = units / dims.pp + dims.virtual_stages, tensors / dims.pp
+            module_repeats, tensor_repeats = dims.microbatches, 1
+            parts = (
+                f"{modules:.3g} FSDP units a rank ({units} over {dims.pp} pipeline ranks, {dims.virtual_stages} "
+                f"root(s)) x {dims.microbatches} microbatches"
+            )
+            repeated = " once"
+        else:
+            modules = float(units + 1)
+            parts = f"{units + 1} FSDP units (the root among them)"
     else:
         return None
     if hardware.device_type != "cpu":
@@ -138,55 +160,15 @@ def engine_time(
             "added to the step"
         )
         return None
-    per_micro_batch = modules * hooks.per_module_s + tensors * hooks.per_tensor_s
-    seconds = per_micro_batch * layout.grad_accum + hooks.per_step_s
-    notes.assume(
-        f"{engine} engine ({doing}): {seconds * 1e3:.3g} ms a step for {parts} and {tensors} parameter tensors"
-        + (f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else "")
-        + f", at {hooks.describe()}"
+    seconds = (
+        modules * hooks.per_module_s * module_repeats
+        + tensors * hooks.per_tensor_s * tensor_repeats
+        + hooks.per_step_s
     )
-    return seconds
-
-
-def _fsdp_time(
-    facts: WorkloadFacts, layout: RunShape, hardware: Hardware, hooks: FsdpHooks, notes: Notes
-) -> float | None:
-    """FSDP2's engine cost on one rank: the strategy's (every unit and the root over the whole model, per
-    micro-batch) or a mesh's FSDP data axis, where a rank shards what it holds: a pipeline rank its stages' share of
-    the units (the replica's divided evenly over the stages, as its operators are), each of its stages a root of its
-    own, the hooks run for each of the step's microbatches and the per-tensor work (the reduce-scatter's copies, the
-    clipping's and the optimizer's DTensor parameters) once, on the last backward; a tensor-parallel rank every unit
-    and tensor, sharded over both axes."""
-    dims, units, tensors = layout.dims, len(facts.unit_parameters), len(facts.tensor_sizes)
-    if layout.strategy == "mesh" and dims.pipelined:
-        roots = dims.virtual_stages
-        modules = units / dims.pp + roots
-        tensors_per_rank = tensors / dims.pp
-        seconds = (
-            modules * hooks.per_module_s * dims.microbatches
-            + tensors_per_rank * hooks.per_tensor_s
-            + hooks.per_step_s
-        )
-        parts = (
-            f"{modules:.3g} FSDP units a rank ({units} over {dims.pp} pipeline ranks, {roots} root(s)) x "
-            f"{dims.microbatches} microbatches and {tensors_per_rank:.3g} parameter tensors once"
-        )
-    else:
-        modules = units + 1
-        seconds = (modules * hooks.per_module_s + tensors * hooks.per_tensor_s) * layout.grad_accum
-        seconds += hooks.per_step_s
-        parts = f"{modules} FSDP units (the root among them) and {tensors} parameter tensors" + (
-            f" x {layout.grad_accum} micro-batches" if layout.grad_accum > 1 else ""
-        )
-    if hardware.device_type != "cpu":
-        notes.assume(
-            "FSDP2's hooks run on the host while the device works: their cost (measured on this host's CPU) is not "
-            "added to the step"
-        )
-        return None
     notes.assume(
-        "FSDP2's engine (each unit's gathers and reshards, its DTensor parameters through the clipping and the "
-        f"optimizer): {seconds * 1e3:.3g} ms a step for {parts}, at {hooks.describe()}"
+        f"{engine} engine ({doing}): {seconds * 1e3:.3g} ms a step for {parts} and "
+        f"{round(tensors) if tensors.is_integer() else f'{tensors:.3g}'} parameter tensors{repeated}, at "
+        f"{hooks.describe()}"
     )
     return seconds
 
