@@ -2,7 +2,7 @@
 
     python benchmarks/estimate_vs_measured.py [--models gpt-micro gpt-mini] [--batch-size 16]
         [--strategies ddp fsdp deepspeed-zero1 deepspeed-zero2 deepspeed-zero3 tp pp] [--steps 6] [--epochs 4]
-        [--gpt2] [--comm DIR] [--out DIR] [--json FILE]
+        [--gpt2] [--comm DIR] [--repeats R] [--out DIR] [--json FILE]
 
 For each model it runs `accelbench run` once on one process (strategy single) and once per strategy on two
 processes, fp32, a few short epochs, every process with one intra-op thread (--threads), so that a "device" is one
@@ -33,6 +33,14 @@ fitted to them:
   counts the interpreter, torch and its libraries): measured in a fresh interpreter that imports what a worker
   imports (joins a one-rank gloo group, imports DeepSpeed, for the strategies that do) and trains gpt-nano at
   batch 1 for three steps, so that what a first step initialises is counted.
+
+--repeats R runs every configuration R times, in R rounds one after the other (each round every configuration
+once), with a comm record before the first round, between rounds and after the last, all pooled: each measured
+figure is then the median of a configuration's R runs, and the table adds each step's spread over its runs
+((slowest - fastest) / median), the measurement's own noise a prediction's error is to be read against.
+Before each round the calibration is spot-checked as `accelbench run` checks an hour-old one, and measured again where
+the CPU runs more than 5% from it twice running; each run is priced from its round's calibration (the JSON's
+"rounds" says which).
 
 Prints one table of predicted against measured figures with the relative errors (the calibrated step also against
 the step's CPU time, the time rank 0's threads ran, which a busy host's waiting leaves out), and the host contention
@@ -154,6 +162,20 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A configuration's measured figures over its repeated runs (:func:`measured` of each): each the median of
+    the runs' (the upper of the middle two for an even count: a figure some run measured), and the step's spread,
+    (slowest - fastest) / median."""
+    combined: dict[str, Any] = {}
+    for key in runs[0]:
+        values = sorted(r[key] for r in runs if r[key] is not None)
+        combined[key] = values[len(values) // 2] if values else None
+    steps = [r["step_s"] for r in runs]
+    combined["step_spread"] = (max(steps) - min(steps)) / combined["step_s"] if len(steps) > 1 else None
+    combined["steps_s"] = steps
+    return combined
+
+
 def predicted(
     record: dict[str, Any], runtime: int, bandwidth: Any, peaks: dict[int, Any], calibrations: dict[int, Any]
 ) -> dict[str, Any]:
@@ -241,6 +263,12 @@ def main() -> None:
         action="store_true",
         help="price the collectives at their bus bandwidth timed alone, not as a step meets them (--in-step)",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of every configuration, a comm record between rounds; each figure the median of its runs",
+    )
     parser.add_argument("--out", type=Path, help="where records go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write the table's data here")
     parser.add_argument(
@@ -257,12 +285,14 @@ def main() -> None:
         "the cached peaks), without running anything",
     )
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give 1 or more rounds")
     previous = json.loads(args.again.read_text()) if args.again else None
 
     import torch
 
     from accelbench.contract import World, standard_plan
-    from accelbench.estimate.calibration import calibrate
+    from accelbench.estimate.calibration import calibrate, drift_beyond_tolerance
     from accelbench.estimate.comm import load_bus_bandwidth
     from accelbench.estimate.engine_cost import with_dtensor_dispatch, with_fsdp_hooks, with_zero3_hooks
     from accelbench.estimate.peak import measured_peak
@@ -271,18 +301,19 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="estimate-vs-measured-"))
     backend = get_host().backends["cpu"]
     device = backend.setup_device(World(), {})
-    peaks = {}
-    calibrations: dict[int, Any] = {}
-    for threads in [args.threads]:
-        torch.set_num_threads(threads)
-        peaks[threads] = measured_peak(
-            backend, device, standard_plan("fp32", "ieee-fp32"), refresh=args.refresh_peak
-        )
-        print(f"measured fp32 matmul peak, {threads} thread(s): {peaks[threads].flops_per_s / 1e9:.1f} GFLOP/s, "
-              f"copy {peaks[threads].memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s", flush=True)  # fmt: skip
+    threads = args.threads
+    torch.set_num_threads(threads)
+    peaks = {
+        threads: measured_peak(backend, device, standard_plan("fp32", "ieee-fp32"), refresh=args.refresh_peak)
+    }
+    print(f"measured fp32 matmul peak, {threads} thread(s): {peaks[threads].flops_per_s / 1e9:.1f} GFLOP/s, "
+          f"copy {peaks[threads].memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s", flush=True)  # fmt: skip
+
+    def calibrated(refresh: bool) -> Any:
+        """This CPU's calibration at ``threads``, with the engine costs the strategies need (cached apart)."""
         name = backend.detect()[0].name
         calibration = calibrate(device, backend.synchronize, backend="cpu", device_name=name, dtype="float32",
-                                refresh=args.refresh_calibration)  # fmt: skip
+                                refresh=refresh)  # fmt: skip
         print(f"calibration, {threads} thread(s): {calibration.describe()}", flush=True)
         if "deepspeed-zero3" in args.strategies:  # ZeRO-3's engine cost on this host, cached apart
             calibration = with_zero3_hooks(calibration, threads, refresh=args.refresh_calibration)
@@ -300,7 +331,14 @@ def main() -> None:
             cost = calibration.dtensor_dispatch
             print(f"DTensor dispatch, {threads} thread(s): {cost.describe() if cost else calibration.notes[-1]}",
                   flush=True)  # fmt: skip
-        calibrations[threads] = calibration
+        return calibration
+
+    calibration = calibrated(args.refresh_calibration)
+    # each round's runs priced from the calibration in effect at its start: spot-checked there, as `accelbench run`
+    # checks an hour-old one, and measured again where the device runs beyond the tolerance from it twice running
+    # (this VM's speed moved 6% between a calibration and a round 40 minutes later)
+    round_calibrations: list[Any] = []
+    rounds: list[dict[str, Any]] = []
     earlier = previous["comm"] if previous else None
     comms = (
         [args.comm]
@@ -315,20 +353,34 @@ def main() -> None:
         runtimes = {s: runtime_bytes(args.threads, s) for s in ["single", *args.strategies]}
     print("runtime besides the model:", {k: f"{v / 2**20:.0f} MiB" for k, v in runtimes.items()}, flush=True)
     models = args.models + (["gpt2"] if args.gpt2 else [])
-    runs = (
-        [(r["model"], r["strategy"], r["devices"], Path(r["record"])) for r in previous["rows"]]
+    configurations = (
+        [(r["model"], r["strategy"], r["devices"]) for r in previous["rows"]]
         if previous
-        else [(m, s, d, None) for m in models for s, d in [("single", 1), *((s, 2) for s in args.strategies)]]
+        else [(m, s, d) for m in models for s, d in [("single", 1), *((s, 2) for s in args.strategies)]]
     )
-    records = []
-    for model, strategy, devices, path in runs:
-        if path is None:
-            record = run(model, strategy, devices, args, out / "runs")
-            path = out / "runs" / f"{model}-{strategy}-{devices}.json"
-            path.write_text(json.dumps(record))
-        else:
-            record = json.loads(path.read_text())
-        records.append((model, strategy, devices, path, record))
+    paths: dict[tuple[str, str, int], list[Path]] = {c: [] for c in configurations}
+    if previous:
+        for r in previous["rows"]:
+            paths[(r["model"], r["strategy"], r["devices"])] = [
+                Path(p) for p in r.get("records", [r["record"]])
+            ]
+    else:
+        for round_ in range(args.repeats):
+            if round_ and not args.comm:  # a record between rounds, near each round's moment (all pooled)
+                comms.append(comm_record(out / f"comm-{round_}"))
+            drift = drift_beyond_tolerance(calibration, device, backend.synchronize)
+            if drift is not None:
+                print(f"round {round_ + 1}: the CPU runs {drift:+.0%} from its calibration: measured again",
+                      flush=True)  # fmt: skip
+                calibration = calibrated(True)
+            round_calibrations.append(calibration)
+            rounds.append({"drift": drift, "calibration_measured_at": calibration.measured_at})
+            for model, strategy, devices in configurations:
+                record = run(model, strategy, devices, args, out / "runs")
+                suffix = f"-{round_ + 1}" if args.repeats > 1 else ""
+                path = out / "runs" / f"{model}-{strategy}-{devices}{suffix}.json"
+                path.write_text(json.dumps(record))
+                paths[(model, strategy, devices)].append(path)
     if not args.comm and not previous:
         # a collective's time in a step moves by tens of percent within the hour on a shared host: a second
         # record after the runs, the two pooled (their in-step times averaged), prices them nearer their moment
@@ -336,10 +388,26 @@ def main() -> None:
     bandwidth = load_bus_bandwidth(comms)
     if args.isolated_comm:
         bandwidth.in_step = []
-    rows = []
-    for model, strategy, devices, path, record in records:
-        row = {"model": model, "strategy": strategy, "devices": devices, "record": str(path),
-               "measured": measured(record), "predicted": predicted(record, runtimes[strategy], bandwidth, peaks, calibrations)}  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for (model, strategy, devices), found in paths.items():
+        records = [json.loads(p.read_text()) for p in found]
+        # each run priced from its round's calibration (--again: today's); the configuration's calibrated step the
+        # median of its runs', the rest the same for each run
+        each = [
+            predicted(record, runtimes[strategy], bandwidth, peaks,
+                      {threads: round_calibrations[i] if i < len(round_calibrations) else calibration})
+            for i, record in enumerate(records)
+        ]  # fmt: skip
+        prediction = each[0] | {
+            key: sorted(p[key] for p in each)[len(each) // 2]
+            for key in ("calibrated_step_s", "calibrated_samples_per_s")
+        }
+        prediction["calibrated_steps_s"] = [p["calibrated_step_s"] for p in each]
+        row: dict[str, Any] = {
+            "model": model, "strategy": strategy, "devices": devices, "record": str(found[0]),
+            "records": [str(p) for p in found], "measured": median_of([measured(r) for r in records]),
+            "predicted": prediction,
+        }  # fmt: skip
         rows.append(row)
         m, p = row["measured"], row["predicted"]
         print(f"{model:10} {strategy:16} step {m['step_s'] * 1e3:8.1f} ms (pred {p['step_s'] * 1e3:8.1f}, "
@@ -370,11 +438,13 @@ def main() -> None:
             else None,
         }
     print()
+    repeated = any(len(r["records"]) > 1 for r in rows)
     header = (f"{'model':10} {'strategy':16} {'step ms':>9} {'pred':>9} {'err':>6} {'calib':>9} {'err':>6} "
               f"{'cpu ms':>8} {'err':>6}  "
               f"{'peak MiB':>8} {'pred':>8} "
               f"{'err':>6} {'model-part err':>14}  {'tensors':>8} {'pred':>8} {'err':>6}  "
-              f"{'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}")  # fmt: skip
+              f"{'speedup':>7} {'pred':>6} {'err':>6}  {'waited':>6}"
+              + (f" {'spread':>6}" if repeated else ""))  # fmt: skip
     print(header)
     print("-" * len(header))
 
@@ -396,13 +466,15 @@ def main() -> None:
               f"{m['peak_bytes'] / 2**20:8.1f} {p['peak_bytes'] / 2**20:8.1f} "
               f"{pct(e['memory']):>6} {pct(e['memory_model_part']):>14}  {tensors} {pct(e['tensors']):>6}  "
               f"{speed} {pct(e['speedup']):>6}  "
-              f"{m['waiting'] or 0:6.0%}")  # fmt: skip
+              f"{m['waiting'] or 0:6.0%}"
+              + (f" {m['step_spread']:6.0%}" if m["step_spread"] is not None else ""))  # fmt: skip
     print(f"\nrecords: {out / 'runs'}; this host is shared: 'waited' is the share of ready time the run's threads "
           "waited for a core")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "runtime_bytes": runtimes, "comm": [str(c) for c in comms],
                                          "peaks": {k: v.model_dump() for k, v in peaks.items()},
-                                         "calibrations": {k: v.model_dump() for k, v in calibrations.items()}},
+                                         "calibrations": {threads: calibration.model_dump()},
+                                         "rounds": rounds},
                                         indent=2))  # fmt: skip
 
 

@@ -1,0 +1,44 @@
+"""benchmarks/estimate_vs_measured.py's --repeats: a configuration's repeated runs combined into the figures its
+prediction is judged against (the benchmark itself runs for minutes: docs/estimate.md has its figures)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "estimate_vs_measured.py"
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("estimate_vs_measured", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(step_s: float, tensor_peak: int | None, waiting: float) -> dict[str, float | int | None]:
+    return {"step_s": step_s, "cpu_step_s": step_s * 0.9, "samples_per_s": 16 / step_s,
+            "peak_bytes": 500 << 20, "tensor_peak_bytes": tensor_peak, "waiting": waiting}  # fmt: skip
+
+
+def test_repeated_runs_give_each_figure_their_median_and_the_step_its_spread(script: ModuleType) -> None:
+    runs = [_run(0.30, 100, 0.2), _run(0.20, None, 0.1), _run(0.22, 120, 0.0)]
+    combined = script.median_of(runs)
+    assert combined["step_s"] == 0.22  # not the mean (0.24), which the slow run would pull up
+    assert combined["samples_per_s"] == pytest.approx(16 / 0.22)  # the median run's, each figure apart
+    assert combined["step_spread"] == pytest.approx((0.30 - 0.20) / 0.22)
+    assert combined["steps_s"] == [0.30, 0.20, 0.22]  # every run's step kept, in the order they ran
+    assert combined["tensor_peak_bytes"] == 120  # of the runs that measured one: the upper of the middle two
+    assert combined["waiting"] == 0.1
+
+
+def test_one_run_is_its_own_figures_without_a_spread(script: ModuleType) -> None:
+    only = _run(0.25, None, 0.05)
+    combined = script.median_of([only])
+    assert {k: combined[k] for k in only} == only
+    assert combined["step_spread"] is None and combined["tensor_peak_bytes"] is None
