@@ -162,14 +162,19 @@ def measured(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def middle(values: list[float]) -> float:
+    """The median of ``values``, the upper of the middle two for an even count: a figure some run measured."""
+    return sorted(values)[len(values) // 2]
+
+
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """A configuration's measured figures over its repeated runs (:func:`measured` of each): each the median of
     the runs' (the upper of the middle two for an even count: a figure some run measured), and the step's spread,
     (slowest - fastest) / median."""
     combined: dict[str, Any] = {}
     for key in runs[0]:
-        values = sorted(r[key] for r in runs if r[key] is not None)
-        combined[key] = values[len(values) // 2] if values else None
+        values = [r[key] for r in runs if r[key] is not None]
+        combined[key] = middle(values) if values else None
     steps = [r["step_s"] for r in runs]
     combined["step_spread"] = (max(steps) - min(steps)) / combined["step_s"] if len(steps) > 1 else None
     combined["steps_s"] = steps
@@ -399,8 +404,7 @@ def main() -> None:
             for i, record in enumerate(records)
         ]  # fmt: skip
         prediction = each[0] | {
-            key: sorted(p[key] for p in each)[len(each) // 2]
-            for key in ("calibrated_step_s", "calibrated_samples_per_s")
+            key: middle([p[key] for p in each]) for key in ("calibrated_step_s", "calibrated_samples_per_s")
         }
         prediction["calibrated_steps_s"] = [p["calibrated_step_s"] for p in each]
         row: dict[str, Any] = {
