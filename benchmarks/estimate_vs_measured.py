@@ -231,6 +231,12 @@ def error(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else (pred - meas) / meas
 
 
+def priced_strategies(previous: dict[str, Any] | None, named: list[str]) -> list[str]:
+    """The strategies whose engine costs the calibration carries: a reading's own under --again (whatever
+    --strategies says), else those named."""
+    return sorted({row["strategy"] for row in previous["rows"]}) if previous else named
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt-micro", "gpt-mini"])
@@ -293,6 +299,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give 1 or more rounds")
     previous = json.loads(args.again.read_text()) if args.again else None
+    strategies = priced_strategies(previous, args.strategies)
 
     import torch
 
@@ -320,18 +327,18 @@ def main() -> None:
         calibration = calibrate(device, backend.synchronize, backend="cpu", device_name=name, dtype="float32",
                                 refresh=refresh)  # fmt: skip
         print(f"calibration, {threads} thread(s): {calibration.describe()}", flush=True)
-        if "deepspeed-zero3" in args.strategies:  # ZeRO-3's engine cost on this host, cached apart
+        if "deepspeed-zero3" in strategies:  # ZeRO-3's engine cost on this host, cached apart
             calibration = with_zero3_hooks(calibration, threads, refresh=args.refresh_calibration)
             hooks = calibration.zero3_hooks
             print(f"ZeRO-3 engine, {threads} thread(s): {hooks.describe() if hooks else calibration.notes[-1]}",
                   flush=True)  # fmt: skip
-        if "fsdp" in args.strategies:  # FSDP2's hooks' cost on this host, cached apart
+        if "fsdp" in strategies:  # FSDP2's hooks' cost on this host, cached apart
             kernels = backend.optimizer_implementation(device)
             calibration = with_fsdp_hooks(calibration, threads, kernels, refresh=args.refresh_calibration)
             fsdp = calibration.fsdp_hooks
             print(f"FSDP2 hooks, {threads} thread(s): {fsdp.describe() if fsdp else calibration.notes[-1]}",
                   flush=True)  # fmt: skip
-        if "tp" in args.strategies:  # DTensor's dispatch cost on this host, cached apart
+        if "tp" in strategies:  # DTensor's dispatch cost on this host, cached apart
             calibration = with_dtensor_dispatch(calibration, threads, refresh=args.refresh_calibration)
             cost = calibration.dtensor_dispatch
             print(f"DTensor dispatch, {threads} thread(s): {cost.describe() if cost else calibration.notes[-1]}",

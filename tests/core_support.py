@@ -6,6 +6,7 @@ A module of its own (not conftest.py) so that test modules import it by a name n
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from accelbench.testing.contract import TINY_ARGS
@@ -123,3 +125,12 @@ def epoch_on_the_global_batch(job: Any, model: Any, optimizer: Any, epoch: int, 
         optimizer.zero_grad(set_to_none=True)
         steps.append(loss.item())
     return sum(steps) / len(steps)
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of benchmarks/ imported as a module (by its file name), for tests of its parts."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,22 +3,18 @@ prediction is judged against (the benchmark itself runs for minutes: docs/estima
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from core_support import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "estimate_vs_measured.py"
 
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("estimate_vs_measured", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _run(step_s: float, tensor_peak: int | None, waiting: float) -> dict[str, float | int | None]:
@@ -42,3 +38,11 @@ def test_one_run_is_its_own_figures_without_a_spread(script: ModuleType) -> None
     combined = script.median_of([only])
     assert {k: combined[k] for k in only} == only
     assert combined["step_spread"] is None and combined["tensor_peak_bytes"] is None
+
+
+def test_again_prices_the_engine_costs_of_the_strategies_its_reading_ran(script: ModuleType) -> None:
+    reading = {"rows": [{"strategy": s} for s in ("single", "tp", "deepspeed-zero3", "tp")]}
+    # --strategies' default names neither tp nor ZeRO-3 alone: the reading's own decide (tp's DTensor dispatch was
+    # left out of a reading's --again before)
+    assert script.priced_strategies(reading, ["ddp", "fsdp"]) == ["deepspeed-zero3", "single", "tp"]
+    assert script.priced_strategies(None, ["ddp", "fsdp"]) == ["ddp", "fsdp"]

@@ -3,6 +3,10 @@ layout RunConfig makes of --mesh, the refusals before launch, rank placement, st
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 from pydantic import ValidationError
 
@@ -360,3 +364,39 @@ def test_the_suite_holds_the_mesh_shapes_of_seed_003_figures_13_to_15() -> None:
     tiny = load_sweep(path, scale="tiny").points
     assert all(p.values["devices"] == 4 and p.values["steps_per_epoch"] <= 8 for p in tiny)
     assert {p.values["mesh"] for p in tiny} >= {"tp=2,pp=2", "dp=2,pp=2", "tp=2,dp=2", "tp=4", "pp=4", "dp=4"}
+
+
+_NORM_OVER_THE_MESH = textwrap.dedent(
+    """
+    import logging, io, sys
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.tensor import DTensor, Shard
+    from accelbench.engine.parallel.mesh import build_device_mesh
+    from accelbench.parallel_dims import ParallelDims
+
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    said = io.StringIO()
+    logging.getLogger("torch.distributed.tensor._redistribute").addHandler(logging.StreamHandler(said))
+    mesh = build_device_mesh(ParallelDims.from_mesh(sys.argv[1]), "cpu")
+    gradient = DTensor.from_local(torch.ones(4, 4), mesh["dp", "tp"], [Shard(0), Shard(1)])
+    torch.nn.utils.get_total_norm([gradient]).full_tensor()
+    print(sorted(mesh._flatten_mapping), "sequential all_reduce" in said.getvalue())
+    """
+)
+
+
+@pytest.mark.parametrize(("mesh", "flattened"), [("dp=2,tp=2", True), ("ddp=2,tp=2", False)])
+def test_fsdp_beside_tp_reduces_a_gradients_norm_in_one_all_reduce(mesh: str, flattened: bool) -> None:
+    """A gradient sharded over dp (FSDP2) and tp: the mesh flattens the two so that DTensor reduces its norm
+    (clipping's) in one all-reduce; without it DTensor runs one per dimension and warns on every rank (as it does
+    for this 2-D DTensor on a DDP mesh, whose gradients are never sharded over dp). torch's fake process group: four
+    ranks, nothing moved."""
+    done = subprocess.run(
+        [sys.executable, "-c", _NORM_OVER_THE_MESH, mesh], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    names, warned = done.stdout.split("]")
+    assert ("dp_tp" in names) is flattened
+    assert warned.strip() == str(not flattened)

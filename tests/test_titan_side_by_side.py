@@ -3,12 +3,12 @@ model torchtitan trains, and torchtitan's log is read right."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from core_support import load_script
 
 from accelbench.cli import main
 
@@ -21,11 +21,7 @@ TITAN_FLOPS_PER_TOKEN = 8_220_192_768
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("titan_side_by_side", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_accelbench_side_trains_the_model_torchtitan_counts(

@@ -269,6 +269,34 @@ def backward_transient_bytes(
     return loss
 
 
+def sharded_block_backward_bytes(
+    facts: WorkloadFacts,
+    micro_batch: int,
+    state: StateBytes,
+    device_type: str,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
+    """Under FSDP (which gathers a block's parameters as its backward starts, and the next block's beside them), what
+    the last block's backward holds at its first linear (the feed-forward's second) beside the activations counted
+    at the end of forward: the gradient of that linear's input (``s b f``, split over ``tp``) and of the block's
+    output before and after its dropout (``s b h`` each, one without dropout, whole unless sequence parallelism
+    shards it), the linear's weight gradient (``f h``, split; unsharded until the block's reduce-scatter) and the
+    head's (``V h``: the root unit's, reduce-scattered at the end of backward); less what the head kept, freed by
+    its backward (the final norm's and output layer's inputs and the log-probabilities; the loss's gradients are
+    gone too). Measured: rank 0 of a 2-layer, 64-wide GPT under FSDP on two processes, MemTracker's peak in the
+    last block's ``mlp.proj`` backward, within 0.2% of this count beside two blocks and the root gathered."""
+    shape = facts.transformer
+    assert shape is not None
+    s, h, b, a, g = shape.sequence, shape.hidden, micro_batch, state.activation, state.grad
+    f = shape.gated_ffn or 4 * h
+    mask = dropout_mask_bytes(device_type, a) if facts.dropout > 0 else 0
+    output = s * b * h * ((2 * a - mask) if mask else a) / (tp if sequence_parallel else 1)
+    gradients = s * b * f * a / tp + f * h * g / tp + shape.vocab * h * g
+    head = outside_layer_bytes(facts, b, state, device_type) - s * b * h * mask
+    return output + gradients - head
+
+
 def rebuilt_layer_bytes(
     facts: WorkloadFacts,
     micro_batch: int,

@@ -51,10 +51,17 @@ class MeshExecutor(Executor):
 
 
 def build_device_mesh(layout: ParallelDims, device_type: str) -> DeviceMesh:
-    """torch's DeviceMesh over the job's ranks, dimensions named by axis in placement order."""
+    """torch's DeviceMesh over the job's ranks, dimensions named by axis in placement order. With FSDP2 on the data
+    axis beside tensor parallelism (no expert axis), the dp and tp dimensions flattened into one more
+    (``DeviceMesh._flatten``, as torchtitan flattens its data axes; torch 2.13 has no public form): a gradient is a
+    DTensor sharded over both, and its norm (clipping's) is then reduced in one all-reduce, where DTensor otherwise
+    runs one per dimension and warns of it on every rank."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device_type, tuple(layout.sizes.values()), mesh_dim_names=tuple(layout.sizes))
+    mesh = init_device_mesh(device_type, tuple(layout.sizes.values()), mesh_dim_names=tuple(layout.sizes))
+    if layout.shards_parameters and layout.tp > 1 and layout.ep == 1:
+        mesh[tuple(axis for axis in layout.order if axis in ("dp", "tp"))]._flatten("dp_tp")
+    return mesh
 
 
 def check_model_split(config: RunConfig, units: ModelUnits, workload: str) -> None:
