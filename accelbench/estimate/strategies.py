@@ -778,6 +778,33 @@ def _rank_memory(
             "blocks' tensor-parallel slices gathered over the data axis (one in use, the next prefetched), at the "
             "start of backward one (the last, prefetched)"
         )
+    if block:  # FSDP over a tp mesh: its start (one block gathered) or its last block's backward (two)
+        backward = sharded_backward_transient(
+            facts,
+            micro,
+            state,
+            keeps_scores,
+            device_type,
+            checkpointing,
+            block,
+            mesh.tp,
+            mesh.sequence_parallel,
+        )
+    elif mesh.pp == 1:
+        backward = backward_transient_bytes(
+            facts,
+            micro,
+            state,
+            keeps_scores,
+            device_type=device_type,
+            checkpointing=checkpointing,
+            tp=mesh.tp,
+            sequence_parallel=mesh.sequence_parallel,
+        )
+    else:
+        # the loss's gradients are in in_backward on the last stage's rank; FSDP's unsharded gradients accumulate
+        # from the first backward on
+        backward = unsharded_grads * gradients_before_backward
     memory = MemoryBreakdown(
         weights_bytes=result.weights_bytes,
         master_weights_bytes=0.0,
@@ -788,35 +815,7 @@ def _rank_memory(
         buffer_bytes=pipeline_receive_buffer_bytes(facts, mesh, micro, state, stage_rank)
         if mesh.pp > 1
         else 0.0,
-        backward_transient_bytes=(
-            sharded_backward_transient(
-                facts,
-                micro,
-                state,
-                keeps_scores,
-                device_type,
-                checkpointing,
-                block,
-                mesh.tp,
-                mesh.sequence_parallel,
-            )
-            if block
-            else backward_transient_bytes(
-                facts,
-                micro,
-                state,
-                keeps_scores,
-                device_type=device_type,
-                checkpointing=checkpointing,
-                tp=mesh.tp,
-                sequence_parallel=mesh.sequence_parallel,
-            )
-            if mesh.pp == 1
-            # the loss's gradients are in in_backward on the last stage's rank; FSDP's unsharded gradients
-            # accumulate from the first backward on
-            else unsharded_grads * gradients_before_backward
-        )
-        + in_backward,
+        backward_transient_bytes=backward + in_backward,
         end_of_backward_bytes=None if end_of_backward is None else end_of_backward + unsharded_grads,
         gradients_freed_each_step=not gradients_before_backward,
         optimizer_transient_bytes=optimizer_temporaries(
