@@ -19,6 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from accelbench.testing.contract import TINY_ARGS
 
 # A tiny custom model (the conformance kit's): real training, a few seconds on two cores.
@@ -48,6 +50,20 @@ class Site:
         env.pop("ACCELBENCH_STRICT_PLUGINS", None)
         env.update(extra)
         return env
+
+
+def accelbench_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``accelbench ARGS`` in this process (``accelbench.cli.main``), for refusals that stop before anything is
+    built: its exit code (argparse's own included) and what it printed on stderr. Cheaper than a fresh interpreter
+    by the imports (torch's, dynamo's) this process already has."""
+    from accelbench.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
 
 
 def accelbench(

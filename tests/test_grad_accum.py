@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import TINY, accelbench
+from core_support import TINY, accelbench, accelbench_here
 
 from accelbench.contract import ExecutorRequest, World, standard_plan
 from accelbench.engine.executor import TorchExecutor
@@ -47,11 +47,14 @@ def test_micro_batches_make_the_step_of_the_whole_batch(grad_accum: int, batch: 
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, accumulated, strict=True))
 
 
-def test_a_batch_the_accumulation_does_not_divide_is_refused(tmp_path: Path) -> None:
-    proc = accelbench("run", *TINY, "--batch-size", "10", "--grad-accum", "4", "--output-dir", str(tmp_path))
-    assert proc.returncode == 2 and not list(tmp_path.glob("*.json"))
-    assert "--batch-size 10 is not divisible by --grad-accum 4" in proc.stderr
-    assert "use a batch size of 8 or 12" in proc.stderr
+def test_a_batch_the_accumulation_does_not_divide_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, stderr = accelbench_here(capsys, "run", *TINY, "--batch-size", "10", "--grad-accum", "4",
+                                   "--output-dir", str(tmp_path))  # fmt: skip
+    assert code == 2 and not list(tmp_path.glob("*.json"))
+    assert "--batch-size 10 is not divisible by --grad-accum 4" in stderr
+    assert "use a batch size of 8 or 12" in stderr
 
 
 def test_accumulation_is_recorded_and_separates_comparisons(tmp_path: Path) -> None:

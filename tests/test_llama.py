@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import accelbench
+from core_support import accelbench, accelbench_here
 
 from accelbench.config import RunConfig
 from accelbench.errors import ConfigError
@@ -285,8 +285,10 @@ def test_bad_requests_are_refused(values: dict, message: str) -> None:  # type: 
         get_host().resolve(config)
 
 
-def test_bad_command_lines_exit_2(corpus_dir: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
+def test_bad_command_lines_exit_2(
+    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
     data = ["--data", str(corpus_dir / "text.txt"), "--vocab-size", str(VOCAB)]
     for args, message in (
         (["--seq-len", "5000"], "above llama-tiny's context"),
@@ -296,10 +298,11 @@ def test_bad_command_lines_exit_2(corpus_dir: Path, tmp_path: Path) -> None:
             "heads 4 are not divisible by key/value heads 3",
         ),
     ):
-        proc = accelbench("run", "--workload", "llama", "--model", "llama-tiny", *data, *args,
-                          "--output-dir", str(tmp_path), "-q", env=env)  # fmt: skip
-        assert proc.returncode == 2, (args, proc.stderr[-2000:])
-        assert message in proc.stderr, proc.stderr[-2000:]
+        code, stderr = accelbench_here(capsys, "run", "--workload", "llama", "--model", "llama-tiny", *data, *args,
+                                       "--output-dir", str(tmp_path), "-q")  # fmt: skip
+        assert code == 2, (args, stderr[-2000:])
+        assert message in stderr, stderr[-2000:]
+    assert not list(tmp_path.glob("*.json"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

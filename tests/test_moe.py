@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import accelbench, epoch_on_the_global_batch
+from core_support import accelbench, accelbench_here, epoch_on_the_global_batch
 
 from accelbench.config import RunConfig
 from accelbench.engine.parallel.mesh import check_model_split
@@ -367,16 +367,19 @@ def test_bad_expert_meshes_are_refused(mesh: str, devices: int, workload: str, m
         check_model_split(config, host.workload(workload).units(config), workload)
 
 
-def test_bad_command_lines_exit_2(corpus_dir: Path, tmp_path: Path) -> None:
+def test_bad_command_lines_exit_2(
+    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(corpus_dir / "cache"))
     for args, message in (
         (["--mesh", "ep=3", "--devices", "3"], "do not divide over ep=3"),
         (["--seq-len", "4096"], "above moe-tiny's context"),
         (["--aux-loss-coef", "2"], "--aux-loss-coef"),
     ):
-        proc = accelbench("run", *TINY, "--data", str(corpus_dir / "text.txt"), *args,
-                          "--output-dir", str(tmp_path), env=env_of(corpus_dir))  # fmt: skip
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert message in proc.stderr, proc.stderr[-2000:]
+        code, stderr = accelbench_here(capsys, "run", *TINY, "--data", str(corpus_dir / "text.txt"), *args,
+                                       "--output-dir", str(tmp_path))  # fmt: skip
+        assert code == 2, (args, stderr[-2000:])
+        assert message in stderr, stderr[-2000:]
     assert not list(tmp_path.glob("*.json"))
 
 

@@ -130,9 +130,13 @@ def data_parallel_breakdown(
     activations = activation_bytes(
         facts, micro, state, keeps_scores, notes, device_type=device_type, checkpointing=checkpointing
     )
-    start_of_backward = backward_transient_bytes(
-        facts, micro, state, keeps_scores, device_type=device_type, checkpointing=checkpointing
-    )
+
+    def start_of_backward() -> float:
+        """What backward adds at its start when whole units are held (FSDP over a transformer prices its own)."""
+        return backward_transient_bytes(
+            facts, micro, state, keeps_scores, device_type=device_type, checkpointing=checkpointing
+        )
+
     sixteen_bit_fsdp = strategy == Strategy.FSDP and stack.fsdp_param_dtype in ("bf16", "fp16")
     # the routed experts' weights are copied too (their grouped matmuls cast them as autocast casts a linear's)
     copied = facts.matmul_parameters + facts.expert_parameters
@@ -154,7 +158,7 @@ def data_parallel_breakdown(
             activations_bytes=activations,
             transient_bytes=autocast,
             buffer_bytes=grad_total if separate_buckets else 0.0,
-            backward_transient_bytes=start_of_backward,
+            backward_transient_bytes=start_of_backward(),
             end_of_backward_bytes=first_layer_end_of_backward(
                 facts,
                 micro,
@@ -220,7 +224,7 @@ def data_parallel_breakdown(
                 facts, micro, state, keeps_scores, device_type, checkpointing, largest * gathered_width
             )
             if facts.transformer is not None
-            else start_of_backward,
+            else start_of_backward(),
             optimizer_transient_bytes=optimizer_temporaries(
                 facts, state, stack, device_type, notes, shards=p
             ),
@@ -262,7 +266,7 @@ def data_parallel_breakdown(
         memory, comm = zero_breakdown(facts, layout, state, activations, hardware, notes, stack)
         memory = memory.model_copy(
             update={
-                "backward_transient_bytes": start_of_backward,
+                "backward_transient_bytes": start_of_backward(),
                 "optimizer_transient_bytes": memory.optimizer_transient_bytes
                 + optimizer_temporaries(facts, state, stack, device_type, notes, shards=p),
             }
