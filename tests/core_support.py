@@ -62,7 +62,8 @@ def accelbench_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int
     try:
         code = main(list(args))
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        # as the interpreter maps it: None is 0, a message 1
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     return code, capsys.readouterr().err
 
 
