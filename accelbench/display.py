@@ -126,6 +126,11 @@ class LiveProgress:
     def close(self) -> None:
         self._progress.stop()
 
+    def note(self, text: str) -> None:
+        self._progress.console.print(
+            f"[accelbench {datetime.now().strftime('%H:%M:%S')}] {text}", markup=False, highlight=False
+        )
+
 
 class LogProgress:
     """Plain progress lines for output that is not a terminal (a Slurm or PBS batch log, ``| tee``): one line per
@@ -172,6 +177,9 @@ class LogProgress:
 
     def close(self) -> None:
         pass
+
+    def note(self, text: str) -> None:
+        self._line(text)
 
 
 def short_formula(formula: str) -> str:

@@ -88,9 +88,33 @@ def accelbench(
         ) from None
 
 
+def run_here(*args: str, env: dict[str, str] | None = None) -> int:
+    """``accelbench run ARGS`` in this process, with ``env``'s variables set for it, its exit code; the environment
+    and torch's intra-op thread count (which ``--threads`` sets for the process) as they were before. For a run of
+    one process whose record is what a test reads: a fresh interpreter costs its imports (torch's, dynamo's: about
+    3.5 s); a job of several starts them anyway, through a launcher of its own (:func:`accelbench`)."""
+    import torch
+
+    from accelbench.cli import main
+
+    threads, saved = torch.get_num_threads(), {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        return main(["run", *args])
+    finally:
+        torch.set_num_threads(threads)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class RealRuns:
-    """Real short runs of ``accelbench run`` on this CPU, in a fresh interpreter as a user runs it; each folder of
-    records is made once a session, and every test module that asks for the same runs shares it."""
+    """Real short runs of ``accelbench run`` on this CPU, for tests that read their records; each folder of records
+    is made once a session, and every test module that asks for the same runs shares it. They run in this process
+    (``accelbench.cli.main``, torch's thread count put back after): what these tests read is the record, not how an
+    interpreter starts, and a fresh one would cost its imports (torch's, dynamo's: about 3.5 s) per run."""
 
     def __init__(self, root: Path) -> None:
         self._root = root
@@ -102,8 +126,9 @@ class RealRuns:
         if key not in self._folders:
             folder = self._root / str(len(self._folders)) / name
             for args in runs:
-                proc = accelbench("run", *args, "--output-dir", str(folder), "-q")
-                assert proc.returncode == 0, proc.stderr[-3000:]
+                assert run_here(*args, "--output-dir", str(folder), "-q") == 0, (
+                    f"accelbench run {' '.join(args)}"
+                )
             self._folders[key] = folder
         return self._folders[key]
 

@@ -739,7 +739,7 @@ def test_a_step_the_device_cannot_trace_is_traced_on_the_cpu_priced_at_the_devic
         name="cuda", info=SimpleNamespace(device_type="cuda"), synchronize=_nothing,
         optimizer_implementation=lambda device: "fused",
     )  # fmt: skip
-    run = CalibratedRun(host.workload("gpt"), plan, backend, torch.device("cuda"))  # type: ignore[arg-type]
+    run = CalibratedRun(host.workload("gpt"), plan, backend, torch.device("cuda"), print)  # type: ignore[arg-type]
     device = DeviceInfo(index=0, name="Stand-in GPU")
     found = cached_calibration(config, run, device)
     assert isinstance(found, tuple), found

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import TINY, accelbench, accelbench_here
+from core_support import TINY, accelbench, accelbench_here, run_here
 
 from accelbench.contract import ExecutorRequest, World, standard_plan
 from accelbench.engine.executor import TorchExecutor
@@ -58,9 +58,8 @@ def test_a_batch_the_accumulation_does_not_divide_is_refused(
 
 
 def test_accumulation_is_recorded_and_separates_comparisons(tmp_path: Path) -> None:
-    proc = accelbench("run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--grad-accum", "2", "-q",
-                      "--output-dir", str(tmp_path))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_here(*TINY, "--epochs", "2", "--steps-per-epoch", "2", "--grad-accum", "2", "-q",
+                    "--output-dir", str(tmp_path)) == 0  # fmt: skip
     record = read_record(next(tmp_path.glob("*.json")))
     assert record.config.grad_accum == 2 and record.executor["micro_batch"] == 4
     assert record.workload_identity["grad_accum"] == 2  # compare does not mix it with unaccumulated runs

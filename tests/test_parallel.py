@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from core_support import Site, accelbench
+from core_support import Site, accelbench, accelbench_here
 
 from accelbench.results import ResultRecord, read_record
 
@@ -177,25 +177,31 @@ class NoTpBackend(Backend):
             ["--mesh", "pp=2", "--devices", "2", "--microbatches", "3"],
             "--microbatches 3 does not divide --batch-size 8",
         ),
-        (["--backend", "notp", "--mesh", "tp=2", "--devices", "2"], "does not support strategy 'tp'"),
     ],
-    ids=[
-        "mesh-not-world",
-        "tp-not-heads",
-        "stages-over-layers",
-        "microbatches-not-batch",
-        "backend-lacks-tp",
-    ],
+    ids=["mesh-not-world", "tp-not-heads", "stages-over-layers", "microbatches-not-batch"],
 )
 def test_layouts_that_cannot_run_are_refused_before_launch(
-    site: Site, tmp_path: Path, args: list[str], message: str
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], message: str
+) -> None:
+    # in this process (the launcher's side of the command); capfd, so a worker's output would be seen too
+    code, stderr = accelbench_here(capfd, "run", *TINY, *args, "--output-dir", str(tmp_path / "out"))
+    assert code == 2, stderr[-2000:]
+    assert message in " ".join(stderr.split())
+    assert "[rank" not in stderr and "exited with code" not in stderr  # no worker was started
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_backend_without_tensor_parallelism_refuses_a_tp_mesh_before_launch(
+    site: Site, tmp_path: Path
 ) -> None:
     site.add_distribution("accelbench-notp", {"notp": "notp_plugin"}, {"notp_plugin": NO_TP})
-    proc = accelbench("run", *TINY, *args, "--output-dir", str(tmp_path / "out"), env=site.env())
+    out = tmp_path / "out"
+    proc = accelbench("run", *TINY, "--backend", "notp", "--mesh", "tp=2", "--devices", "2", "--output-dir", str(out),
+                      env=site.env())  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in " ".join(proc.stderr.split())
+    assert "does not support strategy 'tp'" in " ".join(proc.stderr.split())
     assert "[rank" not in proc.stderr and "exited with code" not in proc.stderr  # no worker was started
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from core_support import accelbench
+from core_support import accelbench, run_here
 
 from accelbench.cli import main
 from accelbench.plan.schema import Plan
@@ -75,10 +75,9 @@ def test_a_plan_alone_is_a_page_of_its_ranking(plan_file: Path, tmp_path: Path) 
 def test_a_plan_beside_records_is_a_section_of_their_report(plan_file: Path, tmp_path: Path) -> None:
     """A real run's record and the plan: the records' report, with the plan's section and its link."""
     records = tmp_path / "records"
-    done = accelbench("run", "--model", "custom", "--layers", "1", "--embd", "16", "--heads", "2", "--block-size",
-                      "16", "--batch-size", "8", "--epochs", "1", "--steps-per-epoch", "2", "--no-tensor-peak",
-                      "--output-dir", str(records), "-q", cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert run_here("--model", "custom", "--layers", "1", "--embd", "16", "--heads", "2", "--block-size", "16",
+                    "--batch-size", "8", "--epochs", "1", "--steps-per-epoch", "2", "--no-tensor-peak",
+                    "--output-dir", str(records), "-q") == 0  # fmt: skip
     out = tmp_path / "report.html"
     assert main(["report", str(records), str(plan_file), "-o", str(out)]) == 0
     page = out.read_text()

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pty
+import re
 import resource
 import select
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import TINY, accelbench
+from core_support import TINY, accelbench, accelbench_here
 
 from accelbench.cli import main
 from accelbench.engine.runner import run
@@ -285,21 +286,24 @@ def test_a_library_that_cannot_allocate_its_workspace_is_an_out_of_memory(messag
     assert is_out_of_memory(RuntimeError(message)) is oom
 
 
-def test_progress_lines_in_a_batch_log_and_none_when_quiet(tmp_path: Path) -> None:
+def test_progress_lines_in_a_batch_log_and_none_when_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Output that is no terminal (a Slurm log, `| tee`) gets one plain, timestamped line per epoch with the rate
-    and the run's ETA, and no progress bar; --quiet gets neither."""
-    logged = accelbench(
-        "run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--output-dir", str(tmp_path)
-    )
-    assert logged.returncode == 0
-    lines = [line for line in logged.stderr.splitlines() if line.startswith("[accelbench ")]
-    assert len(lines) == 3, logged.stderr  # training starts, epoch 1 done, epoch 2 done
+    and the run's ETA, and no progress bar; --quiet gets neither (in a fresh interpreter: not a word, not even an
+    import's warning)."""
+    # this process's stderr, captured, is no terminal; --no-calibration: a first calibration would say so in a line
+    code, logged = accelbench_here(capsys, "run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--no-calibration",
+                                   "--output-dir", str(tmp_path))  # fmt: skip
+    assert code == 0
+    lines = [line for line in logged.splitlines() if line.startswith("[accelbench ")]
+    assert len(lines) == 3, logged  # training starts, epoch 1 done, epoch 2 done
     assert "epoch 1/2 (warm-up) done:" in lines[1] and "samples/s" in lines[1] and "run ends in ~" in lines[1]
     assert "epoch 2/2 done:" in lines[2] and "run ends in" not in lines[2]
-    assert "\x1b[" not in logged.stderr and "━" not in logged.stderr  # no bar, no terminal codes
-    assert "result record:" in logged.stderr  # and the summary is there
+    assert "\x1b[" not in logged and "━" not in logged  # no bar, no terminal codes
+    assert "result record:" in logged  # and the summary is there
     assert (
-        json.loads(Path(logged.stderr.split("result record:")[1].split()[0]).read_text())["outcome"]["status"]
+        json.loads(Path(logged.split("result record:")[1].split()[0]).read_text())["outcome"]["status"]
         == "ok"
     )
     quiet = accelbench(
@@ -322,6 +326,25 @@ def test_log_progress_reports_within_a_long_epoch() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0].endswith("training: 4 steps of 8 samples per epoch")
     assert "epoch 1/3 (warm-up): step 2/4 (50%)" in lines[2] and "samples/s, run ends in ~" in lines[2]
+
+
+def test_what_a_run_measures_after_its_epochs_is_said_as_its_progress_is() -> None:
+    """A calibration measured for the prediction is a line of the run's progress: timestamped in a log, printed
+    above a terminal's finished bar, and nothing under --quiet (whose progress is NoProgress)."""
+    import io
+
+    from rich.console import Console
+
+    from accelbench.display import LiveProgress, LogProgress
+
+    log = io.StringIO()
+    LogProgress(log).note("measuring a calibration")
+    assert re.fullmatch(r"\[accelbench \d\d:\d\d:\d\d\] measuring a calibration\n", log.getvalue())
+    terminal = io.StringIO()
+    live = LiveProgress(Console(file=terminal, force_terminal=True, width=100))
+    live.close()
+    live.note("measuring [bold]a[/] calibration")  # not read as markup
+    assert "measuring [bold]a[/] calibration" in terminal.getvalue()
 
 
 def test_progress_display_when_stderr_is_a_terminal(tmp_path: Path) -> None:
@@ -518,13 +541,13 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     """No calibration cached: the run measures one after its timed epochs, so its own prediction is already the
     calibrated one, and caches it; ``--no-calibration`` predicts from the peak instead and measures nothing; a
     later run reuses it, unless it is over an hour old and the device has drifted from it (a cached calibration 4x
-    too fast is measured again)."""
+    too fast is measured again). It says so, as its progress does: a quiet run measures it as well, in silence."""
     from accelbench.estimate.calibration import CACHE_FILE
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(cache))
-    argv = ["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--no-tensor-peak", "-q"]
-    assert main([*argv, "--no-calibration", "--output-dir", str(tmp_path / "plain")]) == 0
+    argv = ["run", *TINY, "--epochs", "2", "--steps-per-epoch", "2", "--no-tensor-peak"]
+    assert main([*argv, "-q", "--no-calibration", "--output-dir", str(tmp_path / "plain")]) == 0
     plain = only_record(tmp_path / "plain").prediction
     assert plain is not None and plain.time_model and plain.time_model.startswith("efficiency")
     assert not (cache / CACHE_FILE).exists()
@@ -541,7 +564,7 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     # measured after the record's epochs: the record was stamped when the run began
     (measured_at,) = [entry["measured_at"] for entry in stored.values()]
     assert measured_at >= first.created_at.isoformat(timespec="seconds")
-    assert main([*argv, "--output-dir", str(tmp_path / "second")]) == 0
+    assert main([*argv, "-q", "--output-dir", str(tmp_path / "second")]) == 0
     assert "measuring" not in capsys.readouterr().err  # cached: measured once
     assert json.loads((cache / CACHE_FILE).read_text()) == stored  # younger than an hour: not even checked
     # a calibration from two hours ago, when the device ran 4x faster: spot-checked, found out and measured again
@@ -560,7 +583,6 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     busy["matmul"] = [{**p, "best_flops_per_s": p["best_flops_per_s"] / 4} for p in again["matmul"]]
     busy["stream"] = [{**p, "best_bytes_per_s": p["best_bytes_per_s"] / 4} for p in again["stream"]]
     (cache / CACHE_FILE).write_text(json.dumps({key: busy}))
-    assert main([*argv, "--output-dir", str(tmp_path / "fourth")]) == 0
-    err = capsys.readouterr().err
-    assert "this device runs +" in err and "against its cached calibration" in err
+    assert main([*argv, "-q", "--output-dir", str(tmp_path / "fourth")]) == 0
+    assert capsys.readouterr().err == ""  # --quiet: measured again without a word
     assert json.loads((cache / CACHE_FILE).read_text())[key]["matmul"] != busy["matmul"]

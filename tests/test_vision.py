@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from core_support import accelbench
+from core_support import accelbench, accelbench_here
 
 from accelbench.config import RunConfig
 from accelbench.plugins import get_host
@@ -219,7 +219,9 @@ def test_synthetic_device_generates_batches_where_the_model_runs(tmp_path: Path)
     assert record.workload_identity["data_source"] == "synthetic-device" and record.data["bottleneck"] is None
 
 
-def test_bad_image_data_is_refused_before_training(tmp_path: Path) -> None:
+def test_bad_image_data_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from accelbench.errors import ConfigError
 
     (tmp_path / "no-classes").mkdir()
@@ -230,10 +232,10 @@ def test_bad_image_data_is_refused_before_training(tmp_path: Path) -> None:
             get_host().resolve(RunConfig(workload="resnet50", data=tmp_path / folder))
     make_images(tmp_path / "corrupt")
     (tmp_path / "corrupt" / "class1" / "broken.jpg").write_bytes(b"not a JPEG")
-    proc = accelbench("run", "--workload", "resnet50", *TINY, "--data", str(tmp_path / "corrupt"),
-                      "--output-dir", str(tmp_path / "out"))  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "cannot decode image" in proc.stderr and "broken.jpg" in proc.stderr
+    code, stderr = accelbench_here(capsys, "run", "--workload", "resnet50", *TINY, "--data",
+                                   str(tmp_path / "corrupt"), "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    assert code == 2, stderr[-3000:]
+    assert "cannot decode image" in stderr and "broken.jpg" in stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))
 
 

@@ -23,9 +23,8 @@ the peak at the default efficiency; ``time_model`` says which.
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from accelbench.errors import AccelbenchError, ConfigError
@@ -53,6 +52,7 @@ class CalibratedRun:
     plan: PrecisionPlan
     backend: Backend
     device: torch.device
+    note: Callable[[str], None]  # says what is measured for the prediction (the run's progress display)
 
 
 def cached_calibration(
@@ -100,21 +100,16 @@ def cached_calibration(
     ):
         drift = drift_beyond_tolerance(calibration, run.device, run.backend.synchronize)
         if drift is not None:
-            print(
-                f"[accelbench {datetime.now().strftime('%H:%M:%S')}] this device runs {drift:+.0%} against its "
-                f"cached calibration for {dtype} (measured {calibration.measured_at}): measuring it again for the "
-                "prediction (seconds; --no-calibration skips it)",
-                file=sys.stderr,
-                flush=True,
+            run.note(
+                f"this device runs {drift:+.0%} against its cached calibration for {dtype} (measured "
+                f"{calibration.measured_at}): measuring it again for the prediction (seconds; --no-calibration "
+                "skips it)"
             )
             calibration = calibration_of_device(refresh=True)
     if calibration is None and not config.no_calibration:
-        print(
-            f"[accelbench {datetime.now().strftime('%H:%M:%S')}] no calibration of this device for {dtype} is "
-            f"cached: measuring one for the prediction (seconds, once; cached in {cache_dir()}; "
-            "--no-calibration skips it)",
-            file=sys.stderr,
-            flush=True,
+        run.note(
+            f"no calibration of this device for {dtype} is cached: measuring one for the prediction (seconds, "
+            f"once; cached in {cache_dir()}; --no-calibration skips it)"
         )
         calibration = calibration_of_device()
     if calibration is None:

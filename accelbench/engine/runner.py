@@ -94,6 +94,8 @@ class Progress(Protocol):
     def step(self) -> None: ...
     def end_epoch(self, metrics: EpochMetrics) -> None: ...
     def close(self) -> None: ...
+    def note(self, text: str) -> None:
+        """A line on what the run does after its epochs (a calibration measured for the prediction)."""
 
 
 class NoProgress:
@@ -107,6 +109,9 @@ class NoProgress:
         pass
 
     def close(self) -> None:
+        pass
+
+    def note(self, text: str) -> None:
         pass
 
 
@@ -802,10 +807,11 @@ def _run_prepared(
     created = datetime.now(timezone.utc)
     rank0 = launch.rank == 0
     records = _Records(run_, system, created, os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex)
+    shown: Progress = (progress or NoProgress()) if rank0 else NoProgress()
     try:
         m = measure(
             run_,
-            (progress or NoProgress()) if rank0 else NoProgress(),
+            shown,
             system.host,
             records.before_profile if rank0 else None,
         )
@@ -821,7 +827,7 @@ def _run_prepared(
     if not rank0:
         return None, None, m.outcome.status
     with _record_owed():
-        return _write_records(run_, records, m, logs, outcome)
+        return _write_records(run_, records, m, logs, outcome, shown)
 
 
 @contextlib.contextmanager
@@ -839,7 +845,12 @@ def _record_owed() -> Iterator[None]:
 
 
 def _write_records(
-    run_: PreparedRun, records: _Records, m: Measurement, logs: list[RankLog], outcome: Outcome
+    run_: PreparedRun,
+    records: _Records,
+    m: Measurement,
+    logs: list[RankLog],
+    outcome: Outcome,
+    progress: Progress,
 ) -> tuple[ResultRecord | None, Path | None, Status]:
     config = run_.config
     if m.notes:
@@ -863,7 +874,7 @@ def _write_records(
         os.replace(trace, config.output_dir / record.profile.trace)  # beside the record, named after it
     if m.job:  # the prediction follows: the epochs (and the profile) are in the file first
         records.draft(record, "while the prediction of this configuration was being made")
-        record = record.model_copy(update={"prediction": _prediction_or_note(run_, m)})
+        record = record.model_copy(update={"prediction": _prediction_or_note(run_, m, progress)})
     path = write_record(record, config.output_dir)
     return record, path, record.outcome.status
 
@@ -992,9 +1003,10 @@ def _published_logs(world_size: int, epochs: int, wait_s: float) -> list[RankLog
         time.sleep(0.05)
 
 
-def _prediction_or_note(run_: PreparedRun, m: Measurement) -> RunPrediction:
+def _prediction_or_note(run_: PreparedRun, m: Measurement, progress: Progress) -> RunPrediction:
     """The prediction stored in the record, or a note saying why there is none: it never costs the record, whatever
-    it meets (an error in the model, Ctrl-C while it is made)."""
+    it meets (an error in the model, Ctrl-C while it is made). What it measures for it (a calibration) is said
+    through ``progress``, so ``--quiet`` keeps it quiet."""
     try:
         return predict_run(
             run_.config,
@@ -1008,6 +1020,7 @@ def _prediction_or_note(run_: PreparedRun, m: Measurement) -> RunPrediction:
                 run_.executor.effective_precision(run_.request.precision),
                 run_.backend,
                 run_.device,
+                progress.note,
             ),
         )
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the prediction is optional; the record is owed
