@@ -30,6 +30,7 @@ from accelbench.estimate.calibration import (
     StreamPoint,
     calibrate,
     calibration_drift,
+    calibration_key,
     needs_spot_check,
 )
 from accelbench.estimate.facts import meta_facts
@@ -206,7 +207,7 @@ def test_only_a_calibration_over_an_hour_old_is_spot_checked() -> None:
 
 @pytest.mark.parametrize("content", ["not json {", "[1, 2]", "entry"])
 def test_a_malformed_cache_is_measured_again_and_says_so(tmp_path: Path, content: str) -> None:
-    key = tiny_calibration(tmp_path).key
+    key = calibration_key("cpu", "test cpu", "float32", "cpu")  # tiny_calibration's
     text = json.dumps({key: {"version": 1, "key": key}}) if content == "entry" else content
     (tmp_path / CACHE_FILE).write_text(text)
     found = tiny_calibration(tmp_path)

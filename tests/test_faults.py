@@ -175,6 +175,15 @@ def test_more_cpu_workers_than_cores_is_warned_and_more_accelerators_than_detect
     assert not preflight(RunConfig(devices=2, strategy="ddp", output_dir=tmp_path), host).warnings
     threads = preflight(RunConfig(devices=2, threads=2, strategy="ddp", output_dir=tmp_path), host)
     assert "2 worker process(es) x 2 thread(s) on 2 usable core(s)" in threads.warnings[0]
+    # what fits: fewer processes where one process's threads fit the cores, fewer threads where a thread each does
+    for devices, threads_each, advice in (
+        (2, 2, "use --devices 1 or fewer, or --threads 1 or fewer for"),
+        (1, 4, "use --threads 2 or fewer for"),  # one process is the fewest: --devices 0 is no advice
+        (4, 4, "use --devices 2 or fewer with --threads 1 for"),
+    ):
+        strategy = "ddp" if devices > 1 else "single"
+        config = RunConfig(devices=devices, threads=threads_each, strategy=strategy, output_dir=tmp_path)
+        assert advice in preflight(config, host).warnings[0], (devices, threads_each)
 
 
 def test_the_warning_is_printed_before_the_run(tmp_path: Path) -> None:
@@ -182,7 +191,9 @@ def test_the_warning_is_printed_before_the_run(tmp_path: Path) -> None:
         "run", *QUICK, "-q", "--threads", "64", "--no-calibration", "--output-dir", str(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "warning: 1 worker process(es) x 64 thread(s) on" in " ".join(proc.stderr.split())
+    said = " ".join(proc.stderr.split())
+    assert "warning: 1 worker process(es) x 64 thread(s) on" in said
+    assert "use --threads" in said and "--devices" not in said  # one process is already the fewest
 
 
 def test_a_backend_whose_plugin_is_not_installed_says_how_to_install_it(tmp_path: Path) -> None:

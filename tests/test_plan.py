@@ -14,6 +14,7 @@ import pytest
 from core_support import accelbench
 
 from accelbench.cli import build_parser, config_from_args, main, make_config
+from accelbench.estimate.peak import CACHE_FILE as PEAK_CACHE_FILE
 from accelbench.plan.candidates import DATA_PARALLEL, MODEL_PARALLEL, batch_choices, layouts
 from accelbench.plan.ranking import spearman
 from accelbench.plan.schema import Plan
@@ -394,3 +395,6 @@ def test_points_an_interrupted_measurement_did_not_reach_are_not_run_not_failed(
     assert main(argv) == 130
     measured = json.loads(capsys.readouterr().out)["comparison"]["runs"]
     assert [run["status"] for run in measured] == ["not run (interrupted)"] * 2
+    # the peak of the precision planned for, not of every one this CPU runs (estimate's table shows them all)
+    (peak,) = json.loads((tmp_path / "cache" / PEAK_CACHE_FILE).read_text())
+    assert ", float32, ieee-fp32," in peak

@@ -115,6 +115,14 @@ class NoProgress:
         pass
 
 
+def _fewer(devices: int, threads: int, cores: int) -> str:
+    """What makes ``devices`` CPU processes of ``threads`` threads each fit ``cores``: fewer processes where one
+    process's threads fit, fewer threads where a thread each does, else both."""
+    options = [f"--devices {cores // threads} or fewer"] if threads <= cores else []
+    options += [f"--threads {cores // devices} or fewer"] if devices <= cores else []
+    return ", or ".join(options) or f"--devices {cores} or fewer with --threads 1"
+
+
 @dataclass(frozen=True)
 class Preflight:
     """What a run needs that can be checked without touching a device (the launcher checks it before launching)."""
@@ -193,8 +201,8 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         if config.devices * threads > cores:
             warnings.append(
                 f"{config.devices} worker process(es) x {threads} thread(s) on {cores} usable core(s): they will "
-                f"contend for cores, and the record will say the host was contended; use --devices {max(1, cores // threads)} "
-                "or fewer for figures that mean something"
+                "contend for cores, and the record will say the host was contended; use "
+                f"{_fewer(config.devices, threads, cores)} for figures that mean something"
             )
     backend.check_precision(config.precision, kind)
     check_fp8_run(config)

@@ -342,6 +342,7 @@ def resolve_target(
     fresh_since: datetime | None = None,
     tensor_parallel: bool = False,
     fsdp: bool = False,
+    peak_of_its_precision_only: bool = False,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
     backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
@@ -350,6 +351,8 @@ def resolve_target(
     strategy is ZeRO-3, or ``zero3``, and the device a CPU, its FSDP2 hooks' cost likewise where it is FSDP, or
     ``fsdp``, and its DTensor dispatch cost where the config's layout has a tp axis, or ``tensor_parallel``. With ``refresh_calibration``, what was measured at or
     after ``fresh_since`` (the command's start: plan resolves one precision after another) is not measured again.
+    ``measure_peak`` times every precision the device runs (estimate shows them all), or with
+    ``peak_of_its_precision_only`` the config's alone (plan resolves each precision it considers in turn).
     Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
     import torch
 
@@ -396,7 +399,7 @@ def resolve_target(
     peak = backend.peak_figures(device, plan)
     measured: dict[str, PeakFigures] = {}
     if measure_peak:
-        measured = _measure(backend, config, kind, device, refresh_peak)
+        measured = _measure(backend, config, kind, device, refresh_peak, peak_of_its_precision_only)
         mine = measured.get(config.precision)
         if mine is not None:
             if peak is not None:
@@ -524,16 +527,22 @@ def _catalogue_plan(known: KnownDevice, config: RunConfig, kind: Any) -> tuple[P
 
 
 def _measure(
-    backend: Backend, config: RunConfig, kind: Any, device: DeviceInfo, refresh: bool
+    backend: Backend,
+    config: RunConfig,
+    kind: Any,
+    device: DeviceInfo,
+    refresh: bool,
+    its_own_only: bool = False,
 ) -> dict[str, PeakFigures]:
-    """The measured dense-matmul peak for each precision the device supports (one per matmul dtype)."""
+    """The measured dense-matmul peak for each precision the device supports (one per matmul dtype), or with
+    ``its_own_only`` for the config's precision alone."""
     from accelbench.contract import World
     from accelbench.estimate.peak import matmul_dtype, measured_peak
 
     bound = backend.setup_device(World(), config.backend_options)
     out: dict[str, PeakFigures] = {}
     by_dtype: dict[str, PeakFigures | None] = {}
-    for name in PRECISIONS:
+    for name in [config.precision] if its_own_only else PRECISIONS:
         if name not in backend.supported_precisions(kind):
             continue
         plan = backend.precision_plan(name, kind, config.backend_options)

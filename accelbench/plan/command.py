@@ -350,7 +350,7 @@ def _targets(
                                            calibrate=args.calibrate,
                                            refresh_calibration=args.refresh_calibration, zero3=zero3,
                                            fresh_since=started, tensor_parallel=tensor_parallel,
-                                           fsdp=fsdp)  # fmt: skip
+                                           fsdp=fsdp, peak_of_its_precision_only=True)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:
