@@ -4,6 +4,8 @@ has no FP8 math, so it refuses FP8 up front; the conversion path itself trains f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -172,14 +174,17 @@ def test_strategies_and_engines_that_would_not_convert_are_refused(
     check_fp8_run(tiny_config(precision="bf16-mixed", **values))  # nothing to refuse without FP8
 
 
-@pytest.mark.slow  # a fresh interpreter: ~5 s on a shared host
-def test_a_cpu_run_with_fp8_is_refused_before_anything_runs(tmp_path: object) -> None:
-    from core_support import TINY, accelbench
+def test_a_cpu_run_with_fp8_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from core_support import TINY, accelbench_here
 
-    proc = accelbench("run", *TINY, "--precision", "fp8-tensorwise", "--output-dir", str(tmp_path))
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "FP8 training needs an NVIDIA GPU with compute capability >= 8.9" in proc.stderr
-    assert not list(tmp_path.glob("*.json"))  # type: ignore[attr-defined]
+    code, stderr = accelbench_here(
+        capsys, "run", *TINY, "--precision", "fp8-tensorwise", "--output-dir", str(tmp_path)
+    )
+    assert code == 2, stderr[-2000:]
+    assert "FP8 training needs an NVIDIA GPU with compute capability >= 8.9" in stderr
+    assert not list(tmp_path.glob("*.json"))
 
 
 @pytest.mark.skipif(
