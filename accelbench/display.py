@@ -80,6 +80,11 @@ class RunClock:
         self.done = self.steps
 
 
+def stamped(text: str) -> str:
+    """A progress line as a log keeps it: ``[accelbench HH:MM:SS] TEXT``."""
+    return f"[accelbench {datetime.now().strftime('%H:%M:%S')}] {text}"
+
+
 class LiveProgress:
     """Epoch / step / rate / the run's ETA on a terminal. The per-step cost is one counter increment and one clock
     read."""
@@ -127,9 +132,7 @@ class LiveProgress:
         self._progress.stop()
 
     def note(self, text: str) -> None:
-        self._progress.console.print(
-            f"[accelbench {datetime.now().strftime('%H:%M:%S')}] {text}", markup=False, highlight=False
-        )
+        self._progress.console.print(stamped(text), markup=False, highlight=False)
 
 
 class LogProgress:
@@ -143,7 +146,7 @@ class LogProgress:
         self._next = 0.0
 
     def _line(self, text: str) -> None:
-        self._stream.write(f"[accelbench {datetime.now().strftime('%H:%M:%S')}] {text}\n")
+        self._stream.write(stamped(text) + "\n")
         self._stream.flush()
 
     def start_epoch(self, epoch: int, epochs: int, steps: int, samples_per_step: int) -> None:

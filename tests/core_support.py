@@ -97,17 +97,25 @@ def run_here(*args: str, env: dict[str, str] | None = None) -> int:
 
     from accelbench.cli import main
 
-    threads, saved = torch.get_num_threads(), {name: os.environ.get(name) for name in env or {}}
-    os.environ.update(env or {})
-    try:
-        return main(["run", *args])
-    finally:
-        torch.set_num_threads(threads)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        try:
+            return main(["run", *args])
+        finally:
+            torch.set_num_threads(threads)
+
+
+def run_ok(*args: str, env: dict[str, str], timeout: float = 300) -> None:
+    """``accelbench run ARGS`` (``env``'s variables set for it), which must succeed: a run of one process in this
+    process (:func:`run_here`), a job of several (``--devices``) through its launcher in a fresh interpreter, as a
+    user starts it (:func:`accelbench`)."""
+    if "--devices" not in args:
+        assert run_here(*args, env=env) == 0, f"accelbench run {' '.join(args)}"
+        return
+    proc = accelbench("run", *args, env={**os.environ, **env}, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 class RealRuns:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import accelbench, accelbench_here, run_here
+from core_support import accelbench, accelbench_here, run_ok
 
 from accelbench.config import RunConfig
 from accelbench.errors import ConfigError
@@ -49,14 +49,8 @@ def run(corpus_dir: Path, out: Path, *args: str) -> ResultRecord:
     tiny = ["--workload", "llama", "--model", "llama-tiny", "--seq-len", "32", "--vocab-size", str(VOCAB),
             "--batch-size", "8", "--epochs", "2", "--steps-per-epoch", "2", "--data", str(corpus_dir / "text.txt"),
             "-q", "--no-calibration"]  # fmt: skip
-    cache = {"ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
-    if "--devices" in args:  # a job of several processes: its launcher as a user starts it
-        proc = accelbench(
-            "run", *tiny, *args, "--output-dir", str(out), env={**os.environ, **cache}, timeout=400
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    else:
-        assert run_here(*tiny, *args, "--output-dir", str(out), env=cache) == 0
+    run_ok(*tiny, *args, "--output-dir", str(out), env={"ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")},
+           timeout=400)  # fmt: skip
     files = sorted(out.glob("*.json"))
     assert len(files) == 1, files
     record = read_record(files[0])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_support import accelbench, accelbench_here, epoch_on_the_global_batch, run_here
+from core_support import accelbench, accelbench_here, epoch_on_the_global_batch, run_ok
 
 from accelbench.config import RunConfig
 from accelbench.engine.parallel.mesh import check_model_split
@@ -55,20 +55,18 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def cache_of(corpus_dir: Path) -> dict[str, str]:
+    """The module's cache (its tokenizer), as the variable a run reads."""
+    return {"ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
+
+
 def env_of(corpus_dir: Path) -> dict[str, str]:
-    return {**os.environ, "ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
+    return {**os.environ, **cache_of(corpus_dir)}
 
 
 def run(corpus_dir: Path, out: Path, *args: str) -> ResultRecord:
     data = ["--data", str(corpus_dir / "text.txt")]
-    if "--devices" in args:  # a job of several processes: its launcher as a user starts it
-        proc = accelbench(
-            "run", *TINY, *data, *args, "--output-dir", str(out), env=env_of(corpus_dir), timeout=500
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    else:
-        cache = {"ACCELBENCH_CACHE_DIR": str(corpus_dir / "cache")}
-        assert run_here(*TINY, *data, *args, "--output-dir", str(out), env=cache) == 0
+    run_ok(*TINY, *data, *args, "--output-dir", str(out), env=cache_of(corpus_dir), timeout=500)
     files = sorted(out.glob("*.json"))
     assert len(files) == 1, files
     record = read_record(files[0])

@@ -534,7 +534,7 @@ def test_a_loss_that_is_not_finite_ends_the_run_as_diverged_naming_the_step(
     assert cell["outcomes"] == {"diverged": 1} and cell["epoch_s"] is None
 
 
-@pytest.mark.slow  # four runs and two calibrations
+@pytest.mark.slow  # six runs, four of them calibrating
 def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -583,6 +583,12 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     busy["matmul"] = [{**p, "best_flops_per_s": p["best_flops_per_s"] / 4} for p in again["matmul"]]
     busy["stream"] = [{**p, "best_bytes_per_s": p["best_bytes_per_s"] / 4} for p in again["stream"]]
     (cache / CACHE_FILE).write_text(json.dumps({key: busy}))
-    assert main([*argv, "-q", "--output-dir", str(tmp_path / "fourth")]) == 0
-    assert capsys.readouterr().err == ""  # --quiet: measured again without a word
+    assert main([*argv, "--output-dir", str(tmp_path / "fourth")]) == 0
+    err = capsys.readouterr().err
+    assert "this device runs +" in err and "against its cached calibration" in err
+    assert json.loads((cache / CACHE_FILE).read_text())[key]["matmul"] != busy["matmul"]
+    # --quiet: the busy calibration found out and measured again as well, without a word
+    (cache / CACHE_FILE).write_text(json.dumps({key: busy}))
+    assert main([*argv, "-q", "--output-dir", str(tmp_path / "fifth")]) == 0
+    assert capsys.readouterr().err == ""
     assert json.loads((cache / CACHE_FILE).read_text())[key]["matmul"] != busy["matmul"]
