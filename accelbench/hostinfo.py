@@ -35,16 +35,37 @@ class CpuUsage:
 
     ``cpu_s``: seconds its threads ran on a core (all threads, live or ended); ``wait_s``: seconds its live threads
     were ready to run but waited for a core (the kernel's per-thread schedstat run delay; None where there is none);
-    ``load_1m``: the host's 1-minute load average. Waiting is what a shared, busy node costs a run.
+    ``load_1m``: the host's 1-minute load average; ``steal_ticks`` and ``ticks``: of the clock ticks the cores it
+    may run on counted (Linux's /proc/stat, summed over its affinity), those the hypervisor gave to other guests
+    (a virtual machine's steal time; 0 on bare metal; None without /proc/stat). Waiting is what a shared, busy node
+    costs a run; steal is what a busy host under a virtual machine costs it, unseen by the guest's own scheduler.
     """
 
     cpu_s: float
     wait_s: float | None
     load_1m: float | None
+    steal_ticks: int | None = None
+    ticks: int | None = None
+
+    def waiting_since(self, before: CpuUsage) -> float | None:
+        """Of the time the threads were ready to run since ``before``, the fraction they waited for a core."""
+        if before.wait_s is None or self.wait_s is None:
+            return None
+        ran, waited = self.cpu_s - before.cpu_s, max(0.0, self.wait_s - before.wait_s)
+        return waited / (ran + waited) if ran + waited > 0 else 0.0
+
+    def steal_since(self, before: CpuUsage) -> float | None:
+        """Of the clock ticks of the usable cores since ``before``, the fraction the hypervisor stole."""
+        if None in (before.steal_ticks, before.ticks, self.steal_ticks, self.ticks):
+            return None
+        assert self.ticks is not None and before.ticks is not None
+        assert self.steal_ticks is not None and before.steal_ticks is not None
+        ticks = self.ticks - before.ticks
+        return max(0, self.steal_ticks - before.steal_ticks) / ticks if ticks > 0 else 0.0
 
 
-def cpu_usage(proc: Path = Path("/proc/self")) -> CpuUsage:
-    """This process's CPU reading now (a few hundred microseconds: one small file per thread)."""
+def cpu_usage(proc: Path = Path("/proc/self"), stat: Path = Path("/proc/stat")) -> CpuUsage:
+    """This process's CPU reading now (a few hundred microseconds: one small file per thread, and /proc/stat)."""
     times = os.times()
     wait_ns, read = 0, 0
     try:
@@ -60,7 +81,38 @@ def cpu_usage(proc: Path = Path("/proc/self")) -> CpuUsage:
         load: float | None = os.getloadavg()[0]
     except (OSError, AttributeError):
         load = None
-    return CpuUsage(times.user + times.system, wait_ns / 1e9 if read else None, load)
+    steal, ticks = core_ticks(stat)
+    return CpuUsage(times.user + times.system, wait_ns / 1e9 if read else None, load, steal, ticks)
+
+
+def core_ticks(stat: Path = Path("/proc/stat")) -> tuple[int | None, int | None]:
+    """Steal ticks and all ticks so far of the cores this process may run on, from /proc/stat's per-core lines
+    (user, nice, system, idle, iowait, irq, softirq, steal; guest time is inside user's); (None, None) where the
+    file is absent or holds no steal column (kernels before 2.6.11)."""
+    try:
+        cores = os.sched_getaffinity(0)
+    except AttributeError:
+        cores = None
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None, None
+    steal, ticks, seen = 0, 0, 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or not name[3:].isdigit():
+            continue
+        if cores is not None and int(name[3:]) not in cores:
+            continue
+        fields = rest.split()
+        if len(fields) < 8:
+            return None, None
+        try:
+            counts = [int(f) for f in fields[:8]]
+        except ValueError:
+            return None, None
+        steal, ticks, seen = steal + counts[7], ticks + sum(counts), seen + 1
+    return (steal, ticks) if seen else (None, None)
 
 
 def cpu_list(cpus: set[int] | list[int]) -> str:

@@ -94,6 +94,11 @@ class EpochMetrics(_Model):
     load_avg: float | None = Field(
         default=None, description="The 1-minute load average at the epoch's end (max over hosts)."
     )
+    steal: float | None = Field(
+        default=None,
+        description="Of the ranks' usable cores' time, the share a virtual machine's hypervisor gave to other guests "
+        "(Linux's /proc/stat steal; max over ranks; 0 on bare metal); None where unknown.",
+    )
 
 
 class HostContention(_Model):
@@ -104,12 +109,19 @@ class HostContention(_Model):
         "(median over the steady epochs, or over all epochs without steady ones); None where unknown."
     )
     load_avg: float | None = Field(description="Highest 1-minute load average seen at an epoch's end.")
-    cores: int = Field(description="Cores the run's processes may use (affinity), on rank 0's host.")
-    contended: bool = Field(description="True when the figures are suspect: waiting >= threshold.")
-    contended_epochs: list[int] = Field(
-        default_factory=list, description="Epochs whose own waiting fraction reached the threshold."
+    steal: float | None = Field(
+        default=None,
+        description="Of the run's cores' time, the share a virtual machine's hypervisor gave to other guests (median "
+        "over the epochs as for waiting); None where unknown.",
     )
-    threshold: float = Field(description="The waiting fraction from which a host counts as contended.")
+    cores: int = Field(description="Cores the run's processes may use (affinity), on rank 0's host.")
+    contended: bool = Field(description="True when the figures are suspect: waiting or steal >= threshold.")
+    contended_epochs: list[int] = Field(
+        default_factory=list, description="Epochs whose own waiting or steal fraction reached the threshold."
+    )
+    threshold: float = Field(
+        description="The waiting (or steal) fraction from which a host counts as contended."
+    )
     note: str = Field(description="The finding in words.")
 
 

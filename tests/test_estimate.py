@@ -293,6 +293,32 @@ def test_a_peak_measured_on_a_busy_host_is_measured_again_and_the_higher_rate_ke
     assert measure() == quiet  # a quiet measurement is trusted: no fourth timing (rates would run out)
 
 
+def test_a_peak_measured_while_the_hypervisor_stole_the_cores_is_a_lower_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A virtual machine's threads do not wait for a core the hypervisor gave away, they just run slower: 20% of
+    the cores' ticks stolen marks the measurement busy though no thread waited."""
+    from accelbench.contract import standard_plan
+    from accelbench.estimate import peak as peak_module
+    from accelbench.estimate.peak import MatmulRate
+
+    backend = get_host().backends["cpu"]
+    device = backend.setup_device(World(), {})
+    readings = iter([CpuUsage(0.0, 0.0, None, 100, 1000), CpuUsage(1.0, 0.0, None, 300, 2000)])
+    monkeypatch.setattr(peak_module, "cpu_usage", lambda: next(readings))
+    monkeypatch.setattr(peak_module, "time_matmul", lambda *a, **k: MatmulRate("float32", 256, 3, 1e11, 1e11))
+    monkeypatch.setattr(peak_module, "time_copy", lambda *a, **k: 1e10)
+    figures = peak_module.measured_peak(
+        backend, device, standard_plan("fp32", "ieee-fp32"), directory=tmp_path
+    )
+    assert (
+        figures is not None
+        and "threads waited 0% of their ready time, the hypervisor stole 20%" in figures.source
+    )
+    (entry,) = json.loads((tmp_path / peak_module.CACHE_FILE).read_text()).values()
+    assert entry["contended"] and entry["steal"] == pytest.approx(0.2)
+
+
 @pytest.mark.needs_plugin(
     "accelbench-cuda", "accelbench-rocm", why="H100 and the MI2xx devices come from their peak tables"
 )

@@ -48,7 +48,7 @@ def write_fleet(base: ResultRecord, folder: Path) -> Path:
     contended = node_record(raw, SLOW_CONTENDED, 1.15, 11)
     contended["system"]["os"] = "Linux 5.14.0-362-el9"
     contended["metrics"]["host"] = {
-        "waiting": 0.31, "load_avg": 9.0, "cores": 2, "contended": True, "contended_epochs": [1, 2],
+        "waiting": 0.31, "load_avg": 9.0, "steal": 0.18, "cores": 2, "contended": True, "contended_epochs": [1, 2],
         "threshold": 0.1, "note": "contended",
     }  # fmt: skip
     fast = node_record(raw, FAST, 0.7, 12)
@@ -75,7 +75,9 @@ def test_the_planted_nodes_and_only_they_are_flagged_with_their_differences(
     contended = {a: (mine, theirs) for a, mine, theirs in flagged[SLOW_CONTENDED].differences}
     assert set(contended) == {"os", "host contention"}
     assert contended["os"] == ("Linux 5.14.0-362-el9", ["Linux 6.1.0-18-amd64"])
-    assert contended["host contention"][0].startswith("contended (threads waited for a core 31%")
+    assert contended["host contention"][0] == (
+        "contended (threads waited for a core 31% of the time; the hypervisor stole 18% of the cores' time)"
+    )
     assert [a for a, _, _ in flagged[FAST].differences] == ["torch"]
 
 

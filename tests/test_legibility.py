@@ -17,6 +17,7 @@ from accelbench.compare import compare, load_records
 from accelbench.display import summary_table
 from accelbench.engine.metrics import AUTO_MAX_EPOCHS, EpochPlan, host_contention
 from accelbench.engine.runner import run
+from accelbench.hostinfo import CpuUsage, core_ticks, cpu_usage
 from accelbench.plugins import get_host
 from accelbench.results import EpochMetrics, read_record
 from accelbench.testing import tiny_config
@@ -66,6 +67,9 @@ def test_a_default_run_decides_its_epochs_and_records_how(tmp_path: Path) -> Non
     assert 5 <= len(m.epochs) <= AUTO_MAX_EPOCHS  # a warm-up and at least 4 steady epochs for the noise test
     assert m.steady.epochs == len(m.epochs) - 1 and m.epochs_decision.startswith("auto: ")
     assert [e.epoch for e in m.epochs] == list(range(1, len(m.epochs) + 1))
+    if Path("/proc/stat").exists():  # each epoch's steal is recorded, and the run's (0 on bare metal)
+        assert all(e.steal is not None and 0 <= e.steal < 1 for e in m.epochs)
+        assert m.host is not None and m.host.steal is not None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -73,10 +77,10 @@ def test_a_default_run_decides_its_epochs_and_records_how(tmp_path: Path) -> Non
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _epoch(n: int, cpu: float, wait: float | None) -> EpochMetrics:
+def _epoch(n: int, cpu: float, wait: float | None, steal: float | None = None) -> EpochMetrics:
     return EpochMetrics(
         epoch=n, wall_s=1.0, steps=1, samples=1, tokens=1, samples_per_s=1.0, tokens_per_s=1.0, loss=None,
-        peak_memory_bytes=None, cpu_s=cpu, cpu_wait_s=wait, load_avg=1.0,
+        peak_memory_bytes=None, cpu_s=cpu, cpu_wait_s=wait, load_avg=1.0, steal=steal,
     )  # fmt: skip
 
 
@@ -90,6 +94,62 @@ def test_host_contention_is_the_share_of_ready_time_spent_waiting_for_a_core() -
     assert busy is not None and busy.contended and busy.note.startswith("contended: ")
     unknown = host_contention([_epoch(1, 2.0, None), _epoch(2, 2.0, None)], cores=2)
     assert unknown is not None and unknown.waiting is None and not unknown.contended
+
+
+def test_steal_is_read_from_the_usable_cores_lines_of_proc_stat(tmp_path: Path) -> None:
+    """/proc/stat's per-core lines (user nice system idle iowait irq softirq steal guest guest_nice): the cores the
+    process may run on are summed, others and the all-cores line left out; a kernel without the steal column
+    gives no figure rather than a wrong one."""
+    import os
+
+    mine = sorted(os.sched_getaffinity(0))[:2]
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  900 0 900 900 0 0 0 900 0 0\n"  # the all-cores line: never read
+        + "".join(f"cpu{c} 10 1 5 80 2 0 1 {c + 1} 3 0\n" for c in mine)
+        + "cpu99999 1000 0 0 0 0 0 0 1000 0 0\n"  # a core outside the affinity
+        + "intr 12345 6 7\nctxt 999\n"
+    )
+    steal, ticks = core_ticks(stat)
+    assert steal == sum(c + 1 for c in mine) and ticks == sum(
+        99 + c + 1 for c in mine
+    )  # guest is inside user
+    short = tmp_path / "short"
+    short.write_text(f"cpu  1 2 3 4\ncpu{mine[0]} 1 2 3 4 5 6 7\n")
+    assert core_ticks(short) == (None, None) and core_ticks(tmp_path / "absent") == (None, None)
+    before = CpuUsage(1.0, 0.5, None, steal_ticks=100, ticks=1000)
+    after = CpuUsage(3.0, 1.0, None, steal_ticks=150, ticks=1500)
+    assert after.steal_since(before) == pytest.approx(0.1) and after.waiting_since(before) == pytest.approx(
+        0.2
+    )
+    assert (
+        after.steal_since(CpuUsage(1.0, None, None)) is None
+        and after.waiting_since(CpuUsage(1.0, None, None)) is None
+    )
+    here = cpu_usage()
+    if Path("/proc/stat").exists():  # Linux: the figure is there, on bare metal or in a virtual machine
+        assert here.steal_ticks is not None and here.ticks is not None and here.ticks > here.steal_ticks >= 0
+
+
+def test_a_virtual_machine_whose_hypervisor_stole_its_cores_is_contended() -> None:
+    """A guest's threads never wait in its own scheduler for a core the hypervisor gave to another guest: steal is
+    judged apart from waiting, and said in the note."""
+    stolen = host_contention(
+        [_epoch(1, 2.0, 0.0, 0.3), _epoch(2, 2.0, 0.01, 0.2), _epoch(3, 2.0, 0.0, 0.25)], cores=2
+    )
+    assert stolen is not None and stolen.contended and stolen.steal == pytest.approx(0.225)
+    assert stolen.note.startswith("contended: ") and "hypervisor gave 22% of the cores' time" in stolen.note
+    assert "other guests on its cores" in stolen.note
+    spike = host_contention([_epoch(1, 2.0, 0.0, 0.0), _epoch(2, 2.0, 0.0, 0.0), _epoch(3, 2.0, 0.0, 0.4),
+                             _epoch(4, 2.0, 0.0, 0.005)], cores=2)  # fmt: skip
+    assert spike is not None and not spike.contended and spike.contended_epochs == [3]
+    assert (
+        "epoch(s) 3 had up to 40% of the cores' time stolen" in spike.note
+        and "waited up to" not in spike.note
+    )
+    assert "hypervisor" not in spike.note  # a median steal of 0.5% is not worth saying
+    bare = host_contention([_epoch(1, 2.0, 0.0, 0.0), _epoch(2, 2.0, 0.0, 0.0)], cores=2)
+    assert bare is not None and bare.steal == 0.0 and not bare.contended and "steal" not in bare.note
 
 
 def test_a_run_beside_busy_processes_is_recorded_as_contended(tmp_path: Path) -> None:

@@ -144,6 +144,8 @@ class _Source(_View):
 class _Host(_View):
     contended: bool
     waiting: float | None = None
+    steal: float | None = None
+    threshold: float = 0.10
 
 
 class _Peak(_View):
@@ -476,7 +478,14 @@ def node_facts(view: RecordView) -> Environment:
         facts["NUMA nodes"] = str(len(view.system.numa_nodes))
     if metrics is not None and metrics.host is not None:
         waiting = metrics.host.waiting  # a quiet host's few percent vary by node: only contention is a fact
-        share = f" (threads waited for a core {waiting:.0%} of the time)" if waiting is not None else ""
+        steal = metrics.host.steal or 0.0
+        said = [f"threads waited for a core {waiting:.0%} of the time"] if waiting is not None else []
+        said += (
+            [f"the hypervisor stole {steal:.0%} of the cores' time"]
+            if steal >= metrics.host.threshold
+            else []
+        )
+        share = f" ({'; '.join(said)})" if said else ""
         facts["host contention"] = "contended" + share if metrics.host.contended else "quiet"
     return tuple(sorted(facts.items()))
 

@@ -38,9 +38,10 @@ if TYPE_CHECKING:
     from accelbench.contract import Backend, DeviceInfo, PrecisionPlan
 
 STRAGGLER_THRESHOLD = 1.10  # a rank whose steady epoch time exceeds the median rank's by 10%
-CONTENTION_THRESHOLD = (
-    0.10  # a run whose threads waited for a core 10% of their runnable time shared its host
-)
+# a run whose threads waited for a core 10% of their runnable time shared its host; one whose cores' time was 10%
+# stolen by its virtual machine's hypervisor shared the machine under it
+CONTENTION_THRESHOLD = 0.10
+STEAL_WORTH_SAYING = 0.01  # less steal than this is not said in the note (the record keeps it)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class RankLog:
     epoch_load: list[float | None] = field(
         default_factory=list
     )  # the host's 1-minute load at the epoch's end
+    # of its usable cores' time, the share a virtual machine's hypervisor gave to other guests (steal)
+    epoch_steal: list[float | None] = field(default_factory=list)
     executor_facts: dict[str, Any] = field(
         default_factory=dict
     )  # Executor.rank_facts(): e.g. a pipeline's idle time
@@ -161,6 +164,7 @@ def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> Ep
     cpu = [log.epoch_cpu_s[epoch] for log in logs if epoch < len(log.epoch_cpu_s)]
     waits = [log.epoch_cpu_wait_s[epoch] for log in logs if epoch < len(log.epoch_cpu_wait_s)]
     loads = [log.epoch_load[epoch] for log in logs if epoch < len(log.epoch_load)]
+    steals = [log.epoch_steal[epoch] for log in logs if epoch < len(log.epoch_steal)]
     return EpochMetrics(
         epoch=epoch + 1,
         wall_s=wall,
@@ -178,6 +182,7 @@ def epoch_metrics(epoch: int, logs: list[RankLog], tokens_per_sample: int) -> Ep
         cpu_s=sum(cpu) if len(cpu) == len(logs) else None,
         cpu_wait_s=sum(w for w in waits if w is not None) if waits and None not in waits else None,
         load_avg=max_known_float(loads),
+        steal=max_known_float(steals),
     )
 
 
@@ -461,7 +466,9 @@ def find_stragglers(logs: list[RankLog]) -> list[int]:
 
 def host_contention(epochs: list[EpochMetrics], cores: int) -> HostContention | None:
     """How busy the host was: of the time the run's threads were ready to run, the fraction they waited for a core,
-    over the steady epochs (all epochs without steady ones). Waiting is what a busy shared node costs a run."""
+    and of its cores' time, the fraction a virtual machine's hypervisor stole, over the steady epochs (all epochs
+    without steady ones). Waiting is what a busy shared node costs a run; steal what a busy host under its virtual
+    machine costs it, which the guest's scheduler never sees (its threads ran, on a core that was not there)."""
     if not epochs:
         return None
     measured = epochs[1:] or epochs
@@ -471,32 +478,61 @@ def host_contention(epochs: list[EpochMetrics], cores: int) -> HostContention | 
         for e in measured
         if e.cpu_s is not None and e.cpu_wait_s is not None
     }
+    stolen = {e.epoch: e.steal for e in measured if e.steal is not None}
     waiting = statistics.median(fraction.values()) if len(fraction) == len(measured) else None
-    spikes = sorted(epoch for epoch, f in fraction.items() if f >= CONTENTION_THRESHOLD)
+    steal = statistics.median(stolen.values()) if len(stolen) == len(measured) else None
+    spikes = sorted(
+        epoch
+        for epoch in {*fraction, *stolen}
+        if max(fraction.get(epoch, 0.0), stolen.get(epoch, 0.0)) >= CONTENTION_THRESHOLD
+    )
     load = max_known_float(e.load_avg for e in epochs)
-    contended = waiting is not None and waiting >= CONTENTION_THRESHOLD
+    stolen_much = steal is not None and steal >= CONTENTION_THRESHOLD
+    contended = (waiting is not None and waiting >= CONTENTION_THRESHOLD) or stolen_much
     load_text = (
         f"load average up to {load:.1f} on {cores} usable cores" if load is not None else f"{cores} cores"
     )
-    if waiting is None:
-        note = f"unknown how long the run waited for a core (no schedstat); {load_text}"
+    # steal is said where there is some: on bare metal, and on most virtual machines most of the time, it is 0
+    steal_text = (
+        f"; the hypervisor gave {steal:.0%} of the cores' time to other guests (steal)"
+        if steal is not None and steal >= STEAL_WORTH_SAYING
+        else ""
+    )
+    if waiting is None and not stolen_much:
+        note = f"unknown how long the run waited for a core (no schedstat); {load_text}{steal_text}"
     elif contended:
         note = (
-            f"contended: the run's threads waited for a core {waiting:.0%} of the time they were ready to run "
-            f"({load_text}); another job (or more processes than cores) shared the host, so these figures "
-            "understate it: rerun on an idle node"
+            "contended: "
+            + (
+                f"the run's threads waited for a core {waiting:.0%} of the time they were ready to run"
+                if waiting is not None
+                else "unknown how long the run's threads waited for a core (no schedstat)"
+            )
+            + f" ({load_text}){steal_text}; "
+            + (
+                "another job (or more processes than cores) shared the host"
+                if not stolen_much
+                else "the virtual machine's host ran other guests on its cores"
+            )
+            + ", so these figures understate it: rerun on an idle node"
         )
     else:
-        note = f"quiet: the run's threads waited for a core {waiting:.0%} of the time ({load_text})"
+        note = (
+            f"quiet: the run's threads waited for a core {waiting:.0%} of the time ({load_text}){steal_text}"
+        )
         if spikes:
-            worst = max(fraction[e] for e in spikes)
+            waited = max(fraction.get(e, 0.0) for e in spikes)
+            lost = max(stolen.get(e, 0.0) for e in spikes)
+            how = [f"waited up to {waited:.0%}"] if waited >= CONTENTION_THRESHOLD else []
+            how += [f"had up to {lost:.0%} of the cores' time stolen"] if lost >= CONTENTION_THRESHOLD else []
             note += (
-                f"; but epoch(s) {', '.join(map(str, spikes))} waited up to {worst:.0%} (something else ran "
-                "meanwhile): the median discounts them"
+                f"; but epoch(s) {', '.join(map(str, spikes))} {' and '.join(how)} (something else ran meanwhile): "
+                "the median discounts them"
             )
     return HostContention(
         waiting=waiting,
         load_avg=load,
+        steal=steal,
         cores=cores,
         contended=contended,
         contended_epochs=spikes,

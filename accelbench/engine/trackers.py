@@ -72,7 +72,8 @@ class BackendReadings:
 
 class HostLoad:
     """This process's CPU seconds over the epoch, its threads' time waiting for a core (Linux's schedstat; None
-    elsewhere) and the host's 1-minute load at the epoch's end."""
+    elsewhere), the share of its cores' time a virtual machine's hypervisor stole (/proc/stat; 0 on bare metal)
+    and the host's 1-minute load at the epoch's end."""
 
     def __init__(self) -> None:
         self._before: CpuUsage | None = None
@@ -90,6 +91,7 @@ class HostLoad:
             else None
         )
         log.epoch_load.append(after.load_1m)
+        log.epoch_steal.append(after.steal_since(before))
 
 
 def epoch_trackers(

@@ -32,7 +32,7 @@ out of the timed matmuls and streams (that of a 1x1 matmul, of a one-element ``a
 :mod:`accelbench.estimate.step_time` counts it once per operator, as the dispatch cost.
 Results are cached in ``calibration.json`` beside the measured peak (:func:`accelbench.estimate.peak.cache_dir`),
 written atomically; ``refresh`` measures again. A measurement during which the process's threads waited for a
-core is kept but marked contended and measured again on the next call, as the measured peak is. A cached
+core (or a virtual machine's hypervisor stole the cores' time) is kept but marked contended and measured again on the next call, as the measured peak is. A cached
 calibration more than an hour old is spot-checked against the device as it runs now (:func:`calibration_drift`: two
 of its points timed again) before a run's prediction; the run measures it again where the device has moved by more
 than :data:`DRIFT_TOLERANCE`. torch is imported inside the functions.
@@ -225,6 +225,8 @@ class Calibration(_Model):
     seconds: float
     contended: bool = False
     waiting: float | None = None
+    # of the usable cores' time, the fraction a virtual machine's hypervisor gave to other guests meanwhile
+    steal: float | None = None
     notes: list[str] = []
     # DeepSpeed ZeRO-3's engine cost on this host, attached where a ZeRO-3 step is priced (cached apart, in
     # accelbench.estimate.engine_cost; never stored with the calibration)
@@ -429,10 +431,7 @@ def calibrate(
         if (phase := _time_optimizer_phase(device, synchronize, memory, kernels)) is not None
     }
     after = cpu_usage()
-    waiting = None
-    if before.wait_s is not None and after.wait_s is not None:
-        ran, waited = after.cpu_s - before.cpu_s, max(0.0, after.wait_s - before.wait_s)
-        waiting = waited / (ran + waited) if ran + waited > 0 else 0.0
+    waiting, steal = after.waiting_since(before), after.steal_since(before)
     calibration = Calibration(
         key=key,
         device_type=device.type,
@@ -449,8 +448,9 @@ def calibrate(
         optimizer_phase=optimizer_phase,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=time.perf_counter() - started,
-        contended=waiting is not None and waiting >= CONTENDED_WAITING,
+        contended=any(f is not None and f >= CONTENDED_WAITING for f in (waiting, steal)),
         waiting=waiting,
+        steal=steal,
     )
     if calibration.contended and earlier is not None and not refresh:
         calibration = _faster(calibration, earlier)

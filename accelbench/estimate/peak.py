@@ -8,7 +8,8 @@ device binding and synchronisation, and returns :class:`~accelbench.devices.Peak
 Results are cached per host, backend, device, torch version, dtype, fp32 math mode and (on a CPU) thread count, in
 ``measured-peak.json`` under ``$ACCELBENCH_CACHE_DIR`` (default ``~/.cache/accelbench``), written atomically, so a
 second call costs nothing. A busy host can only lower a matmul rate, so a measurement during which the process's
-threads waited for a core (10% or more of their ready time, as a run's host contention is judged) is kept but not
+threads waited for a core (10% or more of their ready time, as a run's host contention is judged), or during which
+a virtual machine's hypervisor stole 10% of the cores' time, is kept but not
 trusted: the next call measures again and keeps the higher rate, until one measures on a quiet host. torch is
 imported inside the functions.
 """
@@ -43,7 +44,8 @@ MIN_SIZE = 256
 MAX_SIZE = {"cpu": 4096}  # elsewhere DEFAULT_MAX_SIZE
 DEFAULT_MAX_SIZE = 16384
 COPY_BYTES = 256 * 2**20  # the memory-bandwidth copy: far larger than any cache
-# waited for a core this share of the time its threads were ready to run: the host was busy (as for a run's epochs)
+# waited for a core this share of the time its threads were ready to run, or had this share of the cores' time
+# stolen by a virtual machine's hypervisor: the host was busy (as for a run's epochs)
 CONTENDED_WAITING = 0.10
 
 
@@ -198,11 +200,8 @@ def measured_peak(
     except (RuntimeError, TypeError, NotImplementedError):  # the device has no matmul in this dtype
         return None
     after = cpu_usage()
-    waiting = None
-    if before.wait_s is not None and after.wait_s is not None:
-        ran, waited = after.cpu_s - before.cpu_s, max(0.0, after.wait_s - before.wait_s)
-        waiting = waited / (ran + waited) if ran + waited > 0 else 0.0
-    contended = waiting is not None and waiting >= CONTENDED_WAITING
+    waiting, steal = after.waiting_since(before), after.steal_since(before)
+    contended = any(f is not None and f >= CONTENDED_WAITING for f in (waiting, steal))
     if contended and cached is not None and not refresh and cached["flops_per_s"] >= rate.best_flops_per_s:
         return _figures(cached)  # busy again, and slower than before: the earlier (higher) rate stands
     entry = {
@@ -216,6 +215,7 @@ def measured_peak(
         "key": key,
         "contended": contended,
         "waiting": waiting,
+        "steal": steal,
     }
     entries = read_cache(folder / CACHE_FILE)
     entries[key] = entry
@@ -226,8 +226,9 @@ def measured_peak(
 def _figures(entry: dict[str, Any]) -> PeakFigures:
     n, dtype = entry["size"], entry["dtype"]
     busy = (
-        f"; the host was busy meanwhile (threads waited {entry.get('waiting') or 0:.0%} of their ready time): a "
-        "lower bound, measured again next time"
+        f"; the host was busy meanwhile (threads waited {entry.get('waiting') or 0:.0%} of their ready time"
+        + (f", the hypervisor stole {entry['steal']:.0%} of the cores' time" if entry.get("steal") else "")
+        + "): a lower bound, measured again next time"
         if entry.get("contended")
         else ""
     )

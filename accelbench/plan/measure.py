@@ -147,7 +147,7 @@ def show_comparison(comparison: Comparison, out: Console) -> None:
     busy = sum(r.contended for r in comparison.runs)
     if busy:
         out.print(f"[yellow]{busy} of {len(comparison.runs)} run(s) found the host contended (their threads waited "
-                  "for a core; 'waited'): their measured figures, and the ranks and correlation below, say little; "
+                  "for a core, 'waited', or the hypervisor stole the cores' time): their measured figures, and the ranks and correlation below, say little; "
                   "measure again on an idle host (the same command with a new --out)[/]", highlight=False,
                   soft_wrap=True)  # fmt: skip
     rho = (
