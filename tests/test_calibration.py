@@ -1053,6 +1053,40 @@ def test_a_meshs_fsdp_axis_prices_fsdps_hooks_over_the_units_a_rank_holds() -> N
     assert steps["ddp=2,pp=2"].engine_s is None and steps["tp=2,pp=2"].engine_s is None
 
 
+def test_more_worker_threads_than_usable_cores_stretch_each_ranks_cpu_work_and_say_so() -> None:
+    """4 worker processes at the calibration's 1 thread each on 2 usable cores: each rank's compute, optimizer and
+    engine work take twice their calibrated time (each thread half a core), and the assumptions say why; on 4 cores,
+    or with 2 processes on 2 cores, or a calibration that never recorded its cores, nothing is stretched."""
+    bus, calibration = _fsdp_hooks_of_a_test_host()
+    host = get_host()
+
+    def on(cores: int | None, devices: int, mesh: str) -> Any:
+        config, ops = traced("gpt-nano", batch_size=4, mesh=mesh, devices=devices)
+        facts = meta_facts(host.workload("gpt"), config)
+        return predict(config, facts, device_type="cpu", operators=ops, bandwidth=bus,
+                       calibration=calibration.model_copy(update={"cores": cores}))  # fmt: skip
+
+    shared, own, unknown = (on(cores, 4, "fsdp=2,tp=2") for cores in (2, 4, None))
+    for name in ("compute_s", "optimizer_s", "engine_s", "dispatch_s"):
+        assert getattr(shared, name) == pytest.approx(2 * getattr(own, name)), name
+        assert getattr(unknown, name) == pytest.approx(getattr(own, name)), name
+    assert shared.comm_exposed_s is not None and own.comm_exposed_s is not None
+    assert (
+        shared.step_time_s
+        and own.step_time_s
+        and shared.step_time_s > 1.9 * own.step_time_s - own.comm_exposed_s
+    )
+    stretched = "4 worker processes x 1 thread(s) on 2 usable core(s)"
+    assert any(stretched in a and "2x their calibrated time" in a for a in shared.assumptions), (
+        shared.assumptions
+    )
+    assert not any("usable core(s)" in a for a in own.assumptions + unknown.assumptions)
+    pair, alone = on(2, 2, "fsdp=2"), on(None, 2, "fsdp=2")
+    assert pair.compute_s == pytest.approx(alone.compute_s) and not any(
+        "usable core(s)" in a for a in pair.assumptions
+    )
+
+
 @pytest.mark.slow
 def test_fsdps_hooks_are_measured_on_one_rank_of_their_own_cached_and_priced_by_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

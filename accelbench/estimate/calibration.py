@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from accelbench.estimate.engine_cost import DTensorDispatch, FsdpHooks, Zero3Hooks
 from accelbench.estimate.peak import CONTENDED_WAITING, cache_dir, device_key, measured_since
-from accelbench.hostinfo import cpu_usage
+from accelbench.hostinfo import cpu_usage, usable_cores
 from accelbench.results import _write_atomically
 
 if TYPE_CHECKING:
@@ -206,6 +206,9 @@ class Calibration(_Model):
     device_type: str
     dtype: str
     threads: int | None
+    # the cores this process could run on when measured (a CPU's; None on accelerators and in older calibrations):
+    # worker processes x threads beyond them share them (accelbench.estimate.step_time.oversubscription)
+    cores: int | None = None
     matmul: list[MatmulPoint]
     stream: list[StreamPoint]
     elementwise: dict[str, float] = {}  # elements/s by kind (ELEMENTWISE_KINDS), dispatch taken out
@@ -378,6 +381,10 @@ def calibrate(
             cached = Calibration.model_validate(entries[key])
             if cached.version != CALIBRATION_VERSION:
                 raise ValueError(f"version {cached.version}, this accelbench writes {CALIBRATION_VERSION}")
+            if (
+                cached.device_type == "cpu" and cached.cores is None
+            ):  # from before it was recorded: this host's
+                cached = cached.model_copy(update={"cores": usable_cores()})
             if cached_only or fresh or not cached.contended:
                 return cached
             earlier = cached
@@ -437,6 +444,7 @@ def calibrate(
         device_type=device.type,
         dtype=dtype,
         threads=torch.get_num_threads() if device.type == "cpu" else None,
+        cores=usable_cores() if device.type == "cpu" else None,
         matmul=matmul,
         stream=stream,
         elementwise=elementwise,

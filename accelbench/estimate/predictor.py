@@ -54,6 +54,7 @@ from accelbench.estimate.step_time import (
     exposed_comm,
     in_step_comm,
     optimizer_time,
+    oversubscription,
     time_comm,
 )
 from accelbench.estimate.strategies import (
@@ -170,6 +171,9 @@ def predict_step(
     fits = _fits(total, hardware, notes)
     comm = time_comm(comm, hardware, notes)
     phases = calibrated_times(operators, calibration, layout, notes) if calibration and operators else None
+    stretch = oversubscription(hardware, calibration, notes) if phases is not None else 1.0
+    if phases is not None and stretch != 1.0:
+        phases = phases.stretched(stretch)
     if phases is not None:
         compute_s: float | None = (phases.forward_s + phases.backward_s) / (1.0 - bubble if bubble else 1.0)
         optimizer_s: float | None = phases.optimizer_s
@@ -184,6 +188,8 @@ def predict_step(
     comm_s = None if any(op.time_s is None for op in comm) else sum(op.time_s or 0.0 for op in comm)
     overlap_text, exposed = exposed_comm(comm, comm_s, compute_s, overlap, hardware, notes)
     engine_s = engine_time(facts, layout, hardware, calibration, notes) if phases is not None else None
+    if engine_s is not None:
+        engine_s *= stretch
     step = None
     if compute_s is not None and exposed is not None:
         step = compute_s + (optimizer_s or 0.0) + exposed + (engine_s or 0.0)

@@ -8,7 +8,7 @@ time at the rates measured on this device, plus its dispatch cost, by phase."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from accelbench.estimate.calibration import MATMUL_SIZES, Calibration
@@ -104,6 +104,30 @@ def in_step_comm(
             "the slower rank included"
         )
     return timed
+
+
+def oversubscription(hardware: Hardware, calibration: Calibration | None, notes: Notes) -> float:
+    """How many times longer a rank's work on the CPU takes when a CPU node's worker processes, at the
+    calibration's threads each, ask for more threads than the cores the calibration found usable: busy threads
+    over cores (each thread gets that share of one), else 1. The calibration measured one process with those cores
+    to itself; the runner warns of such a run, and its record says the host was contended."""
+    if (
+        hardware.device_type != "cpu"
+        or calibration is None
+        or not calibration.threads
+        or not calibration.cores
+    ):
+        return 1.0
+    busy = hardware.devices_per_node * calibration.threads
+    if busy <= calibration.cores:
+        return 1.0
+    factor = busy / calibration.cores
+    notes.assume(
+        f"{hardware.devices_per_node} worker processes x {calibration.threads} thread(s) on {calibration.cores} "
+        f"usable core(s): each rank's compute, optimizer and engine work take {factor:.3g}x their calibrated "
+        "time (each thread a share of a core)"
+    )
+    return factor
 
 
 def engine_time(
@@ -300,6 +324,17 @@ class CalibratedTimes:
     dispatch_s: float
     operators: int
     description: str
+
+    def stretched(self, factor: float) -> CalibratedTimes:
+        """The same phases ``factor`` times longer (:func:`oversubscription`)."""
+        return replace(
+            self,
+            forward_s=self.forward_s * factor,
+            backward_s=self.backward_s * factor,
+            optimizer_s=self.optimizer_s * factor,
+            dispatch_s=self.dispatch_s * factor,
+            description=f"{self.description}; x {factor:.3g} for threads beyond the cores",
+        )
 
 
 def calibrated_times(
