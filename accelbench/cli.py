@@ -118,6 +118,14 @@ def build_parser(
             help="choose a configuration: candidates ranked by predicted throughput, optionally measured",
         )
     )
+    from accelbench.commands.calibrate import add_calibrate_arguments
+
+    add_calibrate_arguments(
+        sub.add_parser(
+            "calibrate",
+            help="measure this device's rates (what predictions are priced with); --export a device profile",
+        )
+    )
     from accelbench.comm.options import add_comm_arguments
 
     add_comm_arguments(
@@ -364,6 +372,7 @@ COMMANDS = {
     "comm": ("accelbench.comm.command", "comm_command"),
     "plan": ("accelbench.plan.command", "plan_command"),
     "fleet": ("accelbench.commands.fleet", "fleet_command"),
+    "calibrate": ("accelbench.commands.calibrate", "calibrate_command"),
 }
 
 

@@ -231,7 +231,12 @@ def prediction_text(check: PredictionCheck) -> str:
             fmt_bytes,
         ),
     ]
-    text = "; ".join(parts) + " (accelbench estimate's model)"
+    text = (
+        "; ".join(parts)
+        + " (accelbench estimate's model"
+        + (f"; {check.error_band}" if check.error_band else "")
+        + ")"
+    )
     return text + (f"; {escape(check.note)}" if check.note else "")
 
 

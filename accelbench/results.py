@@ -206,6 +206,14 @@ class RunPrediction(_Model):
     )
     overlap: str | None = None
     bandwidth_source: str | None = None
+    rates_source: str | None = Field(
+        default=None,
+        description="Where the step's rates came from: 'measured here' (this device's calibration) or 'efficiency' "
+        "(FLOPs at a fraction of the peak); None in older records.",
+    )
+    error_band: str | None = Field(
+        default=None, description="The step-time error measured for predictions from that source, in words."
+    )
     note: str | None = Field(default=None, description="What the prediction lacks, or why there is none.")
 
     @classmethod
@@ -254,6 +262,8 @@ class RunPrediction(_Model):
             time_model=p.time_model,
             overlap=p.overlap,
             bandwidth_source=bandwidth_source,
+            rates_source=p.rates_source,
+            error_band=p.error_band,
             note="; ".join(missing) or None,
         )
 
@@ -569,6 +579,7 @@ class PredictionCheck(BaseModel):
     memory_basis: Literal["tensors", "reading"] = (
         "reading"  # what the peak pair compares (see check_prediction)
     )
+    error_band: str | None = None  # the step's band for its rates' source, in words
 
 
 def check_prediction(record: ResultRecord) -> PredictionCheck | None:
@@ -602,6 +613,7 @@ def check_prediction(record: ResultRecord) -> PredictionCheck | None:
         memory_error=error(predicted_peak, measured_peak),
         note=p.note,
         memory_basis=basis,
+        error_band=p.error_band if p.step_time_s is not None else None,
     )
 
 

@@ -143,6 +143,13 @@ class Backend:
         system that is not here. Stock: none."""
         return []
 
+    def device_profiles(self) -> list[str]:
+        """Device profiles this plugin ships as data: each the JSON text of a profile measured on one of its devices
+        (``accelbench calibrate --export FILE`` on that device, with its provenance), which ``accelbench estimate
+        --device NAME`` prices a step with in place of one derived from the datasheet. Read them with
+        ``importlib.resources`` from the plugin's own package. Stock: none."""
+        return []
+
     # ---------------------------------------------------------------------------------------------------------
     # Device setup (in every worker process, before anything touches the device)
     # ---------------------------------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ class CalibratedRun:
     backend: Backend
     device: torch.device
     note: Callable[[str], None]  # says what is measured for the prediction (the run's progress display)
+    # why nothing may be measured for the prediction (the run was interrupted, or ended otherwise than ok), or None
+    no_measuring: str | None = None
 
 
 def cached_calibration(
@@ -64,12 +66,11 @@ def cached_calibration(
     device fed from the host, whose timings say nothing of it, or a step that could not be traced, with the
     error)."""
     from accelbench.estimate.calibration import (
-        _first_line,
         calibrate,
         drift_beyond_tolerance,
         needs_spot_check,
     )
-    from accelbench.estimate.operators import has_tensor_parallelism, step_operators
+    from accelbench.estimate.operators import UntraceableStep, has_tensor_parallelism, operators_for
     from accelbench.estimate.peak import cache_dir, matmul_dtype
 
     if run.device.type != run.backend.info.device_type:
@@ -91,13 +92,16 @@ def cached_calibration(
         )
 
     calibration = calibration_of_device(cached_only=True)
-    # spot-checked where over an hour old, or measured on a busy host (its rates may be many times too low: a run
-    # on the quiet host measures it again; on a still busy one the check finds it near and it is used as it is)
-    if (
-        calibration is not None
-        and not config.no_calibration
-        and (calibration.contended or needs_spot_check(calibration))
-    ):
+    if calibration is not None and calibration.contended:  # an older accelbench cached one: a lower bound
+        calibration = None
+    if run.no_measuring is not None:  # nothing is measured after an interrupt: the cache, or no calibration
+        if calibration is None:
+            return (
+                f"no calibration of this device for {dtype} is cached, and nothing is measured after "
+                f"{run.no_measuring}"
+            )
+    # spot-checked where over an hour old (a shared host's speed moves over the hour)
+    elif calibration is not None and not config.no_calibration and needs_spot_check(calibration):
         drift = drift_beyond_tolerance(calibration, run.device, run.backend.synchronize)
         if drift is not None:
             run.note(
@@ -120,7 +124,9 @@ def cached_calibration(
         from accelbench.estimate.engine_cost import with_zero3_hooks
 
         calibration = with_zero3_hooks(
-            calibration, torch.get_num_threads(), cached_only=config.no_calibration
+            calibration,
+            torch.get_num_threads(),
+            cached_only=config.no_calibration or run.no_measuring is not None,
         )
     kernels = run.backend.optimizer_implementation(run.device)
     if (
@@ -131,7 +137,10 @@ def cached_calibration(
         from accelbench.estimate.engine_cost import with_fsdp_hooks
 
         calibration = with_fsdp_hooks(
-            calibration, torch.get_num_threads(), kernels, cached_only=config.no_calibration
+            calibration,
+            torch.get_num_threads(),
+            kernels,
+            cached_only=config.no_calibration or run.no_measuring is not None,
         )
     if has_tensor_parallelism(config):
         import torch
@@ -139,25 +148,39 @@ def cached_calibration(
         from accelbench.estimate.engine_cost import with_dtensor_dispatch
 
         calibration = with_dtensor_dispatch(
-            calibration, torch.get_num_threads(), cached_only=config.no_calibration
+            calibration,
+            torch.get_num_threads(),
+            cached_only=config.no_calibration or run.no_measuring is not None,
         )
     try:
-        return calibration, step_operators(run.workload, config, run.plan, run.device.type, kernels)
-    except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot trace on this device
-        failure = f"{type(exc).__name__}: {_first_line(exc)}"
-    if run.device.type == "cpu":
-        return f"the step could not be traced ({failure})"
-    # An operator with no fake-tensor kernel for this device (a fused kernel the CPU lacks) stops the trace; the
-    # same step traced on the CPU has the same matmuls and elementwise passes, priced at this device's rates
-    try:
-        operators = step_operators(run.workload, config, run.plan, "cpu", kernels)
-    except Exception as exc:  # noqa: BLE001 - not traceable at all: the efficiency model predicts instead
-        return (
-            f"the step could not be traced on the {run.device.type} ({failure}) nor on the CPU "
-            f"({type(exc).__name__}: {_first_line(exc)})"
-        )
-    return calibration, operators.on_device(
-        run.device.type, f"traced on the CPU, as the {run.device.type} trace failed ({failure})"
+        return calibration, operators_for(run.workload, config, run.plan, run.device.type, kernels)
+    except UntraceableStep as exc:  # the efficiency model predicts instead, saying why
+        return str(exc)
+
+
+# A calibration whose largest product runs this many times slower than the peak the same run measured (or its
+# vendor's table gives) was not measured on the device as it runs (a host busy 10^4-fold: 0.002 GFLOP/s against 30)
+INCONSISTENT_WITH_PEAK = 100.0
+
+
+def consistent_with_peak(
+    found: tuple[Calibration, StepOperators], peak: PeakFigures | None
+) -> tuple[Calibration, StepOperators] | str:
+    """``found``, or why its calibration cannot price this run: its largest product's rate is
+    :data:`INCONSISTENT_WITH_PEAK` times below the run's peak for that dtype."""
+    from accelbench.estimate.calibration import MATMUL_SIZES
+
+    calibration, _ = found
+    if peak is None or not peak.flops_per_s:
+        return found
+    largest = MATMUL_SIZES[-1]
+    rate = calibration.matmul_rate(largest, largest, largest)
+    if rate * INCONSISTENT_WITH_PEAK >= peak.flops_per_s:
+        return found
+    return (
+        f"the calibration's {calibration.dtype} products ({rate / 1e9:.3g} GFLOP/s at {largest}^3) run over "
+        f"{INCONSISTENT_WITH_PEAK:g}x below this run's peak ({peak.flops_per_s / 1e9:.3g} GFLOP/s, {peak.source}): "
+        "not a measurement of this device as it runs; nothing is priced with it"
     )
 
 
@@ -189,10 +212,13 @@ def predict_run(
     if facts is None:
         return RunPrediction.absent("the model was never built")
     from accelbench.estimate.predictor import predict
+    from accelbench.estimate.profile import EFFICIENCY_SOURCE, Source, error_band
 
     try:
         bandwidth = load_comm_records(config)
         found = cached_calibration(config, calibrated, device) if calibrated is not None else None
+        if isinstance(found, tuple):
+            found = consistent_with_peak(found, peak)
         calibration, operators = found if isinstance(found, tuple) else (None, None)
         p = predict(
             config,
@@ -208,7 +234,12 @@ def predict_run(
     except (AccelbenchError, ValueError, ZeroDivisionError) as exc:
         return RunPrediction.absent(str(exc))
     source = f"accelbench comm records in {config.comm_records}" if bandwidth is not None else None
+    rates: Source = "measured here" if calibration is not None else EFFICIENCY_SOURCE
+    p = p.model_copy(update={"rates_source": rates, "error_band": error_band(rates)})
     prediction = RunPrediction.from_prediction(p, bandwidth_source=source)
+    if calibration is not None and calibration.contended:
+        busy = "calibrated on a busy host: its rates are a lower bound, so this step is an upper bound (not cached)"
+        return prediction.model_copy(update={"note": "; ".join(n for n in (prediction.note, busy) if n)})
     if not isinstance(found, str):
         return prediction
     # a calibration was wanted and none priced the step: the record says why, for whoever reads a miss

@@ -882,7 +882,9 @@ def _write_records(
         os.replace(trace, config.output_dir / record.profile.trace)  # beside the record, named after it
     if m.job:  # the prediction follows: the epochs (and the profile) are in the file first
         records.draft(record, "while the prediction of this configuration was being made")
-        record = record.model_copy(update={"prediction": _prediction_or_note(run_, m, progress)})
+        record = record.model_copy(
+            update={"prediction": _prediction_or_note(run_, m, progress, record.outcome)}
+        )
     path = write_record(record, config.output_dir)
     return record, path, record.outcome.status
 
@@ -1011,10 +1013,13 @@ def _published_logs(world_size: int, epochs: int, wait_s: float) -> list[RankLog
         time.sleep(0.05)
 
 
-def _prediction_or_note(run_: PreparedRun, m: Measurement, progress: Progress) -> RunPrediction:
+def _prediction_or_note(
+    run_: PreparedRun, m: Measurement, progress: Progress, outcome: Outcome
+) -> RunPrediction:
     """The prediction stored in the record, or a note saying why there is none: it never costs the record, whatever
     it meets (an error in the model, Ctrl-C while it is made). What it measures for it (a calibration) is said
-    through ``progress``, so ``--quiet`` keeps it quiet."""
+    through ``progress``, so ``--quiet`` keeps it quiet; after a run that did not end ok (interrupted, diverged,
+    out of memory) nothing is measured: a cached calibration prices it, or none."""
     try:
         return predict_run(
             run_.config,
@@ -1029,6 +1034,7 @@ def _prediction_or_note(run_: PreparedRun, m: Measurement, progress: Progress) -
                 run_.backend,
                 run_.device,
                 progress.note,
+                no_measuring=None if outcome.status == "ok" else f"a run that ended {outcome.status}",
             ),
         )
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the prediction is optional; the record is owed

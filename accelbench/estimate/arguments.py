@@ -37,10 +37,18 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="one bus bandwidth (GB/s, nccl-tests' busbw) for every collective, instead of --comm",
     )
     group.add_argument(
+        "--device-profile",
+        type=Path,
+        metavar="FILE",
+        help="price the step with this device profile (from `accelbench calibrate --export FILE` on the device "
+        "predicted for) instead of the one its plugin ships or the datasheet's",
+    )
+    group.add_argument(
         "--efficiency",
         type=float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"fraction of the peak FLOP/s a step reaches (default: {DEFAULT_EFFICIENCY}, a tuned GPT-2 loop's "
+        default=None,
+        help="price compute as FLOPs at this fraction of the peak FLOP/s instead of the device profile's "
+        f"operator-by-operator model (where no profile can be made: {DEFAULT_EFFICIENCY}, a tuned GPT-2 loop's "
         "MFU on an A100/H100)",
     )
     group.add_argument(

@@ -32,7 +32,8 @@ out of the timed matmuls and streams (that of a 1x1 matmul, of a one-element ``a
 :mod:`accelbench.estimate.step_time` counts it once per operator, as the dispatch cost.
 Results are cached in ``calibration.json`` beside the measured peak (:func:`accelbench.estimate.peak.cache_dir`),
 written atomically; ``refresh`` measures again. A measurement during which the process's threads waited for a
-core (or a virtual machine's hypervisor stole the cores' time) is kept but marked contended and measured again on the next call, as the measured peak is. A cached
+core (or a virtual machine's hypervisor stole the cores' time) is marked contended and never cached: its rates are a
+lower bound of the device's (on a shared host, 10^4 times too low has been seen), so the next call measures again. A cached
 calibration more than an hour old is spot-checked against the device as it runs now (:func:`calibration_drift`: two
 of its points timed again) before a run's prediction; the run measures it again where the device has moved by more
 than :data:`DRIFT_TOLERANCE`. torch is imported inside the functions.
@@ -198,6 +199,52 @@ class OptimizerPhase(_Model):
         return f"{self.per_step_s * 1e3:.2g} ms + {self.per_tensor_s * 1e6:.2g} us a tensor"
 
 
+# A datasheet profile's tiles (m, n, their efficiency of a full tile's rate): the largest a GEMM library picks for a
+# large product, and smaller ones that fill the compute units on a small or skinny one
+MATMUL_TILES = ((128, 128, 1.0), (128, 64, 0.9), (64, 64, 0.75), (32, 32, 0.5))
+MATMUL_TILE_K = 32  # the depth a tile's main loop steps through
+MATMUL_FILL_STEPS = 2  # a tile's prologue and epilogue, in steps of its main loop
+MATMUL_SPLIT_K = (1, 2, 4, 8)  # split-K factors, each while every split keeps MIN_SPLIT_DEPTH of k
+MIN_SPLIT_DEPTH = 256
+SPLIT_K_COST = 1.1  # the partial products' reduction
+
+
+class TiledMatmul(_Model):
+    """A product's rate from a datasheet (:func:`accelbench.estimate.profile.datasheet_profile`): its work padded
+    to whole tiles (:data:`MATMUL_TILES`) and split over the device's compute units in waves, a wave as long as one
+    tile's work at the peak's ``efficiency`` over the units, plus a kernel's fixed device time; the fastest tile and
+    split-K a GEMM library could pick. Without ``compute_units``, no wave quantisation."""
+
+    peak_flops_per_s: dict[str, float]
+    efficiency: float
+    compute_units: int | None
+    kernel_s: float
+
+    def rate(self, m: int, n: int, k: int, dtype: str) -> float:
+        """FLOP/s of an (m x k) @ (k x n) in ``dtype`` (a dtype without a peak: the fp32 one's)."""
+        peak = (
+            self.peak_flops_per_s.get(dtype)
+            or self.peak_flops_per_s.get("float32")
+            or max(self.peak_flops_per_s.values())
+        )
+        rate = peak * self.efficiency
+        best = math.inf
+        for tile_m, tile_n, share in MATMUL_TILES:
+            tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+            for split in MATMUL_SPLIT_K:
+                if split > 1 and k / split < MIN_SPLIT_DEPTH:
+                    break
+                steps = math.ceil(math.ceil(k / split) / MATMUL_TILE_K) + MATMUL_FILL_STEPS
+                tile_flops = 2.0 * tile_m * tile_n * MATMUL_TILE_K * steps
+                if self.compute_units:
+                    waves = math.ceil(tiles * split / self.compute_units)
+                    seconds = waves * tile_flops / (rate * share / self.compute_units)
+                else:
+                    seconds = tiles * split * tile_flops / (rate * share)
+                best = min(best, seconds * (SPLIT_K_COST if split > 1 else 1.0))
+        return 2.0 * m * n * k / (best + self.kernel_s)
+
+
 class Calibration(_Model):
     """What this device reaches, measured (see the module's docstring); the calibrated step time's rates."""
 
@@ -238,10 +285,15 @@ class Calibration(_Model):
     dtensor_dispatch: DTensorDispatch | None = None
     # FSDP2's hooks' cost on this host, attached where an FSDP step is priced (cached apart, as above)
     fsdp_hooks: FsdpHooks | None = None
+    # a datasheet profile's products, by shape from tiles and waves (its grid is this at the grid's shapes)
+    tiles: TiledMatmul | None = None
 
     def matmul_rate(self, m: int, n: int, k: int, dtype: str | None = None) -> float:
         """FLOP/s of an (m x k) @ (k x n) in ``dtype`` (the calibration's matmul dtype when it has no grid for
-        it): log(rate) interpolated linearly in log(m), log(n), log(k) between the grid's shapes, its edge beyond."""
+        it): log(rate) interpolated linearly in log(m), log(n), log(k) between the grid's shapes, its edge beyond;
+        a datasheet profile's from its tiles and waves at the shape itself."""
+        if self.tiles is not None:
+            return self.tiles.rate(m, n, k, dtype or self.dtype)
         points = [p for p in self.matmul if p.dtype == dtype] or [
             p for p in self.matmul if p.dtype == self.dtype
         ]
@@ -465,6 +517,14 @@ def calibrate(
         notes.append(
             "measured on a busy host again: each rate is the higher of this and the cached measurement"
         )
+    if (
+        calibration.contended
+    ):  # a lower bound of the device's rates: used where the caller says so, never cached
+        notes.append(
+            "measured while the host was busy (its threads waited for a core, or the hypervisor took the cores' "
+            "time): its rates are a lower bound of this device's, and it is not cached"
+        )
+        return calibration.model_copy(update={"notes": notes})
     entries, _ = _load(folder / CACHE_FILE)  # re-read: another process may have stored meanwhile
     entries[key] = calibration.model_dump(exclude={"zero3_hooks", "dtensor_dispatch", "fsdp_hooks"})
     _write_atomically(json.dumps(entries, indent=2, sort_keys=True), folder / CACHE_FILE)

@@ -19,6 +19,7 @@ from accelbench.contract import PRECISIONS, DeviceInfo, PeakFigures, PrecisionPl
 from accelbench.contract.strategies import MODEL_PARALLEL_STRATEGIES
 from accelbench.engine.float8 import planned_fp8_layers
 from accelbench.errors import ConfigError
+from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
 from accelbench.estimate.hardware import Bandwidth
 from accelbench.estimate.schema import Prediction, ScalingPrediction
 from accelbench.exitcodes import ExitCode
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from accelbench.contract import Backend
     from accelbench.estimate.calibration import Calibration
     from accelbench.estimate.catalog import KnownDevice
+    from accelbench.estimate.profile import ResolvedProfile
     from accelbench.plugins import PluginHost
 
 
@@ -78,17 +80,22 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         "device": target.device,
         "peak": target.peak,
         "bandwidth": bandwidth,
-        "efficiency": args.efficiency,
+        "efficiency": DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency,
         "overlap": args.overlap,
     }
     calibrated: dict[str, Any] = {}
     if target.calibration is not None:
-        from accelbench.estimate.operators import step_operators
+        from accelbench.estimate.operators import UntraceableStep, operators_for
 
-        operators = step_operators(workload, config, target.plan, target.device_type, target.kernels)
-        if args.from_profile is not None:
-            operators = operators.refined(*_profiled_times(args.from_profile, config))
-        calibrated = {"calibration": target.calibration, "operators": operators}
+        try:
+            operators = operators_for(workload, config, target.plan, target.device_type, target.kernels)
+        except UntraceableStep as exc:  # priced at a fraction of the peak instead, and said why
+            target.notes.append(f"not priced operator by operator: {exc}")
+            target.profile = None
+        else:
+            if args.from_profile is not None:
+                operators = operators.refined(*_profiled_times(args.from_profile, config))
+            calibrated = {"calibration": target.calibration, "operators": operators}
     measured_step = _measured_step(args.measured, config) if args.measured else None
     try:
         prediction = predict(
@@ -106,6 +113,7 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
             "measured_peaks": target.measured,
             "scaling": scaling,
             "assumptions": [*target.notes, *prediction.assumptions],
+            **rates_of(target.profile, prediction),
         }
     )
     if getattr(args, "trace", False):
@@ -118,6 +126,20 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
 
     show(prediction, Console())
     return ExitCode.OK
+
+
+def rates_of(profile: ResolvedProfile | None, prediction: Prediction) -> dict[str, str]:
+    """The prediction's rates' source and its error band (:mod:`accelbench.estimate.profile`): a profile's, or the
+    efficiency model's where none priced it."""
+    from accelbench.estimate.profile import EFFICIENCY_SOURCE, error_band
+
+    if profile is not None and prediction.forward_s is not None:
+        return {"rates_source": profile.source, "rates": profile.described, "error_band": profile.band}
+    return {
+        "rates_source": EFFICIENCY_SOURCE,
+        "rates": f"{prediction.efficiency:g} of the peak FLOP/s ({prediction.peak_source or 'no peak'})",
+        "error_band": error_band(EFFICIENCY_SOURCE),
+    }
 
 
 def with_trace(
@@ -293,6 +315,7 @@ class Target:
         plan: PrecisionPlan,
         calibration: Calibration | None = None,
         kernels: str = "foreach",
+        profile: ResolvedProfile | None = None,
     ) -> None:
         self.device_type, self.device, self.peak, self.measured, self.notes, self.plan = (
             device_type,
@@ -303,6 +326,8 @@ class Target:
             plan,
         )
         self.calibration, self.kernels = calibration, kernels
+        # where the calibration's rates come from (measured here, a file, shipped, the datasheet), and its band
+        self.profile = profile
 
 
 def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Target:
@@ -315,6 +340,8 @@ def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Ta
         refresh_peak=args.refresh_peak,
         calibrate=args.calibrate,
         refresh_calibration=args.refresh_calibration,
+        profile_path=getattr(args, "device_profile", None),
+        efficiency_given=args.efficiency is not None,
     )
 
 
@@ -343,6 +370,8 @@ def resolve_target(
     tensor_parallel: bool = False,
     fsdp: bool = False,
     peak_of_its_precision_only: bool = False,
+    profile_path: Path | None = None,
+    efficiency_given: bool = False,
 ) -> Target:
     """The device predicted for (``device_name`` from the plugins' peak tables, ``--device``; else the one this
     backend detects), its peak for the run's precision, and the peaks ``measure_peak`` measures here (cached);
@@ -353,7 +382,12 @@ def resolve_target(
     after ``fresh_since`` (the command's start: plan resolves one precision after another) is not measured again.
     ``measure_peak`` times every precision the device runs (estimate shows them all), or with
     ``peak_of_its_precision_only`` the config's alone (plan resolves each precision it considers in turn).
-    Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run."""
+    Shared by ``estimate`` and ``plan``. A precision the device does not run is a ConfigError, as before a run.
+
+    A device named from a catalogue is priced operator by operator from its device profile
+    (:mod:`accelbench.estimate.profile`): ``profile_path`` (``--device-profile``), else one its plugin ships, else one
+    derived from its datasheet; with ``efficiency_given`` (``--efficiency``) at that fraction of the peak instead.
+    A ``profile_path`` for the device here prices it in place of a calibration measured here."""
     import torch
 
     if device_name:
@@ -372,7 +406,26 @@ def resolve_target(
         notes += [note] if note else [_plan_note(known.backend.name, plan)]
         notes += _planned_fp8_note(plan)
         peak = known.backend.peak_figures(known.device, plan)
-        return Target(known.backend.info.device_type, known.device, peak, {}, notes, plan)
+        kind = torch.device(known.backend.info.device_type)
+        kernels = known.backend.optimizer_implementation(kind)
+        if efficiency_given:
+            if profile_path is not None:
+                raise ConfigError(
+                    f"--device-profile {profile_path} prices the step operator by operator; --efficiency prices it at a "
+                    "fraction of the peak: give one of them"
+                )
+            return Target(kind.type, known.device, peak, {}, notes, plan, kernels=kernels)
+        from accelbench.estimate.profile import catalogue_profile
+
+        profile = catalogue_profile(known.backend, known.device, plan, profile_path)
+        if profile is None:
+            notes.append(
+                f"no device profile for {known.shown}: its plugin ships none and its table lacks the memory "
+                "bandwidth a datasheet profile needs; compute at a fraction of the peak"
+            )
+            return Target(kind.type, known.device, peak, {}, notes, plan, kernels=kernels)
+        notes.append(f"rates: {profile.described}")
+        return Target(kind.type, known.device, peak, {}, notes, plan, profile.calibration, kernels, profile)
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:
@@ -414,8 +467,22 @@ def resolve_target(
                 "no peak table for this device: run with --measure-peak once (cached) or --peak-tflops"
             )
     calibration = None
+    profile = None
+    if profile_path is not None:
+        from accelbench.estimate.profile import file_profile
+
+        if calibrate:
+            raise ConfigError(
+                f"--device-profile {profile_path} gives this device's rates; --calibrate measures them here: give one of them"
+            )
+        profile = file_profile(profile_path, device, kind.type, plan, local=True)
+        notes.append(f"rates: {profile.described}")
+        calibration = profile.calibration
     if calibrate:
+        from accelbench.estimate.profile import ResolvedProfile as Resolved
+
         calibration = _calibration(backend, config, kind, device, plan, refresh_calibration, fresh_since)
+        profile = Resolved(calibration, "measured here", f"measured here ({calibration.measured_at})")
         if kind.type == "cpu" and (zero3 or config.strategy == "deepspeed-zero3"):
             from accelbench.estimate.engine_cost import with_zero3_hooks
 
@@ -443,8 +510,9 @@ def resolve_target(
                 calibration, torch.get_num_threads(), refresh=refresh_calibration, fresh_since=fresh_since
             )
         notes += calibration.notes
+        profile = Resolved(calibration, "measured here", profile.described)
     kernels = backend.optimizer_implementation(kind)
-    return Target(kind.type, device, peak, measured, notes, plan, calibration, kernels)
+    return Target(kind.type, device, peak, measured, notes, plan, calibration, kernels, profile)
 
 
 def _calibration(

@@ -25,10 +25,11 @@ priced apart, from ``accelbench comm`` records.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -133,6 +134,8 @@ def step_operators(
     plan: PrecisionPlan,
     device_type: str,
     optimizer_kernels: str = "foreach",
+    accelerator_kernels: bool = False,
+    by_batch: bool = False,
 ) -> StepOperators:
     """The operators of one training step of ``workload`` for ``config`` (resolved) on a device of
     ``device_type``, in ``plan``'s precision, with the optimizer's ``optimizer_kernels`` ('fused', 'foreach',
@@ -141,8 +144,19 @@ def step_operators(
     process group can be made here: not in a process that holds a process group of its own), pipeline stages as the
     whole replica (the caller divides; :attr:`StepOperators.tensor_parallel` says which).
     Cached per (workload, configuration, precision, device type, kernels, tensor-parallel size traced at) within
-    the process."""
-    tp, sequence_parallel = _tensor_parallel(config)
+    the process. With ``accelerator_kernels`` (a CPU trace standing in for an accelerator's, :func:`operators_for`)
+    attention and dropout run the fused kernels an accelerator runs (:func:`accelerator_kernels_on_the_cpu`).
+    With ``by_batch`` (``plan``, which prices many shapes at many batch sizes) the step is traced at micro-batches
+    of :data:`BATCH_PROBES` samples and, where those are one line (:func:`_by_batch`), read off it at the config's;
+    and a layout with tensor parallelism as the whole replica (the caller divides it over the model-parallel ranks,
+    as a pipeline's), since a rank's trace through DTensor costs seconds a layout."""
+    if by_batch:
+        scaled = _by_batch(workload, config, plan, device_type, optimizer_kernels, accelerator_kernels)
+        if scaled is not None:
+            return scaled
+    tp, sequence_parallel = (1, False) if by_batch else _tensor_parallel(config)
+    if tp == 1:  # a replica's step, whatever spreads the replicas (or pipelines them: the caller divides)
+        config = replica_of(config)
     key = (
         workload.name,
         config.model_dump_json(),
@@ -150,18 +164,217 @@ def step_operators(
         device_type,
         optimizer_kernels,
         tp,
+        accelerator_kernels,
     )
     if key not in _TRACED:
         if len(_TRACED) >= MAX_TRACED:
             _TRACED.pop(next(iter(_TRACED)))
-        _TRACED[key] = _trace(workload, config, plan, device_type, optimizer_kernels, tp, sequence_parallel)
+        with accelerator_kernels_on_the_cpu() if accelerator_kernels else contextlib.nullcontext():
+            _TRACED[key] = _trace(
+                workload, config, plan, device_type, optimizer_kernels, tp, sequence_parallel
+            )
     return _TRACED[key]
+
+
+# The micro-batches a step is traced at to read any larger one off the line through them (the last checks the line;
+# a batch of 1 is left out: its views are laid out apart, a copy fewer and an embedding's gather contiguous)
+BATCH_PROBES = (2, 4, 8)
+
+
+def _by_batch(
+    workload: Workload,
+    config: RunConfig,
+    plan: PrecisionPlan,
+    device_type: str,
+    kernels: str,
+    accelerator_kernels: bool,
+) -> StepOperators | None:
+    """The step at the config's micro-batch read off its traces at :data:`BATCH_PROBES` samples: where the three
+    traces hold the same operators and every operator's FLOPs, bytes, elements and product dimensions at the third
+    are on the line through the first two (a transformer's and a CNN's are: each activation grows with the batch, each
+    weight does not), each figure at the config's micro-batch is that line's. None where they are not one line (a
+    mixture of experts' capacity, a shape that cannot be traced at these batches): the caller traces the config."""
+    micro = max(1, config.batch_size // config.grad_accum)
+    low, high, check = BATCH_PROBES
+    if micro < low:
+        return None
+    replica = replica_of(config)
+    try:
+        traces = [
+            step_operators(
+                workload,
+                replica.model_copy(update={"batch_size": b, "grad_accum": 1}),
+                plan,
+                device_type,
+                kernels,
+                accelerator_kernels,
+            )
+            for b in BATCH_PROBES
+        ]
+    except Exception:  # noqa: BLE001 - a shape these batches cannot have: the config is traced itself
+        return None
+    first, second, third = traces
+    if not len(first.operators) == len(second.operators) == len(third.operators):
+        return None
+    operators = []
+    for a, b, c in zip(first.operators, second.operators, third.operators, strict=True):
+        if not (_same_kind(a, b) and _same_kind(a, c)):
+            return None
+        elements = _largest_tensor(a.elements, b.elements, c.elements, micro)
+        if elements is None:
+            return None
+        lines = [(a.flops, b.flops, c.flops), (a.bytes_moved, b.bytes_moved, c.bytes_moved)]
+        shapes = [op.matmul for op in (a, b, c) if op.matmul is not None]
+        if len(shapes) == 3:
+            lines += [tuple(float(getattr(shape, d)) for shape in shapes) for d in ("m", "n", "k", "batch")]  # type: ignore[misc]
+        slope = [(f2 - f1) / (high - low) for f1, f2, _ in lines]
+        if any(
+            not math.isclose(f3, f1 + s * (check - low), rel_tol=1e-9, abs_tol=1e-6)
+            for (f1, _, f3), s in zip(lines, slope, strict=True)
+        ):
+            return None
+        at = [f1 + s * (micro - low) for (f1, _, _), s in zip(lines, slope, strict=True)]
+        shape = None
+        if a.matmul is not None:
+            m, n, k, batch = (round(v) for v in at[2:6])
+            shape = MatmulShape(m, n, k, batch)
+        operators.append(replace(a, flops=at[0], bytes_moved=at[1], elements=elements, matmul=shape))
+    return replace(first, operators=tuple(operators), micro_batch=micro, micro_batches=config.grad_accum)
+
+
+# What a replica's traced step does not depend on: how the replicas are spread, pipelined and launched, how long the
+# run is and what it records (the trace is of one replica's forward, backward and optimizer step)
+_LAYOUT_FIELDS = ("strategy", "devices", "nnodes", "node_rank", "rdzv_endpoint", "mesh", "placement", "pp_schedule",
+                  "microbatches", "virtual_stages", "pp_split", "sequence_parallel", "epochs", "steps_per_epoch",
+                  "output_dir", "profile", "profile_steps", "comm_records", "no_tensor_peak", "no_calibration",
+                  "target", "target_loss", "eval_batches", "stall_epochs", "grad_norm_limit", "collective_timeout",
+                  "idle_baseline_s", "peak_tflops", "threads", "data_placement", "engine")  # fmt: skip
+
+
+def replica_of(config: RunConfig) -> RunConfig:
+    """``config`` as one replica on one device, every layout and run-length field at its default: the key a
+    replica's trace is cached by, whatever spreads the replicas."""
+    from accelbench.config import RunConfig
+
+    defaults = {
+        name: RunConfig.model_fields[name].get_default(call_default_factory=True) for name in _LAYOUT_FIELDS
+    }
+    return config.model_copy(update=defaults)
+
+
+def _largest_tensor(first: int, second: int, third: int, micro: int) -> int | None:
+    """An operator's largest tensor at ``micro`` samples from its sizes at :data:`BATCH_PROBES`: the larger of a
+    tensor that does not grow with the batch (a weight: the first probe's size) and one that grows in proportion
+    (an activation: the last probe's per sample); None where the three sizes are not such a pair's."""
+    if first == second == third:  # nothing of it grows with the batch
+        return first
+    probes = dict(zip(BATCH_PROBES, (first, second, third), strict=True))
+    fixed, per_sample = first, third / BATCH_PROBES[-1]
+    if any(max(fixed, per_sample * b) != size for b, size in probes.items()):
+        fixed = 0  # all of it grows with the batch
+        if any(per_sample * b != size for b, size in probes.items()):
+            return None
+    return round(max(fixed, per_sample * micro))
+
+
+def _same_kind(a: Operator, b: Operator) -> bool:
+    return (a.name, a.phase, a.dtype, a.autograd, a.strided, a.distributed, a.matmul is None) == (
+        b.name, b.phase, b.dtype, b.autograd, b.strided, b.distributed, b.matmul is None
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def accelerator_kernels_on_the_cpu() -> Iterator[None]:
+    """Within it, a CPU trace runs attention and dropout as an accelerator's step does: attention through the fused
+    kernel whatever its dropout (a GPU's flash and memory-efficient kernels apply dropout inside the kernel, where
+    the CPU's has none and falls back to an explicit softmax with its a*s^2 scores: traced here with the dropout
+    off, in the kernel on the device), and dropout as one fused ``native_dropout`` (CUDA's and XPU's; the CPU
+    draws, scales and multiplies in three passes). The products and every other operator are the CPU's."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    sdpa, dropout = torch.nn.functional.scaled_dot_product_attention, torch.nn.functional.dropout
+
+    class AcceleratorKernels(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is sdpa:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+                if len(args) > 4:  # dropout_p given by position
+                    args = (*args[:4], 0.0, *args[5:])
+            elif func is dropout:
+                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+                training = kwargs.get("training", args[2] if len(args) > 2 else True)
+                if training and p > 0:
+                    return torch.native_dropout(args[0], p, True)[0]
+            return func(*args, **kwargs)
+
+    with AcceleratorKernels():
+        yield
+
+
+def operators_for(
+    workload: Workload,
+    config: RunConfig,
+    plan: PrecisionPlan,
+    device_type: str,
+    optimizer_kernels: str = "foreach",
+    by_batch: bool = False,
+) -> StepOperators:
+    """:func:`step_operators` on ``device_type`` (``by_batch``: read off the line through small batches), or where this torch cannot trace on it (a CPU build predicting
+    for a GPU; an operator with no fake-tensor kernel for the device) the same step traced on the CPU, which has
+    the same products and elementwise passes, priced as ``device_type`` runs them and said so. A step the CPU
+    cannot trace either is an :class:`UntraceableStep` naming both errors."""
+    failure = _untraceable_here(device_type)
+    if failure is None:
+        try:
+            return step_operators(workload, config, plan, device_type, optimizer_kernels, by_batch=by_batch)
+        except Exception as exc:  # noqa: BLE001 - traced on the CPU instead, and said why
+            failure = _failure(exc)
+            if device_type == "cpu":
+                raise UntraceableStep(f"the step could not be traced ({failure})") from exc
+    try:
+        operators = step_operators(
+            workload, config, plan, "cpu", optimizer_kernels, accelerator_kernels=True, by_batch=by_batch
+        )
+    except Exception as exc:  # noqa: BLE001 - said, with the device's own error
+        raise UntraceableStep(
+            f"the step could not be traced on the {device_type} ({failure}) nor on the CPU ({_failure(exc)})"
+        ) from exc
+    return operators.on_device(
+        device_type,
+        f"traced on the CPU with an accelerator's fused attention and dropout, as the {device_type} trace failed "
+        f"({failure})",
+    )
+
+
+@cache
+def _untraceable_here(device_type: str) -> str | None:
+    """Why this torch cannot trace a step on ``device_type`` at all (a CPU build asked for a GPU: its random
+    initialisation needs the device's generator), or None."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(), torch.device(device_type):  # a layer built and stepped, as a trace does
+            torch.nn.Linear(2, 2)(torch.randn(1, 2)).sum().backward()
+    except Exception as exc:  # noqa: BLE001 - the reason, said where the CPU traces instead
+        return _failure(exc)
+    return None
+
+
+class UntraceableStep(Exception):
+    """A step fake tensors cannot trace, on the device or on the CPU: the message says why."""
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
 # The steps traced in this process, by (workload, configuration, plan, device type, kernels, tp size traced at),
 # oldest first.
 _TRACED: dict[tuple[str | int, ...], StepOperators] = {}
-MAX_TRACED = 32
+MAX_TRACED = 512
 
 
 def _trace(

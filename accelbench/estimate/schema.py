@@ -255,6 +255,18 @@ class Prediction(_Model):
         "operators ... at RATES' (each traced operator's roofline time at this device's calibrated rates, plus "
         "its dispatch cost).",
     )
+    rates_source: str | None = Field(
+        default=None,
+        description="Where the step's rates come from: 'measured here' (a calibration of this device), 'file' "
+        "(--profile), 'shipped' (a profile measured on the device, shipped by its plugin), 'datasheet' (derived "
+        "from its datasheet figures) or 'efficiency' (FLOPs at a fraction of the peak); None in older predictions.",
+    )
+    rates: str | None = Field(default=None, description="The rates' source in words, with its provenance.")
+    error_band: str | None = Field(
+        default=None,
+        description="The step-time error measured for predictions from this source against published "
+        "measurements (benchmarks/published), in words.",
+    )
     forward_s: float | None = Field(
         default=None, description="Calibrated: the forward passes (and the loss)."
     )

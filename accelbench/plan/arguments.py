@@ -99,8 +99,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comm records (from `accelbench comm`) for the collectives' bus bandwidth")  # fmt: skip
     device.add_argument("--bus-bandwidth", type=float, metavar="GB_PER_S",
                         help="one bus bandwidth (GB/s, nccl-tests' busbw) for every collective")  # fmt: skip
-    device.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY,
-                        help=f"fraction of the peak a step reaches (default: {DEFAULT_EFFICIENCY})")  # fmt: skip
+    device.add_argument("--device-profile", type=Path, metavar="FILE",
+                        help="price each configuration with this device profile (from `accelbench calibrate "
+                             "--export FILE` on the device planned for)")  # fmt: skip
+    device.add_argument("--efficiency", type=float, default=None,
+                        help="price compute as FLOPs at this fraction of the peak instead of the device profile "
+                             f"(where no profile can be made: {DEFAULT_EFFICIENCY})")  # fmt: skip
     device.add_argument("--overlap", choices=("auto", "none", "backward"), default="auto",
                         help="which collectives hide behind compute (default: auto)")  # fmt: skip
     device.add_argument("--measure-peak", action="store_true",

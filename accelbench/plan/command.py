@@ -167,7 +167,8 @@ def check_plan_flags(args: argparse.Namespace) -> None:
 def make_plan(args: argparse.Namespace) -> Plan:
     """Enumerate, price and rank (nothing is built but the model on the meta device, nothing runs)."""
     from accelbench.cli import make_config
-    from accelbench.estimate.command import resolve_bandwidth
+    from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
+    from accelbench.estimate.command import rates_of, resolve_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict
     from accelbench.plan.ranking import price, split
@@ -219,14 +220,22 @@ def make_plan(args: argparse.Namespace) -> Plan:
         target = targets[config.precision]
         resolved = host.resolve(config)
         calibrated: dict[str, Any] = {}
-        if target.calibration is not None:  # --calibrate: the step's traced operators at this device's rates
-            from accelbench.estimate.operators import step_operators
+        if target.calibration is not None:  # a device profile: the step's traced operators at its rates
+            from accelbench.estimate.operators import UntraceableStep, operators_for
 
-            operators = step_operators(workload, resolved, target.plan, target.device_type, target.kernels)
-            calibrated = {"calibration": target.calibration, "operators": operators}
-        return predict(resolved, facts, device_type=target.device_type, device=target.device,
-                       peak=target.peak, bandwidth=bandwidth, efficiency=args.efficiency, overlap=args.overlap,
-                       runtime_bytes=args.runtime_mib * 2**20, **calibrated)  # fmt: skip
+            try:
+                operators = operators_for(
+                    workload, resolved, target.plan, target.device_type, target.kernels, by_batch=True
+                )
+            except UntraceableStep:  # at a fraction of the peak instead; the prediction's rates say so
+                operators = None
+            if operators is not None:
+                calibrated = {"calibration": target.calibration, "operators": operators}
+        efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
+        prediction = predict(resolved, facts, device_type=target.device_type, device=target.device,
+                             peak=target.peak, bandwidth=bandwidth, efficiency=efficiency, overlap=args.overlap,
+                             runtime_bytes=args.runtime_mib * 2**20, **calibrated)  # fmt: skip
+        return prediction.model_copy(update=rates_of(target.profile, prediction))
 
     runs: list[PlannedRun] = []
     for config, layout in zip(found.configs, found.layouts, strict=True):
@@ -350,7 +359,9 @@ def _targets(
                                            calibrate=args.calibrate,
                                            refresh_calibration=args.refresh_calibration, zero3=zero3,
                                            fresh_since=started, tensor_parallel=tensor_parallel,
-                                           fsdp=fsdp, peak_of_its_precision_only=True)  # fmt: skip
+                                           fsdp=fsdp, peak_of_its_precision_only=True,
+                                           profile_path=args.device_profile,
+                                           efficiency_given=args.efficiency is not None)  # fmt: skip
         except ConfigError as exc:
             first = first or exc
             if args.precisions:

@@ -107,13 +107,33 @@ CATALOG: tuple[tuple[str, int, str, tuple[str, ...]], ...] = (
 )
 
 
+# Streaming multiprocessors of each, from NVIDIA's architecture whitepapers (V100: 80; A100: 108; H100 SXM5 and H200:
+# 132; H100 PCIe: 114; B200: 148 per GPU): what a datasheet profile spreads a product's tiles over in waves
+STREAMING_MULTIPROCESSORS = {
+    "Tesla V100-SXM2-16GB": 80,
+    "Tesla V100-SXM2-32GB": 80,
+    "NVIDIA A100-SXM4-40GB": 108,
+    "NVIDIA A100-SXM4-80GB": 108,
+    "NVIDIA A100-PCIE-40GB": 108,
+    "NVIDIA A100 80GB PCIe": 108,
+    "NVIDIA H100 80GB HBM3": 132,
+    "NVIDIA H100 PCIe": 114,
+    "NVIDIA H200": 132,
+    "NVIDIA B200": 148,
+    "NVIDIA GB200": 148,
+}
+
+
 def known_devices() -> list[DeviceInfo]:
-    """The catalogue as detection would report each GPU (``accelbench_known_devices``)."""
+    """The catalogue as detection would report each GPU (``accelbench_known_devices``), with its streaming
+    multiprocessors as ``compute_units``."""
     out = []
     for index, (name, gib, arch, aliases) in enumerate(CATALOG):
         entry = lookup(name)
         label = entry.label if entry is not None else name
         details = {"label": label, "aliases": ",".join(aliases), "memory_source": "NVIDIA datasheet"}
+        if name in STREAMING_MULTIPROCESSORS:
+            details["compute_units"] = str(STREAMING_MULTIPROCESSORS[name])
         out.append(DeviceInfo(index=index, name=name, arch=arch, memory_bytes=gib * GIB, details=details))
     return out
 

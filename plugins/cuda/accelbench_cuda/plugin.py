@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from accelbench.config import RunConfig
 
-accelbench_contract = "3.0"
+accelbench_contract = "3.2"  # 3.2: device_profiles (a measured H200 profile shipped)
 
 
 @hookimpl
@@ -192,6 +192,13 @@ class CudaBackend(Backend):
 
     def known_devices(self) -> list[DeviceInfo]:
         return peaks.known_devices()
+
+    def device_profiles(self) -> list[str]:
+        """The profiles measured on NVIDIA GPUs this plugin ships (``profiles/*.json``; the H200's, 2026-11-28)."""
+        from importlib.resources import files
+
+        folder = files("accelbench_cuda") / "profiles"
+        return [f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".json")]
 
 
 def _tf32(options: Mapping[str, Scalar]) -> bool:
