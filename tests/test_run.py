@@ -23,7 +23,7 @@ from core_support import TINY, accelbench, accelbench_here
 from accelbench.cli import main
 from accelbench.engine.runner import run
 from accelbench.plugins import get_host
-from accelbench.results import EpochMetrics, read_record
+from accelbench.results import EpochMetrics, ResultRecord, read_record
 from accelbench.testing import tiny_config
 
 
@@ -559,6 +559,7 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
         and first.prediction.time_model
         and first.prediction.time_model.startswith("calibrated")
     )
+    if_busy_skip(first)
     stored = json.loads((cache / CACHE_FILE).read_text())
     assert len(stored) == 1
     # measured after the record's epochs: the record was stamped when the run began
@@ -576,19 +577,30 @@ def test_a_first_run_on_a_device_calibrates_it_once_after_its_epochs(
     assert main([*argv, "--output-dir", str(tmp_path / "third")]) == 0
     err = capsys.readouterr().err
     assert "this device runs -" in err and "against its cached calibration" in err
+    if_busy_skip(only_record(tmp_path / "third"))
     again = json.loads((cache / CACHE_FILE).read_text())[key]
     assert again["measured_at"] >= measured_at and again["matmul"] != fast["matmul"]
-    # one measured minutes ago on a busy host, 4x too slow: spot-checked however young, found out, measured again
+    # one an older accelbench cached from a busy host, 4x too slow: a lower bound, never used: measured again
     busy = {**again, "contended": True}
     busy["matmul"] = [{**p, "best_flops_per_s": p["best_flops_per_s"] / 4} for p in again["matmul"]]
     busy["stream"] = [{**p, "best_bytes_per_s": p["best_bytes_per_s"] / 4} for p in again["stream"]]
     (cache / CACHE_FILE).write_text(json.dumps({key: busy}))
     assert main([*argv, "--output-dir", str(tmp_path / "fourth")]) == 0
     err = capsys.readouterr().err
-    assert "this device runs +" in err and "against its cached calibration" in err
+    assert "no calibration of this device for float32 is cached: measuring one" in err
+    if_busy_skip(only_record(tmp_path / "fourth"))
     assert json.loads((cache / CACHE_FILE).read_text())[key]["matmul"] != busy["matmul"]
-    # --quiet: the busy calibration found out and measured again as well, without a word
+    # --quiet: the busy calibration set aside and measured again as well, without a word
     (cache / CACHE_FILE).write_text(json.dumps({key: busy}))
     assert main([*argv, "-q", "--output-dir", str(tmp_path / "fifth")]) == 0
     assert capsys.readouterr().err == ""
+    if_busy_skip(only_record(tmp_path / "fifth"))
     assert json.loads((cache / CACHE_FILE).read_text())[key]["matmul"] != busy["matmul"]
+
+
+def if_busy_skip(record: ResultRecord) -> None:
+    """Skip the rest where the run's calibration was measured on a busy host: such a one is never cached, so what
+    the cache holds next cannot be checked here."""
+    note = record.prediction.note if record.prediction is not None else None
+    if note and "calibrated on a busy host" in note:
+        pytest.skip("the host was busy while the run calibrated: a contended calibration is never cached")
