@@ -41,6 +41,39 @@ def fmt_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def contention_text(metrics: EpochMetrics) -> str:
+    """``contended: its threads waited 35% of the time for a core ...`` where the epoch's host was busy (as the run's
+    host contention judges it, :func:`accelbench.engine.metrics.host_contention`), else ``""``: said the moment it
+    is, in the progress, not only in the final summary."""
+    from accelbench.engine.metrics import CONTENTION_THRESHOLD
+
+    parts = []
+    if metrics.cpu_s is not None and metrics.cpu_wait_s is not None and metrics.cpu_s + metrics.cpu_wait_s > 0:
+        waiting = metrics.cpu_wait_s / (metrics.cpu_s + metrics.cpu_wait_s)
+        if waiting >= CONTENTION_THRESHOLD:
+            parts.append(f"its threads waited {waiting:.0%} of the time for a core")
+    if metrics.steal is not None and metrics.steal >= CONTENTION_THRESHOLD:
+        parts.append(f"the hypervisor took {metrics.steal:.0%} of the cores' time")
+    if not parts:
+        return ""
+    return (
+        f"contended: {' and '.join(parts)} (other work on this host): this epoch's time is longer and noisier "
+        "than the device's; the record marks it, and --epochs auto waits for steady epochs"
+    )
+
+
+def fmt_left(seconds: float) -> str:
+    """``about 40 s left``, ``about 12 min left``, ``about 1 h 05 min left``: what remains of a run, as a duration
+    (a clock-like ``12:05`` reads as a time of day)."""
+    seconds = max(0, round(seconds))
+    if seconds < 90:
+        return f"about {seconds} s left"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"about {minutes} min left"
+    return f"about {minutes // 60} h {minutes % 60:02d} min left"
+
+
 class RunClock:
     """Where a run stands and when it should end: the rate of the current epoch, and the remaining time from the
     last completed epoch's time (the current epoch's pace before one has completed)."""
@@ -114,7 +147,7 @@ class LiveProgress:
                 self._task,
                 completed=self._clock.done,
                 rate=f"~{self._clock.rate(now):,.0f} samples/s"
-                + (f", run ends in ~{fmt_duration(eta)}" if eta is not None else ""),
+                + (f", {fmt_left(eta)}" if eta is not None else ""),
                 refresh=True,
             )
 
@@ -127,6 +160,9 @@ class LiveProgress:
             rate=f"{metrics.samples_per_s:,.0f} samples/s{loss}",
             refresh=True,
         )
+        busy = contention_text(metrics)
+        if busy:
+            self.note(f"epoch {self._clock.epoch}: {busy}")
 
     def close(self) -> None:
         self._progress.stop()
@@ -164,8 +200,7 @@ class LogProgress:
             eta = c.remaining_s(now)
             self._line(
                 f"{c.label()}: step {c.done}/{c.steps} ({c.done / max(c.steps, 1):.0%}), "
-                f"{c.rate(now):,.1f} samples/s"
-                + (f", run ends in ~{fmt_duration(eta)}" if eta is not None else "")
+                f"{c.rate(now):,.1f} samples/s" + (f", {fmt_left(eta)}" if eta is not None else "")
             )
 
     def end_epoch(self, metrics: EpochMetrics) -> None:
@@ -173,9 +208,11 @@ class LogProgress:
         c.end_epoch(metrics.wall_s)
         left = (c.expected - c.epoch) * (c.last_epoch_s or 0.0)
         loss = f", loss {metrics.loss:.4f}" if metrics.loss is not None else ""
-        ends = f"; run ends in ~{fmt_duration(left)}" if c.expected > c.epoch else ""
+        ends = f"; {fmt_left(left)}" if c.expected > c.epoch else ""
+        busy = contention_text(metrics)
         self._line(
             f"{c.label()} done: {metrics.wall_s:.3f} s, {metrics.samples_per_s:,.1f} samples/s{loss}{ends}"
+            + (f"; {busy}" if busy else "")
         )
 
     def close(self) -> None:

@@ -196,9 +196,14 @@ def test_the_winner_is_a_command_accelbench_reads_back(capsys: pytest.CaptureFix
 def test_the_sweep_file_is_one_accelbench_sweep_runs(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    """The top K as a sweep file accelbench sweep runs, as TOML (the core reads it alone) or YAML."""
+    for name in ("top.toml", "top.yaml"):  # TOML needs nothing more; YAML, PyYAML
+        check_sweep_file(capsys, tmp_path, tmp_path / name)
+
+
+def check_sweep_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, path: Path) -> None:
     from accelbench.sweep.spec import load_sweep
 
-    path = tmp_path / "top.yaml"
     p = plan(capsys, "--model", "gpt-mini", "--devices", "2", "--top", "4", "--sweep-file", str(path), *H100)
     sweep = load_sweep(path, output_dir=tmp_path / "out")
     assert len(sweep.points) == 4
@@ -273,7 +278,7 @@ def test_several_nodes_are_one_job(capsys: pytest.CaptureFixture[str]) -> None:
             "--global-batch 3",
         ),
         (["--model", "gpt-nano", "--device", "H100", "--measure-peak"], "--measure-peak"),
-        (["--model", "gpt-nano", "--sweep-file", "top.toml"], "--sweep-file top.toml"),
+        (["--model", "gpt-nano", "--sweep-file", "top.json"], "--sweep-file top.json"),
         (
             ["--model", "gpt-nano", "--devices", "2", "--pp-schedules", "1f1b,zb"],
             "unknown pipeline schedule 'zb'",
@@ -398,3 +403,26 @@ def test_points_an_interrupted_measurement_did_not_reach_are_not_run_not_failed(
     # the peak of the precision planned for, not of every one this CPU runs (estimate's table shows them all)
     (peak,) = json.loads((tmp_path / "cache" / PEAK_CACHE_FILE).read_text())
     assert ", float32, ieee-fp32," in peak
+
+
+def test_a_sweep_file_needs_no_extra_and_a_yaml_one_without_pyyaml_is_refused_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer's `plan --measure 3` ended in `ModuleNotFoundError: No module named 'yaml'` writing its sweep file:
+    plan writes TOML, which the core reads alone (--measure's own file too), and a .yaml name without PyYAML is
+    refused before anything is planned, naming the extra and the TOML name that needs none."""
+    import importlib.util
+
+    from accelbench.plan.measure import SWEEP_NAME
+
+    assert SWEEP_NAME.endswith(".toml")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "yaml" else real(name, *a)
+    )
+    assert main(["plan", "--model", "gpt-nano", "--sweep-file", str(tmp_path / "top.yaml"), *H100]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "needs PyYAML (pip install 'accelbench[yaml]')" in err and "give a .toml name (top.toml)" in err
+    assert not (tmp_path / "top.yaml").exists()
+    plan(capsys, "--model", "gpt-nano", "--top", "2", "--sweep-file", str(tmp_path / "top.toml"), *H100)
+    assert (tmp_path / "top.toml").read_text().count("[[grid]]") == 2

@@ -112,6 +112,10 @@ def plugins_command(args: argparse.Namespace, err: Console) -> int:
         row["strategies"] = _answer(functools.partial(_strategies, backend)) if backend else None
         row["precisions"] = _answer(functools.partial(_precisions, backend)) if backend and detected else None
         rows.append(row)
+    from accelbench.vendors import IN_TREE
+
+    installed = {row["backend"]["name"] for row in rows if row["backend"]}
+    missing = [p for p in IN_TREE if p.backend not in installed]
     if args.json:
         print(json.dumps(rows, indent=2))
         return ExitCode.OK
@@ -143,6 +147,18 @@ def plugins_command(args: argparse.Namespace, err: Console) -> int:
             out.print(f"  hooks: {hooks}", highlight=False, soft_wrap=True)
         for warning in row["warnings"]:
             out.print(f"  [yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
+    if missing:
+        out.print(
+            "[bold]not loaded here[/] (vendor plugins in accelbench's plugins/ folder: not installed, or left out "
+            "by ACCELBENCH_PLUGINS):",
+            highlight=False,
+        )
+        for plugin in missing:
+            out.print(
+                f"  {plugin.distribution} ({plugin.hardware}): {plugin.install}",
+                highlight=False,
+                soft_wrap=True,
+            )
     return ExitCode.OK
 
 

@@ -90,6 +90,16 @@ def find_device(host: PluginHost, name: str) -> KnownDevice:
             f"--device {name!r} matches several devices: {'; '.join(k.shown for k in partial)}; give one of "
             "their names"
         )
+    from accelbench.vendors import plugin_knowing
+
+    vendor = plugin_knowing(name)
+    installed = {k.backend.name for k in known}
+    if vendor is not None and vendor.backend not in installed:
+        raise ConfigError(
+            f"--device {name!r}: the {vendor.distribution} plugin's table knows it ({vendor.hardware}), and that "
+            f"plugin is not loaded here (not installed, or left out by ACCELBENCH_PLUGINS): {vendor.install} "
+            "(from a clone of accelbench), then ask again"
+        )
     listing = "; ".join(k.shown for k in known) or "none (no installed plugin lists its devices)"
     raise ConfigError(
         f"--device {name!r}: no installed plugin's peak table knows it; known devices: {listing}"

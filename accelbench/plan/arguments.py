@@ -18,7 +18,7 @@ DEFAULT_TOP = 10
 # the zero-bubble ones (interleaved-zb, zbv, dualpipev) have none, so the model would rank them as bubble-free
 PLANNED_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 # A measured point's length: a warm-up epoch and two steady ones of a few steps, enough for a steady median on the
-# small models plan is measured with here; longer runs are `accelbench sweep PLAN.yaml` with the file --sweep-file writes.
+# small models plan is measured with here; longer runs are `accelbench sweep PLAN.toml` with the file --sweep-file writes.
 DEFAULT_MEASURE_EPOCHS = 3
 DEFAULT_MEASURE_STEPS = 6
 
@@ -72,7 +72,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                       help="rank by the time to train T tokens (samples, for workloads without tokens)")  # fmt: skip
     rank.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"rows shown (default: {DEFAULT_TOP})")
     rank.add_argument("--sweep-file", type=Path, metavar="PATH",
-                      help="write the top K as a sweep file (.yaml) that `accelbench sweep` runs")  # fmt: skip
+                      help="write the top K as a sweep file (.toml; .yaml with PyYAML) that `accelbench sweep` runs")  # fmt: skip
     rank.add_argument(
         "--json", action="store_true", help="print the whole plan as JSON (schema accelbench.plan)"
     )

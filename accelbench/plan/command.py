@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
 from collections import Counter
 from datetime import datetime, timezone
 from functools import partial
@@ -152,9 +154,19 @@ def check_plan_flags(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--measure-repeats {args.measure_repeats} repeats --measure's runs: add --measure K to run the top K"
         )
-    if args.sweep_file is not None and args.sweep_file.suffix.lower() not in (".yaml", ".yml"):
+    if args.sweep_file is not None and args.sweep_file.suffix.lower() not in (".toml", ".yaml", ".yml"):
         raise ConfigError(
-            f"--sweep-file {args.sweep_file}: give a .yaml file name (accelbench sweep reads YAML)"
+            f"--sweep-file {args.sweep_file}: give a .toml (or, with PyYAML, .yaml) file name: the sweep file "
+            "formats accelbench sweep reads"
+        )
+    if (
+        args.sweep_file is not None
+        and args.sweep_file.suffix.lower() != ".toml"
+        and importlib.util.find_spec("yaml") is None
+    ):
+        raise ConfigError(
+            f"--sweep-file {args.sweep_file}: a YAML sweep file needs PyYAML (pip install 'accelbench[yaml]'); "
+            f"or give a .toml name ({args.sweep_file.with_suffix('.toml').name}), which needs nothing more"
         )
     check_estimate_flags(argparse.Namespace(**{**vars(args), "scale_to": None, "measured": None}))
 
@@ -373,10 +385,9 @@ def _targets(
 
 
 def write_sweep_file(path: Path, runs: list[PlannedRun], args: argparse.Namespace, measured: bool) -> Path:
-    """The runs as a sweep file (YAML) `accelbench sweep` runs: one grid of fixed options per configuration, in
-    the predicted order; with ``measured``, the short length --measure runs them for."""
-    import yaml
-
+    """The runs as a sweep file `accelbench sweep` runs (TOML, or YAML for a .yaml/.yml name): one grid of fixed
+    options per configuration, in the predicted order; with ``measured``, the short length --measure runs them
+    for."""
     data: dict[str, Any] = {
         "description": f"accelbench plan: the top {len(runs)} configuration(s) of {args.model} on {args.devices} "
         f"device(s) x {args.nnodes} node(s), predicted best first",
@@ -386,12 +397,43 @@ def write_sweep_file(path: Path, runs: list[PlannedRun], args: argparse.Namespac
         data["run"] = {"epochs": args.measure_epochs, "steps_per_epoch": args.measure_steps}
         data["repeats"] = args.measure_repeats
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    if path.suffix.lower() == ".toml":
+        text = sweep_toml(data)
+    else:
+        import yaml
+
+        text = yaml.safe_dump(data, sort_keys=False)
+    path.write_text(text, encoding="utf-8")
     return path
 
 
+def sweep_toml(data: dict[str, Any]) -> str:
+    """A sweep file's data (scalars, the ``run`` table, the ``grid`` list of tables) as TOML; a None value is left
+    out (TOML has none: the option keeps its default)."""
+
+    def value(v: str | int | float | bool) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf" if v < 0 else "nan")
+        return json.dumps(v)  # a JSON string is a TOML basic string
+
+    def table(entries: dict[str, Any]) -> list[str]:
+        return [f"{k} = {value(v)}" for k, v in entries.items() if v is not None]
+
+    lines = table({k: v for k, v in data.items() if not isinstance(v, (dict, list))})
+    for name, entries in data.items():
+        if isinstance(entries, dict):
+            lines += ["", f"[{name}]", *table(entries)]
+    for name, entries in data.items():
+        if isinstance(entries, list):
+            for entry in entries:
+                lines += ["", f"[[{name}]]", *table(entry)]
+    return "\n".join(lines) + "\n"
+
+
 def _plain(options: dict[str, Any]) -> dict[str, Any]:
-    """Options as YAML scalars (a path as its text)."""
+    """Options as TOML or YAML scalars (a path as its text)."""
     return {
         k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for k, v in options.items()
     }

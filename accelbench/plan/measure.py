@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # The top pick is "good enough" when its measured throughput is within this fraction of the best measured.
 TOP_PICK_TOLERANCE = 0.05
-SWEEP_NAME = "plan-measure.yaml"
+SWEEP_NAME = "plan-measure.toml"  # TOML: accelbench sweep reads it with the core alone
 
 
 def measure_top(plan: Plan, args: argparse.Namespace, err: Console) -> tuple[Comparison, int]:
