@@ -48,7 +48,11 @@ def contention_text(metrics: EpochMetrics) -> str:
     from accelbench.engine.metrics import CONTENTION_THRESHOLD
 
     parts = []
-    if metrics.cpu_s is not None and metrics.cpu_wait_s is not None and metrics.cpu_s + metrics.cpu_wait_s > 0:
+    if (
+        metrics.cpu_s is not None
+        and metrics.cpu_wait_s is not None
+        and metrics.cpu_s + metrics.cpu_wait_s > 0
+    ):
         waiting = metrics.cpu_wait_s / (metrics.cpu_s + metrics.cpu_wait_s)
         if waiting >= CONTENTION_THRESHOLD:
             parts.append(f"its threads waited {waiting:.0%} of the time for a core")
