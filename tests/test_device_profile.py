@@ -296,3 +296,12 @@ def test_calibrate_exports_a_profile_another_estimate_reads_and_never_a_busy_hos
     assert main(["calibrate", "--export", str(tmp_path / "notes.txt")]) == 2
     assert "not a device profile" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@NEEDS_CUDA
+def test_what_estimate_prints_cites_only_what_users_have(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its sources named a file of this project's notes (shared/notes/MEASUREMENT.md) that users never get."""
+    assert main(["estimate", "--model", "gpt-nano", "--devices", "2", "--strategy", "ddp", "--device", "H100",
+                 "--bus-bandwidth", "100"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "sources" in out and "shared/" not in out

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 # Fraction of the peak FLOP/s a training step reaches. 0.4: the public figures for a tuned GPT-2 loop reach 40-50%
-# MFU on an A100 or H100 (shared/notes/MEASUREMENT.md); override with --efficiency.
+# MFU on an A100 or H100 (nanoGPT's and llm.c's published figures); override with --efficiency.
 DEFAULT_EFFICIENCY = 0.4
 
 

@@ -8,7 +8,7 @@ same functions. Every formula names its source:
   TFLOP/s per GPU" divides it by devices and seconds.
 - The pipeline bubble as a fraction of a step: ``(p-1) / (m+p-1)`` for GPipe and 1F1B, ``(p-1) / (v m + p-1)``
   with ``v`` stages per rank (interleaved 1F1B, looped BFS; Megatron's "bubble shrinks by v").
-- Communication per device per step, nccl-tests' conventions (shared/notes/MEASUREMENT.md): an all-reduce of S bytes
+- Communication per device per step, nccl-tests' conventions (nccl-tests' doc/PERFORMANCE.md): an all-reduce of S bytes
   over n ranks moves ``2 (n-1)/n S`` per device, an all-gather or a reduce-scatter ``(n-1)/n S``. Tensor parallelism
   all-reduces ``b s h`` values twice per layer forward and twice backward (with sequence parallelism each all-reduce
   becomes an all-gather plus a reduce-scatter: the same volume); a pipeline stage sends ``b s h`` activations forward

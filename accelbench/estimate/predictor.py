@@ -15,7 +15,7 @@ collective (:mod:`~accelbench.estimate.strategies`, with :mod:`~accelbench.estim
 formula says where it comes from; docs/estimate.md has them all, with their sources and where they miss.
 Conventions:
 
-- Communication is counted in nccl-tests' *bus bytes* per device (shared/notes/MEASUREMENT.md): an all-reduce of S
+- Communication is counted in nccl-tests' *bus bytes* per device (nccl-tests' doc/PERFORMANCE.md): an all-reduce of S
   bytes over p ranks moves ``2 (p-1)/p S``, an all-gather or reduce-scatter whose whole array is S moves
   ``(p-1)/p S``, a broadcast, reduce or point-to-point send ``S``. Its time is those bytes over the bus bandwidth
   (busbw) the same convention measures, so a figure from ``nccl-tests`` or ``accelbench comm`` plugs in directly.

@@ -274,7 +274,7 @@ def data_parallel_breakdown(
     if p > 1:
         notes.cite(
             "communication: nccl-tests' bus bytes per device: all_reduce 2(p-1)/p S, all_gather and reduce_scatter "
-            "(p-1)/p S (shared/notes/MEASUREMENT.md; seed 001's 4(1-1/p)P and 2(1-1/p)P for 2-byte values)"
+            "(p-1)/p S (NVIDIA's nccl-tests, doc/PERFORMANCE.md; seed 001's 4(1-1/p)P and 2(1-1/p)P for 2-byte values)"
         )
     return memory, comm
 
