@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 H100 = ["--device", "H100", "--bus-bandwidth", "400"]
 
 
-def plan(capsys: pytest.CaptureFixture[str], *args: str) -> Plan:
-    """``accelbench plan ARGS --json``, in this process, as a Plan."""
-    assert main(["plan", *args, "--json"]) == 0, capsys.readouterr().err
+def plan(capsys: pytest.CaptureFixture[str], *args: str, expect: int = 0) -> Plan:
+    """``accelbench plan ARGS --json``, in this process, as a Plan (exit ``expect``: 1 where nothing is ranked)."""
+    assert main(["plan", *args, "--json"]) == expect, capsys.readouterr().err
     return Plan.model_validate_json(capsys.readouterr().out)
 
 
@@ -217,8 +217,21 @@ def check_sweep_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, path: P
 
 def test_json_round_trips_and_unpriced_are_listed_apart(capsys: pytest.CaptureFixture[str]) -> None:
     # two devices and no bus bandwidth: no step time for any data-parallel candidate; none is ranked silently
-    p = plan(capsys, "--model", "gpt-nano", "--devices", "2", "--device", "H100", "--strategies", "ddp,fsdp",
-             "--batch-sizes", "8")  # fmt: skip
+    args = [
+        "--model",
+        "gpt-nano",
+        "--devices",
+        "2",
+        "--device",
+        "H100",
+        "--strategies",
+        "ddp,fsdp",
+        "--batch-sizes",
+        "8",
+    ]
+    assert main(["plan", *args, "--json"]) == 1  # nothing to choose from: not a success
+    assert "nothing ranked: no bus bandwidth" in " ".join(capsys.readouterr().err.split())
+    p = plan(capsys, *args, expect=1)
     assert p.schema_name == "accelbench.plan" and p.schema_version == 1
     assert not p.ranked and len(p.unpriced) == p.candidates > 0
     assert all(r.reason and "bus bandwidth" in r.reason for r in p.unpriced)

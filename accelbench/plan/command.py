@@ -55,6 +55,11 @@ def plan_command(args: argparse.Namespace, err: Console) -> int:
         plan = plan.model_copy(update={"comparison": comparison})
     else:
         status = ExitCode.OK
+    if not plan.ranked:  # nothing to choose from: said on stderr, and the exit status says it too
+        reasons = Counter(r.reason for r in plan.unpriced if r.reason)
+        why = "; ".join(reason for reason, _ in reasons.most_common(2)) or "every configuration was dropped"
+        err.print(f"[bold red]nothing ranked[/]: {why}", highlight=False, soft_wrap=True)
+        status = ExitCode.ERROR
     if args.json:
         print(plan.to_json(), flush=True)
         return status
