@@ -64,7 +64,9 @@ def test_cpu_run_writes_a_complete_record(tmp_path: Path) -> None:
     assert p is not None and p.comm_bytes_per_step == 0  # one device: nothing to communicate
     # nothing missing; a calibration measured on a busy host is said (a lower bound, never cached)
     assert p.note is None or p.note.startswith("calibrated on a busy host"), p.note
-    assert p.rates_source == "measured here" and p.error_band and "16 CPU configurations" in p.error_band
+    busy = p.note is not None  # a busy host's calibration: no band claimed for it
+    assert p.rates_source == "measured here" and p.error_band
+    assert ("no band" in p.error_band) if busy else ("16 CPU configurations" in p.error_band), p.error_band
     assert p.peak_flops_per_s == m.peak.flops_per_s and p.peak_source == m.peak.source
     assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s)
     assert p.flops_per_step == pytest.approx(8 * m.flops_per_sample)

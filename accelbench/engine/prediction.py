@@ -235,7 +235,10 @@ def predict_run(
         return RunPrediction.absent(str(exc))
     source = f"accelbench comm records in {config.comm_records}" if bandwidth is not None else None
     rates: Source = "measured here" if calibration is not None else EFFICIENCY_SOURCE
-    p = p.model_copy(update={"rates_source": rates, "error_band": error_band(rates)})
+    band = error_band(rates)
+    if calibration is not None and calibration.contended:  # the band is a quiet calibration's: not this one's
+        band = "no band: rates measured on a busy host are a lower bound, and the step an upper bound"
+    p = p.model_copy(update={"rates_source": rates, "error_band": band})
     prediction = RunPrediction.from_prediction(p, bandwidth_source=source)
     if calibration is not None and calibration.contended:
         busy = "calibrated on a busy host: its rates are a lower bound, so this step is an upper bound (not cached)"
