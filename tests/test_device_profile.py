@@ -305,3 +305,48 @@ def test_what_estimate_prints_cites_only_what_users_have(capsys: pytest.CaptureF
                  "--bus-bandwidth", "100"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "sources" in out and "shared/" not in out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rates that refuse nonsense: a busy host's calibration, and one far below the run's own peak
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_a_calibration_measured_on_a_busy_host_is_said_and_never_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its rates are a lower bound of the device's (a shared host gave 0.002 GFLOP/s against the 30 the same run
+    measured as its peak, and the cache kept it for the next run): returned marked, with a note, and not stored."""
+    import torch
+
+    from accelbench.estimate import calibration as module
+    from accelbench.hostinfo import CpuUsage
+
+    class Busy(CpuUsage):
+        def waiting_since(self, before: CpuUsage) -> float | None:
+            return 0.5
+
+    real = module.cpu_usage
+    monkeypatch.setattr(module, "cpu_usage", lambda: Busy(**vars(real())))
+    found = module.calibrate(torch.device("cpu"), lambda device: None, backend="cpu", device_name="busy cpu",
+                             dtype="float32", directory=tmp_path, matmul_sizes=(16, 64),
+                             stream_bytes=(3 * 2**12, 3 * 2**20), cold_bytes=8 * 2**20)  # fmt: skip
+    assert found is not None and found.contended and found.waiting == 0.5
+    assert any("lower bound of this device's, and it is not cached" in note for note in found.notes)
+    assert not (tmp_path / module.CACHE_FILE).exists()
+
+
+def test_a_calibration_far_below_the_runs_own_peak_prices_nothing() -> None:
+    """A calibration whose largest product runs 100x below the peak the same run measured is not of this device
+    as it runs: the record says why, instead of a step 10^4 times too long."""
+    from accelbench.contract import PeakFigures
+    from accelbench.engine.prediction import consistent_with_peak
+
+    calibration = h100_profile().calibrations[0]  # fp32 products of up to ~53 TFLOP/s
+    operators = object()
+    ok = consistent_with_peak((calibration, operators), PeakFigures(flops_per_s=67e12, source="table"))  # type: ignore[arg-type]
+    assert ok == (calibration, operators)
+    far = consistent_with_peak((calibration, operators), PeakFigures(flops_per_s=67e16, source="a run's"))  # type: ignore[arg-type]
+    assert (
+        isinstance(far, str) and "run over 100x below this run's peak" in far and "nothing is priced" in far
+    )
