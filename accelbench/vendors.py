@@ -57,14 +57,15 @@ IN_TREE: tuple[VendorPlugin, ...] = (
 )
 
 
-def _key(text: str) -> str:
+def name_key(text: str) -> str:
+    """A device name as matched: case, spaces and punctuation ignored ('H100 SXM' and 'h100-sxm' are one)."""
     return re.sub(r"[^0-9a-z]", "", text.casefold())
 
 
 def plugin_knowing(device: str) -> VendorPlugin | None:
     """The in-tree plugin whose catalogue holds ``device`` (its name ignoring case, spaces and punctuation), or
     None."""
-    wanted = _key(device)
-    exact = [p for p in IN_TREE if wanted in {_key(d) for d in p.devices}]
-    partial = exact or [p for p in IN_TREE if wanted and any(wanted in _key(d) for d in p.devices)]
+    wanted = name_key(device)
+    exact = [p for p in IN_TREE if wanted in {name_key(d) for d in p.devices}]
+    partial = exact or [p for p in IN_TREE if wanted and any(wanted in name_key(d) for d in p.devices)]
     return partial[0] if len(partial) == 1 else None

@@ -13,13 +13,13 @@ its compute capability) cannot make the plan for it that way. Such a backend als
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from accelbench.contract import DeviceInfo, PrecisionPlan, Scalar
 from accelbench.errors import ConfigError
+from accelbench.vendors import name_key
 
 if TYPE_CHECKING:
     from accelbench.contract import Backend
@@ -57,10 +57,6 @@ class KnownDevice:
         return f"{self.names[0]} ({self.backend.name}: {self.device.details.get('label', self.device.name)}{memory})"
 
 
-def _key(text: str) -> str:
-    return re.sub(r"[^0-9a-z]", "", text.casefold())
-
-
 def known_devices(host: PluginHost) -> list[KnownDevice]:
     """Every device the installed backends' catalogues know, backend by backend (detection priority order). A
     plugin whose catalogue fails is skipped: a listing never fails for one plugin's fault."""
@@ -78,11 +74,11 @@ def find_device(host: PluginHost, name: str) -> KnownDevice:
     """The device ``name`` means; ConfigError listing the known names when it matches none, or the candidates when
     it matches several."""
     known = known_devices(host)
-    wanted = _key(name)
-    exact = [k for k in known if wanted in {_key(n) for n in k.names}]
+    wanted = name_key(name)
+    exact = [k for k in known if wanted in {name_key(n) for n in k.names}]
     if len(exact) == 1:
         return exact[0]
-    partial = exact or [k for k in known if wanted and any(wanted in _key(n) for n in k.names)]
+    partial = exact or [k for k in known if wanted and any(wanted in name_key(n) for n in k.names)]
     if len(partial) == 1:
         return partial[0]
     if partial:

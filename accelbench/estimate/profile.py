@@ -43,6 +43,7 @@ from accelbench.estimate.calibration import (
     TiledMatmul,
 )
 from accelbench.estimate.peak import matmul_dtype
+from accelbench.vendors import name_key
 
 if TYPE_CHECKING:
     from accelbench.contract import Backend, DeviceInfo, PrecisionPlan
@@ -192,7 +193,7 @@ def write_profile(profile: DeviceProfile, path: Path) -> None:
 
 def check_profile_device(profile: DeviceProfile, device_name: str, device_type: str, where: str) -> None:
     """Refuse a profile measured on another device than the one predicted for."""
-    if profile.device_type != device_type or _key(profile.device) != _key(device_name):
+    if profile.device_type != device_type or name_key(profile.device) != name_key(device_name):
         raise ConfigError(
             f"{where}: the profile was measured on {profile.device} ({profile.device_type}), not on the {device_name} "
             f"({device_type}) predicted for; give a profile of that device, or --device {profile.device!r}"
@@ -214,10 +215,6 @@ def check_profile_torch(profile: DeviceProfile, where: str) -> None:
 
 def _release(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
-
-
-def _key(name: str) -> str:
-    return "".join(ch for ch in name.casefold() if ch.isalnum())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -399,7 +396,7 @@ def catalogue_profile(
     if path is not None:
         return file_profile(path, device, backend.info.device_type, plan, local=False)
     for profile in shipped_profiles(backend):
-        if _key(profile.device) != _key(device.name):
+        if name_key(profile.device) != name_key(device.name):
             continue
         calibration = profile.calibration(matmul_dtype(plan))
         if calibration is not None:
