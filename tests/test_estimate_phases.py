@@ -72,6 +72,13 @@ def test_deepspeed_bucket_sizes_and_fsdp_parameter_dtype_are_the_runs() -> None:
     gathered = facts.outer_parameters + 2 * max(facts.unit_parameters)
     assert fp32.memory.transient_bytes == 4 * gathered + 2 * facts.matmul_parameters  # + autocast's copies
     assert bf16.memory.transient_bytes == 2 * gathered  # gathered in bf16, nothing left for autocast to copy
+    # and its collectives move bf16: the gathers and, reduce_dtype unset, the gradients' reduce-scatters
+    wide = {op.op: op for op in fp32.comm}
+    narrow = {op.op: op for op in bf16.comm}
+    for op in ("all_gather", "reduce_scatter"):
+        assert wide[op].dtype == "fp32" and narrow[op].dtype == "bf16"
+        assert narrow[op].bus_bytes == pytest.approx(wide[op].bus_bytes / 2)
+        assert narrow[op].message_bytes == pytest.approx(wide[op].message_bytes / 2)
 
 
 def test_fsdp_over_a_tensor_parallel_mesh_gathers_each_blocks_slice_as_fsdp_alone_gathers_the_block() -> None:

@@ -66,8 +66,8 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         from accelbench.engine.parallel.mesh import check_model_split
 
         check_model_split(config, workload.units(config), config.workload)
-    bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
     target = _target(host, config, args)
+    bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth) or links_of(target, config)
     try:
         facts = meta_facts(workload, config)
     except (RuntimeError, ValueError, OverflowError, MemoryError) as exc:  # sizes no tensor can have
@@ -126,6 +126,28 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
 
     show(prediction, Console())
     return ExitCode.OK
+
+
+def links_of(target: Target, config: RunConfig) -> Bandwidth | None:
+    """A catalogued device's link table (:mod:`accelbench.estimate.links`): what prices its collectives where no
+    comm record or bus bandwidth was given; None for a device detected here (``accelbench comm`` measures it) or
+    one whose plugin gives no links."""
+    from accelbench.estimate.links import link_table
+
+    if target.device is None or not target.catalogued:
+        return None
+    try:
+        table = link_table(target.device.details, config.devices, config.nnodes)
+    except ValueError as exc:
+        raise ConfigError(f"the device table's links for {target.device.name}: {exc}") from None
+    if table is not None and config.devices * config.nnodes > 1:
+        where = table.link_name or table.link
+        if config.nnodes > 1:
+            where += f", across nodes {table.network_name or 'no network figure: communication time unknown'}"
+        note = f"collectives: alpha-beta over the device table's links ({where})"
+        if note not in target.notes:
+            target.notes.append(note)
+    return table
 
 
 def rates_of(profile: ResolvedProfile | None, prediction: Prediction) -> dict[str, str]:
@@ -206,7 +228,8 @@ def check_estimate_flags(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"--scale-to {n}: give device counts from 1 to {MAX_SCALE_TO}, e.g. --scale-to 8 16 64"
             )
-    if any(n > 1 for n in args.scale_to or ()) and not args.comm and args.bus_bandwidth is None:
+    scaled = any(n > 1 for n in args.scale_to or ())
+    if scaled and not args.comm and args.bus_bandwidth is None and not getattr(args, "estimate_device", None):
         raise ConfigError(
             "--scale-to needs the collectives' bus bandwidth at both device counts: give --comm RECORDS (from "
             "`accelbench comm`) or --bus-bandwidth GB/s"
@@ -328,6 +351,8 @@ class Target:
         self.calibration, self.kernels = calibration, kernels
         # where the calibration's rates come from (measured here, a file, shipped, the datasheet), and its band
         self.profile = profile
+        # named from a plugin's catalogue (--device), not detected here
+        self.catalogued = False
 
 
 def _target(host: PluginHost, config: RunConfig, args: argparse.Namespace) -> Target:
@@ -388,44 +413,107 @@ def resolve_target(
     (:mod:`accelbench.estimate.profile`): ``profile_path`` (``--device-profile``), else one its plugin ships, else one
     derived from its datasheet; with ``efficiency_given`` (``--efficiency``) at that fraction of the peak instead.
     A ``profile_path`` for the device here prices it in place of a calibration measured here."""
+    if device_name:
+        target = _catalogued_target(host, config, device_name, measure_peak, profile_path, efficiency_given,
+                                    zero3=zero3, fsdp=fsdp)  # fmt: skip
+        target.catalogued = True
+        return target
+    return _detected_target(host, config, measure_peak=measure_peak, refresh_peak=refresh_peak,
+                            calibrate=calibrate, refresh_calibration=refresh_calibration, zero3=zero3,
+                            fresh_since=fresh_since, tensor_parallel=tensor_parallel, fsdp=fsdp,
+                            peak_of_its_precision_only=peak_of_its_precision_only,
+                            profile_path=profile_path)  # fmt: skip
+
+
+def _catalogued_target(
+    host: PluginHost,
+    config: RunConfig,
+    device_name: str,
+    measure_peak: bool,
+    profile_path: Path | None,
+    efficiency_given: bool,
+    *,
+    zero3: bool = False,
+    fsdp: bool = False,
+) -> Target:
+    """The device named from a plugin's catalogue (see :func:`resolve_target`). Its profile prices the device's
+    work; an engine's hooks (ZeRO-3's, FSDP2's), which run on the host, are priced at this host's measured cost,
+    standing in for that machine's host (cached once measured: :mod:`accelbench.estimate.engine_cost`)."""
     import torch
 
-    if device_name:
-        if measure_peak:
+    if measure_peak:
+        raise ConfigError("--measure-peak times the device here; it cannot be combined with --device NAME")
+    from accelbench.estimate.catalog import find_device
+
+    known = find_device(host, device_name)
+    # the run options as a run on that device would check them: another backend's option is refused here
+    config = host.check_backend_options(config, known.backend)
+    plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
+    plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
+    notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
+    notes += [note] if note else [_plan_note(known.backend.name, plan)]
+    notes += _planned_fp8_note(plan)
+    peak = known.backend.peak_figures(known.device, plan)
+    kind = torch.device(known.backend.info.device_type)
+    kernels = known.backend.optimizer_implementation(kind)
+    if efficiency_given:
+        if profile_path is not None:
             raise ConfigError(
-                "--measure-peak times the device here; it cannot be combined with --device NAME"
+                f"--device-profile {profile_path} prices the step operator by operator; --efficiency prices it at a "
+                "fraction of the peak: give one of them"
             )
-        from accelbench.estimate.catalog import find_device
+        return Target(kind.type, known.device, peak, {}, notes, plan, kernels=kernels)
+    from accelbench.estimate.profile import catalogue_profile
 
-        known = find_device(host, device_name)
-        # the run options as a run on that device would check them: another backend's option is refused here
-        config = host.check_backend_options(config, known.backend)
-        plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
-        plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
-        notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
-        notes += [note] if note else [_plan_note(known.backend.name, plan)]
-        notes += _planned_fp8_note(plan)
-        peak = known.backend.peak_figures(known.device, plan)
-        kind = torch.device(known.backend.info.device_type)
-        kernels = known.backend.optimizer_implementation(kind)
-        if efficiency_given:
-            if profile_path is not None:
-                raise ConfigError(
-                    f"--device-profile {profile_path} prices the step operator by operator; --efficiency prices it at a "
-                    "fraction of the peak: give one of them"
-                )
-            return Target(kind.type, known.device, peak, {}, notes, plan, kernels=kernels)
-        from accelbench.estimate.profile import catalogue_profile
+    profile = catalogue_profile(known.backend, known.device, plan, profile_path)
+    if profile is None:
+        notes.append(
+            f"no device profile for {known.shown}: its plugin ships none and its table lacks the memory "
+            "bandwidth a datasheet profile needs; compute at a fraction of the peak"
+        )
+        return Target(kind.type, known.device, peak, {}, notes, plan, kernels=kernels)
+    notes.append(f"rates: {profile.described}")
+    calibration = _with_host_hooks(profile.calibration, config, kernels, zero3=zero3, fsdp=fsdp)
+    notes += [note for note in calibration.notes if note not in profile.calibration.notes]
+    return Target(kind.type, known.device, peak, {}, notes, plan, calibration, kernels, profile)
 
-        profile = catalogue_profile(known.backend, known.device, plan, profile_path)
-        if profile is None:
-            notes.append(
-                f"no device profile for {known.shown}: its plugin ships none and its table lacks the memory "
-                "bandwidth a datasheet profile needs; compute at a fraction of the peak"
-            )
-            return Target(kind.type, known.device, peak, {}, notes, plan, kernels=kernels)
-        notes.append(f"rates: {profile.described}")
-        return Target(kind.type, known.device, peak, {}, notes, plan, profile.calibration, kernels, profile)
+
+def _with_host_hooks(
+    calibration: Calibration, config: RunConfig, kernels: str, *, zero3: bool, fsdp: bool
+) -> Calibration:
+    """``calibration`` with this host's ZeRO-3 or FSDP2 hook costs attached where the strategy (or ``zero3``,
+    ``fsdp``) runs them: what an accelerator's host spends beside its dispatching, measured on this host's CPU."""
+    import torch
+
+    if zero3 or config.strategy == "deepspeed-zero3":
+        from accelbench.estimate.engine_cost import with_zero3_hooks
+
+        calibration = with_zero3_hooks(calibration, torch.get_num_threads())
+    if fsdp or config.strategy == "fsdp" or ParallelDims.of(config).shards_parameters:
+        from accelbench.estimate.engine_cost import with_fsdp_hooks
+
+        calibration = with_fsdp_hooks(calibration, torch.get_num_threads(), kernels)
+    return calibration
+
+
+def _detected_target(
+    host: PluginHost,
+    config: RunConfig,
+    *,
+    measure_peak: bool,
+    refresh_peak: bool,
+    calibrate: bool,
+    refresh_calibration: bool,
+    zero3: bool,
+    fresh_since: datetime | None,
+    tensor_parallel: bool,
+    fsdp: bool,
+    peak_of_its_precision_only: bool,
+    profile_path: Path | None,
+) -> Target:
+    """The device this backend detects here (see :func:`resolve_target`)."""
+    import torch
+
     backend = host.select_backend(config.backend)
     devices = backend.detect()
     if not devices:

@@ -52,6 +52,7 @@ from accelbench.estimate.step_time import (
     compute_time,
     engine_time,
     exposed_comm,
+    host_bound,
     in_step_comm,
     optimizer_time,
     oversubscription,
@@ -190,6 +191,8 @@ def predict_step(
     engine_s = engine_time(facts, layout, hardware, calibration, notes) if phases is not None else None
     if engine_s is not None:
         engine_s *= stretch
+        if hardware.device_type != "cpu" and phases is not None and compute_s is not None:
+            engine_s = host_bound(compute_s + (optimizer_s or 0.0), phases.dispatch_s, engine_s, notes)
     step = None
     if compute_s is not None and exposed is not None:
         step = compute_s + (optimizer_s or 0.0) + exposed + (engine_s or 0.0)

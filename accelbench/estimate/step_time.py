@@ -145,8 +145,9 @@ def engine_time(
     (the replica's divided evenly over the stages, as its operators are) and a root for each of its stages, their
     hooks run for each of the step's microbatches, and its share of the tensors once (torch's pipeline stage keeps
     FSDP's gradient sync off until the last microbatch's backward and reduce-scatters then, ``perform_reduce_grad``).
-    Priced on a CPU, whose cores run the hooks and the operators in turn; an accelerator's host runs them while the
-    device works, so there they are left out, and said so."""
+    On a CPU the cores run the hooks and the operators in turn: the cost adds to the step. An accelerator's host runs
+    them beside its dispatching while the device works: the step is then the longer of the device's work and the
+    host's (:func:`host_bound`)."""
     if calibration is None:
         return None
     dims, tensors = layout.dims, float(len(facts.tensor_sizes))
@@ -178,12 +179,6 @@ def engine_time(
             parts = f"{units + 1} FSDP units (the root among them)"
     else:
         return None
-    if hardware.device_type != "cpu":
-        notes.assume(
-            f"{engine} hooks run on the host while the device works: their cost (measured on this host's CPU) is not "
-            "added to the step"
-        )
-        return None
     seconds = (
         modules * hooks.per_module_s * module_repeats
         + tensors * hooks.per_tensor_s * tensor_repeats
@@ -193,8 +188,25 @@ def engine_time(
         f"{engine} engine ({doing}): {seconds * 1e3:.3g} ms a step for {parts} and "
         f"{round(tensors) if tensors.is_integer() else f'{tensors:.3g}'} parameter tensors{repeated}, at "
         f"{hooks.describe()}"
+        + ("" if hardware.device_type == "cpu" else ", on the host beside its dispatching")
     )
     return seconds
+
+
+def host_bound(device_s: float, dispatch_s: float, engine_s: float, notes: Notes) -> float:
+    """What an accelerator's step adds for an engine's host cost ``engine_s``: the host's timeline (its operators'
+    dispatch and the engine's hooks) past the device's work, or nothing where the device is the longer."""
+    host = dispatch_s + engine_s
+    added = max(0.0, host - device_s)
+    notes.assume(
+        f"the host's timeline (dispatch {dispatch_s * 1e3:.3g} ms + the engine's hooks {engine_s * 1e3:.3g} ms) "
+        + (
+            f"outlasts the device's work ({device_s * 1e3:.3g} ms): the step waits {added * 1e3:.3g} ms for the host"
+            if added
+            else f"stays within the device's work ({device_s * 1e3:.3g} ms): the hooks cost the step nothing"
+        )
+    )
+    return added
 
 
 def overlap_mode(overlap: Overlap, hardware: Hardware) -> Literal["none", "backward"]:

@@ -237,28 +237,33 @@ def data_parallel_breakdown(
             "at the start of backward one (the last, prefetched)"
         )
         if p > 1:
-            outer = facts.outer_parameters * state.param
+            # MixedPrecisionPolicy(param_dtype=...) gathers in that dtype and, its reduce_dtype left unset,
+            # reduce-scatters the gradients in it too
+            fsdp_type = stack.fsdp_param_dtype if sixteen_bit_fsdp else None
+            reduced_width = gathered_width if sixteen_bit_fsdp else state.grad
+            reduced_total = grad_total * reduced_width / state.grad
+            outer = facts.outer_parameters * gathered_width
             comm += [
                 CommOp(
                     op="all_gather",
-                    dtype=element_type(state.param, layout.precision),
+                    dtype=fsdp_type or element_type(gathered_width, layout.precision),
                     axis="dp",
                     ranks=p,
                     what="parameters: each unit in forward and again in backward, the root unit once",
                     count=2 * len(units) + 1,
-                    message_bytes=(2 * sum(units) * state.param + outer) / (2 * len(units) + 1),
-                    bus_bytes=allgather_bytes(2 * sum(units) * state.param + outer, p),
+                    message_bytes=(2 * sum(units) * gathered_width + outer) / (2 * len(units) + 1),
+                    bus_bytes=allgather_bytes(2 * sum(units) * gathered_width + outer, p),
                     overlappable=True,
                 ),
                 CommOp(
                     op="reduce_scatter",
-                    dtype=element_type(state.grad, layout.precision),
+                    dtype=fsdp_type or element_type(state.grad, layout.precision),
                     axis="dp",
                     ranks=p,
                     what="gradients, one unit at a time in backward",
                     count=len(units) + 1,
-                    message_bytes=grad_total / (len(units) + 1),
-                    bus_bytes=allgather_bytes(grad_total, p),
+                    message_bytes=reduced_total / (len(units) + 1),
+                    bus_bytes=allgather_bytes(reduced_total, p),
                     overlappable=True,
                 ),
             ]

@@ -185,7 +185,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """Enumerate, price and rank (nothing is built but the model on the meta device, nothing runs)."""
     from accelbench.cli import make_config
     from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
-    from accelbench.estimate.command import rates_of, resolve_bandwidth
+    from accelbench.estimate.command import links_of, rates_of, resolve_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict
     from accelbench.plan.ranking import price, split
@@ -249,8 +249,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
             if operators is not None:
                 calibrated = {"calibration": target.calibration, "operators": operators}
         efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
+        links = bandwidth or links_of(target, base_config)
         prediction = predict(resolved, facts, device_type=target.device_type, device=target.device,
-                             peak=target.peak, bandwidth=bandwidth, efficiency=efficiency, overlap=args.overlap,
+                             peak=target.peak, bandwidth=links, efficiency=efficiency, overlap=args.overlap,
                              runtime_bytes=args.runtime_mib * 2**20, **calibrated)  # fmt: skip
         return prediction.model_copy(update=rates_of(target.profile, prediction))
 

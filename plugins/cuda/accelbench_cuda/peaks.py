@@ -124,6 +124,33 @@ STREAMING_MULTIPROCESSORS = {
 }
 
 
+# What each talks over (accelbench.estimate.links prices collectives from it where no comm record was given): the
+# link inside a node, one way, a GPU (NVLink 2: 6 x 25 GB/s; NVLink 3: 12 x 25; NVLink 4: 18 x 25; NVLink 5: 18 x 50;
+# a PCIe card's x16 slot, PCIe 4.0: 32 GB/s, 5.0: 64), and the network a GPU has in NVIDIA's DGX reference system
+# (DGX-1: 4 x 100 Gb/s EDR for 8 GPUs; DGX A100: a 200 Gb/s HDR NIC a GPU; DGX H100, H200 and B200: a 400 Gb/s
+# NDR NIC a GPU; 8 GPUs a node). A PCIe card or a GB200 has no reference system: its network is not assumed.
+LINKS: dict[str, dict[str, str]] = {
+    "Tesla V100-SXM2-16GB": {"link": "nvlink", "link_gbps": "150", "link_name": "NVLink 2", "network_gbps": "6.25",
+                             "network_name": "EDR InfiniBand (DGX-1: 4 x 100 Gb/s for 8 GPUs)", "node_devices": "8"},
+    "Tesla V100-SXM2-32GB": {"link": "nvlink", "link_gbps": "150", "link_name": "NVLink 2", "network_gbps": "6.25",
+                             "network_name": "EDR InfiniBand (DGX-1: 4 x 100 Gb/s for 8 GPUs)", "node_devices": "8"},
+    "NVIDIA A100-SXM4-40GB": {"link": "nvlink", "link_gbps": "300", "link_name": "NVLink 3", "network_gbps": "25",
+                              "network_name": "HDR InfiniBand (DGX A100: 200 Gb/s a GPU)", "node_devices": "8"},
+    "NVIDIA A100-SXM4-80GB": {"link": "nvlink", "link_gbps": "300", "link_name": "NVLink 3", "network_gbps": "25",
+                              "network_name": "HDR InfiniBand (DGX A100: 200 Gb/s a GPU)", "node_devices": "8"},
+    "NVIDIA A100-PCIE-40GB": {"link": "pcie", "link_gbps": "32", "link_name": "PCIe 4.0 x16"},
+    "NVIDIA A100 80GB PCIe": {"link": "pcie", "link_gbps": "32", "link_name": "PCIe 4.0 x16"},
+    "NVIDIA H100 80GB HBM3": {"link": "nvlink", "link_gbps": "450", "link_name": "NVLink 4", "network_gbps": "50",
+                              "network_name": "NDR InfiniBand (DGX H100: 400 Gb/s a GPU)", "node_devices": "8"},
+    "NVIDIA H100 PCIe": {"link": "pcie", "link_gbps": "64", "link_name": "PCIe 5.0 x16"},
+    "NVIDIA H200": {"link": "nvlink", "link_gbps": "450", "link_name": "NVLink 4", "network_gbps": "50",
+                    "network_name": "NDR InfiniBand (DGX H200: 400 Gb/s a GPU)", "node_devices": "8"},
+    "NVIDIA B200": {"link": "nvlink", "link_gbps": "900", "link_name": "NVLink 5", "network_gbps": "50",
+                    "network_name": "NDR InfiniBand (DGX B200: 400 Gb/s a GPU)", "node_devices": "8"},
+    "NVIDIA GB200": {"link": "nvlink", "link_gbps": "900", "link_name": "NVLink 5"},
+}  # fmt: skip
+
+
 def known_devices() -> list[DeviceInfo]:
     """The catalogue as detection would report each GPU (``accelbench_known_devices``), with its streaming
     multiprocessors as ``compute_units``."""
@@ -134,6 +161,7 @@ def known_devices() -> list[DeviceInfo]:
         details = {"label": label, "aliases": ",".join(aliases), "memory_source": "NVIDIA datasheet"}
         if name in STREAMING_MULTIPROCESSORS:
             details["compute_units"] = str(STREAMING_MULTIPROCESSORS[name])
+        details |= LINKS.get(name, {})
         out.append(DeviceInfo(index=index, name=name, arch=arch, memory_bytes=gib * GIB, details=details))
     return out
 

@@ -198,7 +198,9 @@ class CudaBackend(Backend):
         from importlib.resources import files
 
         folder = files("accelbench_cuda") / "profiles"
-        return [f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".json")]
+        return [
+            f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".json")
+        ]
 
 
 def _tf32(options: Mapping[str, Scalar]) -> bool:
