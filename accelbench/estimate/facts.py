@@ -70,7 +70,9 @@ def meta_facts(workload: Workload, config: RunConfig) -> WorkloadFacts:
     facts. The data source is built too (workloads build both), on the host; nothing trains."""
     import torch
 
-    with torch.device("meta"):
+    from accelbench.workloads import shapes_only
+
+    with torch.device("meta"), shapes_only():
         job = workload.build(config)
     return facts_of(job, config, source=f"{workload.name} built on the meta device (shapes, no storage)")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, lru_cache, partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -157,6 +157,9 @@ def step_operators(
     tp, sequence_parallel = (1, False) if by_batch else _tensor_parallel(config)
     if tp == 1:  # a replica's step, whatever spreads the replicas (or pipelines them: the caller divides)
         config = replica_of(config)
+        deep = _by_layers(workload, config, plan, device_type, optimizer_kernels, accelerator_kernels)
+        if deep is not None:
+            return deep
     key = (
         workload.name,
         config.model_dump_json(),
@@ -240,6 +243,114 @@ def _by_batch(
             shape = MatmulShape(m, n, k, batch)
         operators.append(replace(a, flops=at[0], bytes_moved=at[1], elements=elements, matmul=shape))
     return replace(first, operators=tuple(operators), micro_batch=micro, micro_batches=config.grad_accum)
+
+
+# A model of more layers than this is traced at LAYER_PROBES layers and its step extrapolated (:func:`_by_layers`)
+DEEP = 6
+LAYER_PROBES = (1, 2, 3)
+
+
+def _by_layers(
+    workload: Workload,
+    config: RunConfig,
+    plan: PrecisionPlan,
+    device_type: str,
+    kernels: str,
+    accelerator_kernels: bool,
+) -> StepOperators | None:
+    """The step of a deep model (more than :data:`DEEP` layers, all of one shape) from its traces at
+    :data:`LAYER_PROBES` layers: tracing costs a fake-tensor dispatch an operator, seconds for an 80-layer model,
+    where three shallow traces cost a fraction of one. In each phase either each added layer inserts the same runs
+    of operators at the same places (forward and backward: a layer's; the clipping's and a plain optimizer's: its
+    tensors'), repeated as often as the model has layers, or the phase keeps its operators and their sizes grow by a
+    constant a layer (a fused optimizer's lists), read off that line. The rule is checked first: the one- and two-layer traces must
+    give the three-layer trace exactly. None where the workload cannot change its depth, the model is shallow, or
+    the check fails: the caller traces the whole model."""
+    layers_of, with_layers = getattr(workload, "layers", None), getattr(workload, "with_layers", None)
+    if layers_of is None or with_layers is None:
+        return None
+    layers = int(layers_of(config))
+    if layers <= DEEP:
+        return None
+    try:
+        traces = [
+            step_operators(workload, with_layers(config, n), plan, device_type, kernels, accelerator_kernels)
+            for n in LAYER_PROBES
+        ]
+    except Exception:  # noqa: BLE001 - a shape this depth cannot have: the whole model is traced
+        return None
+    one, two, three = traces
+    phases: list[Operator] = []
+    for phase in PHASES:
+        a, b, c = (tuple(t.phase(phase)) for t in traces)
+        by_kind = next((k for k in (False, True) if _extended(a, b, 2, k) == c), None)
+        extended = None if by_kind is None else _extended(b, c, layers - 2, by_kind)
+        if extended is None:
+            return None
+        phases += extended
+    tensors = one.parameter_tensors + (two.parameter_tensors - one.parameter_tensors) * (layers - 1)
+    return replace(three, operators=tuple(phases), parameter_tensors=tensors)
+
+
+def _extended(
+    shallow: tuple[Operator, ...], deeper: tuple[Operator, ...], more: int, by_kind: bool = False
+) -> tuple[Operator, ...] | None:
+    """A phase's operators at ``more`` layers more than ``shallow`` has, from ``shallow`` and ``deeper`` (one layer
+    more): the block a layer adds repeated (see :func:`_by_layers`), or its operators' sizes on the line through
+    the two; None where the two are neither. The two are aligned operator by operator, or with ``by_kind`` by
+    their kinds alone (where a foreach list's sizes grow, no operator of one equals its counterpart)."""
+    from difflib import SequenceMatcher
+
+    def kind(op: Operator) -> tuple[object, ...]:
+        return (op.name, op.phase, op.dtype, op.autograd, op.strided, op.distributed, op.matmul is None)
+
+    def same_kinds(lows: Sequence[Operator], highs: Sequence[Operator]) -> bool:
+        return len(lows) == len(highs) and all(kind(a) == kind(b) for a, b in zip(lows, highs, strict=True))
+
+    keys: tuple[Sequence[Hashable], Sequence[Hashable]] = (
+        ([kind(op) for op in shallow], [kind(op) for op in deeper]) if by_kind else (shallow, deeper)
+    )
+    out: list[Operator] = []
+    for _, i1, i2, j1, j2 in SequenceMatcher(None, *keys, autojunk=False).get_opcodes():
+        lows, highs = shallow[i1:i2], deeper[j1:j2]
+        inserted = len(highs) - len(lows)
+        # a run a layer inserts (its forward, its norms in the clipping, ...) beside operators that stay or grow
+        # (the stack of those norms): the first split that leaves the same operators either side of the run
+        split = next(
+            (k for k in range(len(lows) + 1) if same_kinds(lows, highs[:k] + highs[k + inserted :])),
+            None,
+        )
+        if inserted < 0 or split is None:
+            return None
+        kept = highs[:split] + highs[split + inserted :]
+        grown = [_grown(low, high, more) for low, high in zip(lows, kept, strict=True)]
+        out += [*grown[:split], *(highs[split : split + inserted] * more), *grown[split:]]
+    return tuple(out)
+
+
+def _grown(low: Operator, high: Operator, more: int) -> Operator:
+    """An operator ``more`` layers past ``low``, its sizes growing ``high - low`` a layer (a foreach optimizer's
+    lists); ``high`` where nothing grows."""
+    if low == high:
+        return high
+    shape = None
+    if low.matmul is not None and high.matmul is not None:
+        dims = [
+            _on_line(getattr(low.matmul, d), getattr(high.matmul, d), more) for d in ("m", "n", "k", "batch")
+        ]
+        shape = MatmulShape(*(round(d) for d in dims))
+    return replace(
+        high,
+        flops=_on_line(low.flops, high.flops, more),
+        bytes_moved=_on_line(low.bytes_moved, high.bytes_moved, more),
+        elements=round(_on_line(low.elements, high.elements, more)),
+        matmul=shape,
+    )
+
+
+def _on_line(low: float, high: float, more: int) -> float:
+    """A size ``more`` layers past ``low``'s, growing ``high - low`` a layer."""
+    return low + (high - low) * more
 
 
 # What a replica's traced step does not depend on: how the replicas are spread, pipelined and launched, how long the
@@ -355,6 +466,11 @@ def _untraceable_here(device_type: str) -> str | None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    built = getattr(getattr(torch.backends, device_type, None), "is_built", None)
+    if (
+        callable(built) and not built()
+    ):  # a CPU build asked for a GPU: said without trying (seconds of imports)
+        return f"RuntimeError: this torch ({torch.__version__}) is not built with {device_type}"
     try:
         with FakeTensorMode(), torch.device(device_type):  # a layer built and stepped, as a trace does
             torch.nn.Linear(2, 2)(torch.randn(1, 2)).sum().backward()
@@ -482,8 +598,10 @@ def _trace_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     recorder = _Recorder()
+    from accelbench.workloads import shapes_only
+
     with FakeTensorMode(allow_non_fake_inputs=True):
-        with torch.device(device):
+        with torch.device(device), shapes_only():
             job = workload.build(traced)
         if traced.activation_checkpointing:  # as the run: each layer's forward runs again in backward
             from accelbench.engine.checkpointing import apply_activation_checkpointing

@@ -89,6 +89,7 @@ def trace_step(
     from accelbench.engine.distributed import executor_for
     from accelbench.engine.executor import TorchExecutor
     from accelbench.engine.tensor_peak import TOTAL, measure_step
+    from accelbench.workloads import shapes_only
 
     check_traceable(config)
     single = config.model_copy(update={"strategy": str(Strategy.SINGLE), "devices": 1, "nnodes": 1})
@@ -107,7 +108,8 @@ def trace_step(
         )
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), _attention_keeping_scores(keeps_scores):
-            job = workload.build(single)
+            with shapes_only():
+                job = workload.build(single)
             if single.activation_checkpointing:  # as the run: each layer's forward again in backward
                 from accelbench.engine.checkpointing import apply_activation_checkpointing
 

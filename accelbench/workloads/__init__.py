@@ -8,7 +8,9 @@ takes, what identifies a comparable run, the units a strategy may shard or pipel
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -224,3 +226,40 @@ def optimizer_kernels(implementation: str) -> dict[str, bool]:
     if implementation == "plain":
         return {"foreach": False}
     raise ValueError(f"unknown optimizer implementation {implementation!r}; known: fused, foreach, plain")
+
+
+# A build for its shapes alone (accelbench estimate's meta-device and fake-tensor builds): no values are drawn
+_SHAPES_ONLY: ContextVar[bool] = ContextVar("accelbench_shapes_only", default=False)
+# torch.nn.init's initialisers, which such a build skips
+INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                "sparse_")  # fmt: skip
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Within it a workload is built for its shapes alone (on the meta device or under fake tensors: no values):
+    torch.nn.init's initialisers return their tensor untouched (drawing a 128k-row, 8192-wide embedding under fake
+    tensors runs torch's reference decomposition for seconds), and a workload may make its data without what only
+    values need (:func:`building_shapes_only`: the llama's tokenizer)."""
+    import torch.nn.init as init
+
+    saved = {name: getattr(init, name) for name in INITIALISERS if hasattr(init, name)}
+
+    def untouched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor
+
+    token = _SHAPES_ONLY.set(True)
+    try:
+        for name in saved:
+            setattr(init, name, untouched)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(init, name, function)
+        _SHAPES_ONLY.reset(token)
+
+
+def building_shapes_only() -> bool:
+    """Whether the build under way is for its shapes alone (:func:`shapes_only`)."""
+    return _SHAPES_ONLY.get()

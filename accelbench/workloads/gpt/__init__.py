@@ -150,6 +150,17 @@ class GPTWorkload:
             "vocab_multiple": options["vocab_multiple"],
         }
 
+    def layers(self, config: RunConfig) -> int:
+        """The model's transformer blocks, all of one shape."""
+        return resolve_size(config)[0]
+
+    def with_layers(self, config: RunConfig, layers: int) -> RunConfig:
+        """``config``'s model with ``layers`` blocks, every other dimension and option its own (a custom size):
+        what a trace of a deep model extrapolates from (:mod:`accelbench.estimate.operators`)."""
+        _, n_head, n_embd = resolve_size(config)
+        options = {**config.workload_options, "n_layer": layers, "n_head": n_head, "n_embd": n_embd}
+        return config.model_copy(update={"model": "custom", "workload_options": options})
+
     def units(self, config: RunConfig) -> ModelUnits:
         n_layer, n_head, n_embd = resolve_size(config)
         return gpt_units(n_layer, n_head, n_embd, int(config.workload_options["block_size"]))

@@ -223,6 +223,20 @@ class LlamaWorkload:
     def model_names(self) -> list[str]:
         return [*MODEL_SIZES, "custom"]
 
+    def layers(self, config: RunConfig) -> int:
+        """The model's decoder layers, all of one shape."""
+        return shape_of(config).n_layers
+
+    def with_layers(self, config: RunConfig, layers: int) -> RunConfig:
+        """``config``'s model with ``layers`` layers, every other dimension and option its own (a custom size with
+        the size's vocabulary and RoPE base): what a trace of a deep model extrapolates from
+        (:mod:`accelbench.estimate.operators`)."""
+        shape, seq_len, vocab, theta = resolved(config)
+        options = {**config.workload_options, "n_layer": layers, "n_head": shape.n_heads, "n_embd": shape.dim,
+                   "n_kv_heads": shape.n_kv_heads, "ffn_dim": shape.ffn_dim, "vocab_size": vocab,
+                   "rope_theta": theta, "seq_len": seq_len}  # fmt: skip
+        return config.model_copy(update={"model": "custom", "workload_options": options})
+
     def prepare(self, config: RunConfig) -> None:
         """Tokenize the run's text into the cache (trained once, then loaded), in the process that launches the
         workers, so that they load it rather than each train the same tokenizer at once."""

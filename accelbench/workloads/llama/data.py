@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from accelbench.errors import ConfigError
+from accelbench.workloads import building_shapes_only
 from accelbench.workloads.heldout import HeldOutWindows, held_out_start
 from accelbench.workloads.llama.tokenizer import TokenizedCorpus, tokenized
 
@@ -41,13 +42,27 @@ def load_corpus(data: Path | None, vocab_size: int) -> TokenizedCorpus:
     return tokenized(text, vocab_size, "file", path)
 
 
+def synthetic_corpus(vocab_size: int, seq_len: int, batch_size: int) -> TokenizedCorpus:
+    """Token ids that only have the run's shapes, for a build of its shapes alone (``accelbench estimate``): no
+    text read, no tokenizer trained or loaded, so estimating needs neither the corpus nor the ``tokenizers``
+    package. Enough tokens for a batch of windows and a held-out share."""
+    tokens = (np.arange(2 * (seq_len + 1) * (batch_size + 1), dtype=np.int64) % vocab_size).astype(np.uint32)
+    return TokenizedCorpus(tokens=tokens, vocab_size=vocab_size, requested_vocab=vocab_size,
+                           source="synthetic (a build for its shapes alone: no tokenizer)", path=None,
+                           text_bytes=len(tokens), tokenizer_file=Path(), cached=True)  # fmt: skip
+
+
 def token_sources(
     data: Path | None, vocab_size: int, seq_len: int, batch_size: int, seed: int, steps_per_epoch: int | None
 ) -> tuple[TokenizedCorpus, TokenWindows, HeldOutWindows | None]:
     """The run's tokenized corpus, its training windows and its held-out windows (the last share of the tokens,
     :func:`~accelbench.workloads.heldout.held_out_start`; None when the corpus is too short to spare one): what every
     decoder workload on this corpus (llama, moe) trains and evaluates on."""
-    corpus = load_corpus(data, vocab_size)
+    corpus = (
+        synthetic_corpus(vocab_size, seq_len, batch_size)
+        if building_shapes_only()
+        else load_corpus(data, vocab_size)
+    )
     held_out = held_out_start(len(corpus.tokens), seq_len + 1)
     windows = TokenWindows(corpus, seq_len, batch_size, seed, steps_per_epoch, end=held_out)
     tokens = corpus.tokens
