@@ -126,6 +126,14 @@ def build_parser(
             help="measure this device's rates (what predictions are priced with); --export a device profile",
         )
     )
+    from accelbench.commands.check_backend import add_check_backend_arguments
+
+    add_check_backend_arguments(
+        sub.add_parser(
+            "check-backend",
+            help="run the conformance kit against an installed backend plugin and report what it proved",
+        )
+    )
     from accelbench.comm.options import add_comm_arguments
 
     add_comm_arguments(
@@ -373,6 +381,7 @@ COMMANDS = {
     "plan": ("accelbench.plan.command", "plan_command"),
     "fleet": ("accelbench.commands.fleet", "fleet_command"),
     "calibrate": ("accelbench.commands.calibrate", "calibrate_command"),
+    "check-backend": ("accelbench.commands.check_backend", "check_backend_command"),
 }
 
 

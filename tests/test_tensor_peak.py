@@ -224,6 +224,7 @@ def test_the_epochs_are_on_disk_before_the_step_and_a_failed_step_leaves_a_note(
     assert (
         "the process ended during the tensor-peak step, after the timed epochs" in draft["outcome"]["message"]
     )
+    assert "the 2 epoch(s) here are complete" in draft["outcome"]["message"]  # the epochs it holds, no more
     assert (
         len(draft["metrics"]["epochs"]) == 2
         and draft["metrics"]["epochs"]

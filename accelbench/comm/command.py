@@ -49,7 +49,6 @@ class Checked:
 def preflight(config: CommConfig, host: PluginHost) -> Checked:
     """Refuse, before anything starts, what cannot measure: one rank, a backend without torch.distributed
     collectives (IPUs replicate inside one process), no device, more devices than found, an unwritable folder."""
-    import torch
 
     ranks = config.devices * config.nnodes
     if ranks < 2:
@@ -58,7 +57,7 @@ def preflight(config: CommConfig, host: PluginHost) -> Checked:
             "or start it with torchrun/srun/mpirun across 2 or more processes"
         )
     backend = host.select_backend(config.backend)
-    collective = backend.collective(torch.device(backend.info.device_type))
+    collective = backend.collective(backend.device_kind())
     if collective is None:
         raise ConfigError(
             f"backend {backend.name!r} has no torch.distributed collective backend (its devices replicate inside "

@@ -172,9 +172,8 @@ def _answer(ask: Any) -> list[str] | str:
 
 def _precisions(backend: Any) -> list[str]:
     """Asked as the launcher asks, of the device type (no index): no device runtime is initialised for it."""
-    import torch
 
-    return list(backend.supported_precisions(torch.device(backend.info.device_type)))
+    return list(backend.supported_precisions(backend.device_kind()))
 
 
 def _strategies(backend: Any) -> list[str]:
@@ -183,9 +182,8 @@ def _strategies(backend: Any) -> list[str]:
 
 def _device_kind(backend: Any) -> Any:
     """A backend's device type as an index-less torch device: what is asked before a device is bound."""
-    import torch
 
-    return torch.device(backend.info.device_type)
+    return backend.device_kind()
 
 
 def _listed(value: list[str] | str | None) -> str:

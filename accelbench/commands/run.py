@@ -107,6 +107,10 @@ def _train_here(
 
             err.print(summary_table(record))
             err.print(f"result record: {path}", highlight=False, soft_wrap=True)
+        elif record.outcome.status != "ok" and launch.rank == 0:  # quiet, but a failure always says why
+            why = (record.outcome.message or "").strip().splitlines()
+            err.print(f"[bold red]{record.outcome.status}:[/] {_escape(why[0] if why else 'no message')} "
+                      f"(result record: {path})", highlight=False, soft_wrap=True)  # fmt: skip
     return ExitCode.of_status(status)
 
 

@@ -154,6 +154,24 @@ class Backend:
     # Device setup (in every worker process, before anything touches the device)
     # ---------------------------------------------------------------------------------------------------------
 
+    def device_kind(self) -> torch.device:
+        """This backend's device type as an index-less ``torch.device``: what the core asks about before a device is
+        bound (which precisions and strategies it runs, what it costs). A device type torch learns from the vendor's
+        package (PrivateUse1: ``npu``, ...) is known to torch only once that package is imported: import it here
+        (torch's ``torch.backends`` entry-point autoload may do it too, but not where autoload is off,
+        ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, or the package is absent). Nothing in the core or the conformance kit
+        builds a ``torch.device`` of this type any other way before :meth:`setup_device`. Stock: the type as
+        declared, and a clear error where torch does not know it. Since contract 3.3."""
+        import torch
+
+        try:
+            return torch.device(self.info.device_type)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"torch {torch.__version__} does not know device type {self.info.device_type!r} ({exc}): the "
+                f"{self.info.name} backend must import the vendor package that registers it, in device_kind()"
+            ) from None
+
     def setup_device(self, world: World, options: Mapping[str, Scalar]) -> torch.device:
         """Bind this process to its device and return it. ``world`` is where the launcher put this process (rank,
         local rank, processes on this node, nodes); ``options`` are the run's backend options, so a mode switch (a

@@ -161,7 +161,7 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
         reason = f" (detection failed: {backend.detect_error})" if backend.detect_error else ""
         about = f"; {backend.info.description}" if backend.info.description else ""
         raise BackendError(f"backend {backend.name!r} found no device on this host{reason}{about}")
-    kind = torch.device(backend.info.device_type)
+    kind = backend.device_kind()
     backend.check_strategy(config.strategy, kind)
     config = host.check_backend_options(config, backend)
     if config.compile and backend.compile_backend() is None:
@@ -968,10 +968,12 @@ class _Records:
         """Write ``record`` as it stands before an optional step, its outcome saying the process ended ``during``
         it: what the file says if nothing completes it. Best effort: a folder that cannot take it now is found
         again, and a copy kept elsewhere, by the final write."""
+        held = len(record.metrics.epochs) if record.metrics is not None else 0
         ended = (
             f"the process ended {during}, after the timed epochs (killed, e.g. by the kernel's out-of-memory "
-            "killer, or crashed): the epochs here are complete; this record was written before that step, to be "
-            "completed after it"
+            "killer, or crashed): "
+            + (f"the {held} epoch(s) here are complete" if held else "no epoch was completed")
+            + "; this record was written before that step, to be completed after it"
         )
         given = record.outcome
         outcome = Outcome(

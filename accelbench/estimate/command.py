@@ -439,7 +439,6 @@ def _catalogued_target(
     """The device named from a plugin's catalogue (see :func:`resolve_target`). Its profile prices the device's
     work; an engine's hooks (ZeRO-3's, FSDP2's), which run on the host, are priced at this host's measured cost,
     standing in for that machine's host (cached once measured: :mod:`accelbench.estimate.engine_cost`)."""
-    import torch
 
     if measure_peak:
         raise ConfigError("--measure-peak times the device here; it cannot be combined with --device NAME")
@@ -448,13 +447,13 @@ def _catalogued_target(
     known = find_device(host, device_name)
     # the run options as a run on that device would check them: another backend's option is refused here
     config = host.check_backend_options(config, known.backend)
-    plan, note = _catalogue_plan(known, config, torch.device(known.backend.info.device_type))
+    plan, note = _catalogue_plan(known, config, known.backend.device_kind())
     plan = planned_fp8_layers(plan, host.workload(config.workload), host.resolve(config))
     notes = [f"device: {known.shown}, from the {known.backend.name} plugin's table (not detected here)"]
     notes += [note] if note else [_plan_note(known.backend.name, plan)]
     notes += _planned_fp8_note(plan)
     peak = known.backend.peak_figures(known.device, plan)
-    kind = torch.device(known.backend.info.device_type)
+    kind = known.backend.device_kind()
     kernels = known.backend.optimizer_implementation(kind)
     if efficiency_given:
         if profile_path is not None:
@@ -523,7 +522,7 @@ def _detected_target(
             "--device NAME (e.g. --device H100)"
         )
     config = host.check_backend_options(config, backend)
-    kind = torch.device(backend.info.device_type)
+    kind = backend.device_kind()
     backend.check_precision(config.precision, kind)
     if kind.type == "cpu":  # the runner's split of the cores over the node's worker processes
         from accelbench.hostinfo import usable_cores

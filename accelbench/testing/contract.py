@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,6 +46,15 @@ from accelbench.engine.distributed import executor_for
 from accelbench.errors import ConfigError
 from accelbench.plugins import PluginHost, PluginRecord
 from accelbench.results import read_record
+from accelbench.testing.meaning import (
+    NotProven,
+    Outcome,
+    check_collective_backend,
+    check_local_ranks,
+    check_memory,
+    check_synchronize,
+    declared_dtypes,
+)
 
 # The flags of tiny_config: a one-layer, 16-wide GPT on 16-character windows, batch 8, no dropout
 TINY_ARGS = ("--model", "custom", "--layers", "1", "--heads", "2", "--embd", "16", "--block-size", "16",
@@ -213,7 +223,11 @@ class BackendContract:
     def test_backend_info_names_a_torch_device_type(self, contract_backend: Backend) -> None:
         info = contract_backend.info
         assert isinstance(info, BackendInfo) and info.name == self.backend
-        torch.device(info.device_type)  # raises for a device type torch does not know
+        # a torch device type's form; torch itself may learn the type only from the vendor's package, which the
+        # device-less tier does not need (device_kind() imports it; test_device_binds_to_the_declared_type binds it)
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", info.device_type), (
+            f"device_type {info.device_type!r}: torch's name of the device type ('cuda', 'xpu', 'hpu', 'npu', ...)"
+        )
         assert info.device_unit.strip(), "say what one device is (GPU, GCD, tile, IPU, ...)"
 
     def test_run_options_are_well_formed(self, contract_host: PluginHost, contract_backend: Backend) -> None:
@@ -262,6 +276,10 @@ class BackendContract:
     ) -> None:
         assert isinstance(contract_device, torch.device)
         assert contract_device.type == contract_backend.info.device_type
+        kind = contract_backend.device_kind()  # the index-less type the core asks about before binding
+        assert isinstance(kind, torch.device) and kind.type == contract_device.type and kind.index is None, (
+            kind
+        )
 
     def test_runtime_versions_are_text(
         self, contract_backend: Backend, contract_devices: list[DeviceInfo]
@@ -279,7 +297,7 @@ class BackendContract:
             f"unknown precision names: {set(supported) - set(PRECISIONS)}"
         )
         # the launcher asks before any device is bound, with an index-less device of the backend's type
-        unbound = contract_backend.supported_precisions(torch.device(contract_backend.info.device_type))
+        unbound = contract_backend.supported_precisions(contract_backend.device_kind())
         assert set(unbound) <= set(supported), (unbound, supported)
         for name in supported:
             plan = contract_backend.precision_plan(name, contract_device, {})
@@ -378,6 +396,31 @@ class BackendContract:
                 value,
             )
             assert math.isfinite(value), (key, value)
+
+    # what the readings mean (accelbench.testing.meaning): each check does something whose effect is known
+    def test_memory_peak_covers_an_allocation_and_resets(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        _outcome(check_memory(contract_backend, contract_device))
+
+    def test_synchronize_waits_for_queued_work(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        _outcome(check_synchronize(contract_backend, contract_device))
+
+    def test_collective_backend_reduces_the_declared_dtypes(
+        self, contract_backend: Backend, contract_device: torch.device
+    ) -> None:
+        _outcome(
+            check_collective_backend(
+                contract_backend, contract_device, declared_dtypes(contract_backend, contract_device)
+            )
+        )
+
+    def test_local_ranks_get_devices_of_their_own(
+        self, contract_backend: Backend, contract_devices: list[DeviceInfo]
+    ) -> None:
+        _outcome(check_local_ranks(contract_backend, contract_devices))
 
     def test_peak_figures_are_positive_or_unknown(
         self, contract_backend: Backend, contract_device: torch.device, contract_devices: list[DeviceInfo]
@@ -601,6 +644,12 @@ def tiny_config(**values: Any) -> RunConfig:
             options[name] = values.pop(name)
     base: dict[str, Any] = dict(model="custom", batch_size=8)
     return RunConfig(**{**base, **values, "workload_options": options})
+
+
+def _outcome(outcome: Outcome) -> None:
+    """A check's outcome as a test's: a violation has failed already; what could not be proven here skips."""
+    if isinstance(outcome, NotProven):
+        pytest.skip(f"{NOT_PROVEN}: {outcome.check}: {outcome.why}")
 
 
 def _child_env() -> dict[str, str]:
