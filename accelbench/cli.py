@@ -142,6 +142,21 @@ def build_parser(
     return parser
 
 
+# The core run options by what they are about, as --help groups them (a field named in none: "other run options")
+CORE_GROUPS: dict[str, tuple[str, ...]] = {
+    "what to train": ("workload", "model", "batch_size", "grad_accum", "epochs", "steps_per_epoch", "precision",
+                      "learning_rate", "seed", "backend", "engine", "compile", "compile_mode",
+                      "activation_checkpointing", "output_dir"),
+    "data": ("data", "data_placement"),
+    "several devices and nodes": ("strategy", "devices", "nnodes", "node_rank", "rdzv_endpoint",
+                                  "collective_timeout", "mesh", "placement", "pp_schedule", "microbatches",
+                                  "virtual_stages", "pp_split", "sequence_parallel", "threads"),
+    "measurement and prediction": ("peak_tflops", "profile", "profile_steps", "idle_baseline_s", "no_tensor_peak",
+                                   "no_calibration", "comm_records"),
+    "training quality": ("eval_batches", "target_loss", "target", "grad_norm_limit", "stall_epochs"),
+}  # fmt: skip
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, listed: Mapping[str, str] | None = None) -> None:
     """One flag per core run option, generated from RunConfig's fields (defaults are RunConfig's: a flag the
     user does not give is absent from the namespace, so ``--config`` values are not overridden by defaults).
@@ -149,7 +164,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, listed: Mapping[str, s
     from accelbench.references import describe_targets
 
     listed = {"precision": ", ".join(PRECISIONS), "target": describe_targets(), **(listed or {})}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for name in cli_fields():
+        title = next((t for t, names in CORE_GROUPS.items() if name in names), "other run options")
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        group = groups[title]
         info = RunConfig.model_fields[name]
         flag = "--" + flag_of(name)
         text = (info.description or "").replace("%", "%%")
@@ -158,7 +178,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, listed: Mapping[str, s
         kind, choices = _kind(info.annotation)
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if kind is bool:
-            parser.add_argument(flag, action="store_true", **kwargs)
+            group.add_argument(flag, action="store_true", **kwargs)
             continue
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         if choices:
@@ -167,7 +187,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, listed: Mapping[str, s
             kwargs["metavar"] = str(extra.get("metavar") or flag_of(name).upper().replace("-", "_"))
         if name in listed:  # shown, but RunConfig and the preflight judge them (with hints, not argparse's)
             kwargs["help"] = f"{kwargs['help']}; choices: {listed[name]}"
-        parser.add_argument(flag, type=kind, **kwargs)
+        group.add_argument(flag, type=kind, **kwargs)
 
 
 def _kind(annotation: Any) -> tuple[Any, list[str] | None]:
@@ -194,13 +214,18 @@ def _add_declared(
     """Workload and plugin options: stored only when given (the owner applies its default, recorded)."""
     if not options:
         return
-    group = parser.add_argument_group(title)
     seen: dict[str, list[RunOption]] = {}
     for option in options:
         seen.setdefault(option.cli_flag, []).append(option)
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for flag, same in seen.items():
         option = same[0]
         owners = ", ".join(sorted({o.owner for o in same if o.owner}))
+        # a workload's own options under its name ("llama options"); those several share, and plugins', together
+        heading = f"{owners} options" if prefix == _WORKLOAD and owners and "," not in owners else title
+        if heading not in groups:
+            groups[heading] = parser.add_argument_group(heading)
+        group = groups[heading]
         default = f" (default: {option.default})" if option.default is not None else ""
         choices = f" [{'|'.join(map(str, option.choices))}]" if option.choices else ""
         text = f"[{owners}] {option.help}{choices}{default}".replace("%", "%%")
@@ -323,6 +348,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
             host = get_host()
             backend_options, workload_options = host.run_options(), host.workload_run_options()
+            asked = _help_for_workload(argv)
+            if asked is not None:  # `run --help --workload moe`: that workload's own options, not every one's
+                workload_options = [
+                    o for o in workload_options if asked in {w.strip() for w in o.owner.split(",")}
+                ]
             listed = {
                 "strategy": ", ".join(sorted({s for b in host.backends.values() for s in b.strategies})),
                 "model": "; ".join(
@@ -337,6 +367,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(_command(args.command)(args, _stderr()))
     except AccelbenchError as exc:
         return _refused(exc)
+
+
+def _help_for_workload(argv: Sequence[str]) -> str | None:
+    """The workload named beside ``--help`` (``--workload NAME`` or ``--workload=NAME``), or None."""
+    if not {"--help", "-h"} & set(argv):
+        return None
+    for i, arg in enumerate(argv):
+        if arg == "--workload" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--workload="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _stderr() -> Console:

@@ -240,10 +240,11 @@ class RunConfig(BaseModel):
     )
     grad_norm_limit: float = Field(
         default=DEFAULT_GRAD_NORM_LIMIT,
-        ge=0.0,
+        gt=0.0,
         allow_inf_nan=False,
         description="the run ends as diverged when the gradient norm probed after an epoch is above this (or not "
-        "finite); 0 checks only that it is finite",
+        "finite); above 0 (no norm is at most 0: every run would diverge), e.g. 1e30 to check only that it is "
+        "finite",
     )
     stall_epochs: int = Field(
         default=0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,6 +13,9 @@ from rich.table import Table
 
 from accelbench.contract.strategies import Strategy
 from accelbench.results import EpochMetrics, PredictionCheck, ResultRecord, check_prediction
+
+if TYPE_CHECKING:
+    from accelbench.contract import PrecisionPlan
 
 _REFRESH_S = 0.25  # the display is updated at most this often, so a fast step loop pays ~100 ns per step
 
@@ -302,7 +305,7 @@ def summary_table(record: ResultRecord) -> Table:
             "strategy", f"{c.strategy} over {record.world_size} process(es){nodes}{collective}{launcher}"
         )
     if record.precision:
-        table.add_row("precision", f"{record.precision.name} (matmul math: {record.precision.matmul_math})")
+        table.add_row("precision", precision_in_words(record.precision))
     options = ", ".join(
         f"{k} {v}" for k, v in c.workload_options.items() if k not in ("n_layer", "n_head", "n_embd")
     )
@@ -414,3 +417,22 @@ def summary_table(record: ResultRecord) -> Table:
             f"{m.steady.joules_per_sample:.4g} J/sample, {m.steady.samples_per_joule:.4g} samples/J ({m.energy_source})",
         )
     return table
+
+
+def precision_in_words(plan: PrecisionPlan) -> str:
+    """What a precision plan runs, in words: what autocast computes in, what stays in float32, how float32 matmuls
+    are done (a plan's ``matmul_math``: IEEE, or TF32 and the like where the backend enables it)."""
+    fp32_math = "IEEE float32" if plan.matmul_math == "ieee-fp32" else plan.matmul_math
+    if plan.autocast_dtype:
+        words = (
+            f"{plan.name}: weights, gradients and optimizer in {plan.param_dtype}; matmuls and convolutions in "
+            f"{plan.autocast_dtype} under autocast; norms, softmax and the loss in float32"
+        )
+        if plan.fp8_recipe:
+            words += f"; linears in FP8 ({plan.fp8_recipe})"
+        return words + (
+            f" (the remaining float32 matmuls: {fp32_math})" if fp32_math != "IEEE float32" else ""
+        )
+    if plan.param_dtype == "float32":
+        return f"{plan.name}: everything in float32, matmuls as {fp32_math}"
+    return f"{plan.name}: weights, activations and matmuls in {plan.param_dtype}, no autocast"

@@ -169,3 +169,17 @@ def compare_text(*args: object) -> str:
     proc = accelbench("compare", *map(str, args))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def test_files_given_one_by_one_that_differ_in_one_field_share_one_table(runs: Path, capsys) -> None:
+    """`compare A.json B.json` of two precisions: one table along precision, one baseline, and a line saying why;
+    the folder given whole keeps a table per workload (choose with --vs)."""
+    files = sorted(str(p) for p in runs.glob("*.json"))
+    assert main(["compare", *files, "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert "the files given differ only in precision" in " ".join(captured.err.split())
+    out = json.loads(captured.out)
+    assert out["vs"] == "precision" and len(out["groups"]) == 1
+    assert main(["compare", str(runs), "--format", "json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["vs"] is None and len(whole["groups"]) == 2

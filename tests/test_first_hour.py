@@ -4,6 +4,9 @@ busy host said the moment an epoch finds it, not only in the final summary."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
+
+import pytest
 
 from accelbench.display import LogProgress, contention_text, fmt_left
 from accelbench.results import EpochMetrics
@@ -42,3 +45,66 @@ def test_a_busy_host_is_said_in_the_epochs_progress_line() -> None:
         and "contended: its threads waited 33%" in busy
         and "the record marks it" in busy
     )
+
+
+def test_a_gradient_norm_limit_no_run_can_meet_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--grad-norm-limit 0 (no norm is at most 0: every run would end as diverged) is refused before anything runs;
+    nothing is written."""
+    from accelbench.cli import main
+
+    code = main(["run", "--model", "gpt-nano", "--grad-norm-limit", "0", "--epochs", "1", "--steps-per-epoch", "2",
+                 "--output-dir", str(tmp_path)])  # fmt: skip
+    assert code == 2 and "--grad-norm-limit" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_cpu_nodes_memory_verdict_counts_every_process_on_the_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """8 worker processes share one host's memory: the verdict says per process and for the host, never "per
+    device" as if each had the host's memory to itself."""
+    from accelbench.cli import main
+
+    args = ["estimate", "--model", "gpt-mini", "--strategy", "ddp", "--devices", "8", "--batch-size", "8"]
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "per process; 8 processes:" in out and "of the host's" in out
+    assert main([*args, "--json"]) == 0
+    assert '"sharing_memory": 8' in capsys.readouterr().out
+
+
+def test_the_precision_line_says_in_words_what_runs_in_which_type() -> None:
+    """'bf16-mixed (matmul math: ieee-fp32)' read as if the matmuls ran in fp32: the line says what autocast runs
+    and what stays float32."""
+    from accelbench.contract import standard_plan
+    from accelbench.display import precision_in_words
+
+    mixed = precision_in_words(standard_plan("bf16-mixed", matmul_math="ieee-fp32"))
+    assert "matmuls and convolutions in bfloat16 under autocast" in mixed
+    assert "weights, gradients and optimizer in float32" in mixed and "ieee" not in mixed
+    assert (
+        precision_in_words(standard_plan("fp32", matmul_math="tf32"))
+        == "fp32: everything in float32, matmuls as tf32"
+    )
+    assert "no autocast" in precision_in_words(standard_plan("bf16-true", matmul_math="ieee-fp32"))
+
+
+def test_run_help_groups_its_options_and_shows_one_workloads_own_when_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from accelbench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    whole = capsys.readouterr().out
+    for heading in ("what to train:", "data:", "several devices and nodes:", "measurement and prediction:",
+                    "training quality:", "gpt options:", "llama options:", "moe options:"):  # fmt: skip
+        assert f"\n{heading}\n" in whole, heading
+    assert "--kv-lora-rank" in whole
+    with pytest.raises(SystemExit):
+        main(["run", "--help", "--workload", "gpt"])
+    gpt = capsys.readouterr().out
+    assert "gpt options:" in gpt and "moe options:" not in gpt and "--kv-lora-rank" not in gpt
+    assert len(gpt.splitlines()) < len(whole.splitlines())

@@ -4,6 +4,7 @@ CPU backend, makes its check fail with a message naming what is wrong; the worki
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -178,3 +179,40 @@ def test_a_failed_run_says_why_on_stderr_even_when_quiet(tmp_path: Path) -> None
     assert done.returncode == 4 and not done.stdout
     assert "diverged: training diverged: the loss was nan" in done.stderr
     assert "result record:" in done.stderr
+
+
+def test_the_example_plugin_with_a_memory_query_that_answers_0_fails_the_kit_naming_it(
+    tmp_path: Path,
+) -> None:
+    """End to end: the example plugin, its memory query made to answer 0, installed under another name and checked
+    with `accelbench check-backend`: the kit fails, and its report names the defect."""
+    example = Path(__file__).resolve().parents[1] / "plugins" / "example" / "accelbench_example"
+    package = tmp_path / "site" / "accelbench_zero"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('__version__ = "0.1.0"\n')
+    source = (example / "plugin.py").read_text()
+    source = source.replace(
+        "from accelbench_example import __version__", "from accelbench_zero import __version__"
+    )
+    source = source.replace('name="example"', 'name="zero"')
+    broken = source.replace(
+        'memory=MemoryStats(peak_bytes=None, source="unknown (CPU tensors have no allocator peak counter)")',
+        'memory=MemoryStats(peak_bytes=0, source="device memory in use")',
+    )
+    assert broken != source
+    (package / "plugin.py").write_text(broken)
+    dist = tmp_path / "site" / "accelbench_zero-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: accelbench-zero\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[accelbench]\nzero = accelbench_zero.plugin\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{':'.join(p for p in sys.path if p)}", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}  # fmt: skip
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "accelbench.cli", "check-backend", "zero", "--json", str(report)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    failed = [row for row in json.loads(report.read_text())["results"] if row["result"] == "failed"]
+    assert [row["test"] for row in failed] == ["memory peak covers an allocation and resets"]
+    assert "does not measure what the device holds" in failed[0]["why"]

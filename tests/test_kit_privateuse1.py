@@ -75,3 +75,26 @@ def test_a_device_type_torch_learns_from_the_vendor_package_needs_it_only_with_a
     assert results["device binds to the declared type"]["result"] == "not proven"
     assert "no npu device on this machine" in results["device binds to the declared type"]["why"]
     assert results["memory peak covers an allocation and resets"]["result"] == "not proven"
+
+
+STOCK_KERNELS = """
+import torch
+torch.utils.rename_privateuse1_backend("npu")  # what a vendor's package does when imported
+from accelbench.contract import Backend, BackendInfo
+
+class Npu(Backend):
+    info = BackendInfo(name="npu", device_type="npu", device_unit="one NPU")
+
+    def detect_devices(self):
+        return []
+
+print(Npu().optimizer_implementation(torch.device("npu")), Npu().optimizer_implementation(torch.device("cuda")))
+"""
+
+
+def test_the_stock_optimizer_kernels_of_a_privateuse1_type_are_foreach() -> None:
+    """torch lists its PrivateUse1 type among those with fused AdamW whether or not the vendor wrote the kernels: the
+    stock answer for it is foreach (a vendor with fused kernels says so by overriding optimizer_implementation)."""
+    done = subprocess.run([sys.executable, "-c", STOCK_KERNELS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["foreach", "fused"]

@@ -109,6 +109,7 @@ def plugins_command(args: argparse.Namespace, err: Console) -> int:
         backend = host.backends.get(record.backend.name) if record.backend else None
         detected = backend.detect() if backend else []
         row["devices"] = [d.model_dump() for d in detected]
+        row["detect_error"] = backend.detect_error if backend else None
         row["strategies"] = _answer(functools.partial(_strategies, backend)) if backend else None
         row["precisions"] = _answer(functools.partial(_precisions, backend)) if backend and detected else None
         rows.append(row)
@@ -134,7 +135,8 @@ def plugins_command(args: argparse.Namespace, err: Console) -> int:
         out.print(f"[bold]{row['name']}[/] ({dist}{contract}): {status}", highlight=False, soft_wrap=True)
         if row["backend"]:
             about = f" ({row['backend']['description']})" if row["backend"]["description"] else ""
-            names = ", ".join(d["name"] for d in row["devices"]) or f"none detected{about}"
+            failed = f"detection failed: {escape(row['detect_error'])}" if row["detect_error"] else None
+            names = ", ".join(d["name"] for d in row["devices"]) or failed or f"none detected{about}"
             out.print(f"  backend {row['backend']['name']}: {names}", highlight=False, soft_wrap=True)
             precisions = row["precisions"] or "(the device decides; none detected here)"
             out.print(f"  precisions: {_listed(precisions)}", highlight=False, soft_wrap=True)

@@ -7,13 +7,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from accelbench.compare.bandwidth import CommComparison, compare_comm, render_comm_table, render_with_runs
 from accelbench.compare.cells import Comparison, Filters, compare
-from accelbench.compare.keys import DEFAULT_LABEL_BY, SYSTEM_FIELDS, parse_label_by
+from accelbench.compare.keys import CORE_AXES, DEFAULT_LABEL_BY, SYSTEM_FIELDS, parse_label_by
 from accelbench.compare.records import load_records
 from accelbench.compare.render import FORMATS, render_table
 from accelbench.compare.stats import DEFAULT_ALPHA
@@ -107,16 +108,41 @@ def comparisons_from_args(
 
         record_set.records = priced(record_set.records, read_prices(args.prices))
     filters = Filters(tuple(args.model), tuple(args.precision), tuple(args.strategy), tuple(args.system))
+    vs = args.vs if args.vs is not None else one_axis(args.paths, record_set.records)
+    if vs is not None and args.vs is None:
+        err.print(
+            Text(f"the files given differ only in {vs}: one table along it (--vs {vs}; another --vs to choose)",
+                 style="dim"),
+            soft_wrap=True,
+        )  # fmt: skip
     comparison = compare(
         record_set,
         label_by,
         args.baseline,
         filters,
         args.alpha,
-        vs=args.vs,
+        vs=vs,
         vs_baseline=args.vs_baseline,
     )
     return comparison, comm
+
+
+def one_axis(paths: list[Path], records: list[Any]) -> str | None:
+    """Where result files are given one by one (no folder) and their runs differ in exactly one workload field
+    (precision, batch size, strategy, model, ...), that field: the files then share one table along it, with one
+    baseline, instead of a table each. None otherwise."""
+    if len(records) < 2 or any(path.is_dir() for path in paths):
+        return None
+    keys = {r.key for r in records}
+    if len(keys) < 2:
+        return None
+    first = next(iter(keys))
+    axes = [*CORE_AXES, *sorted({name for key in keys for name, _ in key.identity})]
+    differing = [axis for axis in axes if len({key.value(axis) for key in keys}) > 1]
+    if len(differing) != 1:
+        return None
+    axis = differing[0]
+    return axis if all(key.without(axis) == first.without(axis) for key in keys) else None
 
 
 def comparison_from_args(args: argparse.Namespace, err: Console) -> Comparison:

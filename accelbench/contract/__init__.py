@@ -10,6 +10,8 @@ Nothing in this package imports the engine, the plugin host or the command line.
 documents every method with its types.
 """
 
+from typing import TYPE_CHECKING
+
 from accelbench.contract.backend import COLLECTIVE_DTYPES, Backend, OptimizerImplementation
 from accelbench.contract.executor import DataShard, Executor, ExecutorRequest, World
 from accelbench.contract.markers import CONTRACT_VERSION, PROJECT, hookimpl, hookspec
@@ -38,6 +40,11 @@ from accelbench.contract.records import (
     allocator_memory,
 )
 from accelbench.contract.strategies import STRATEGIES, Strategy, strategy_of
+
+if (
+    TYPE_CHECKING
+):  # what Backend.check_run is given, for a plugin's annotation (the configuration imports this package)
+    from accelbench.config import RunConfig as RunConfig
 
 __all__ = [
     "COLLECTIVE_DTYPES",

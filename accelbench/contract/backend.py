@@ -314,13 +314,18 @@ class Backend:
     def optimizer_implementation(self, device: torch.device) -> OptimizerImplementation:
         """Which optimizer kernels the workload's optimizer uses on ``device``: 'fused' (one kernel for every
         parameter), 'foreach' (grouped kernels) or 'plain' (a loop over parameters). Stock: fused where torch has
-        fused kernels for the device type, else foreach."""
+        fused kernels for the device type, else foreach. torch lists its PrivateUse1 type (a vendor's ``npu``, ...)
+        among the fused ones whether or not the vendor wrote them: for that type the stock answer is foreach;
+        a backend whose package has fused AdamW kernels overrides this to say 'fused'."""
+        import torch
+
         try:
             from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
             fused = set(_get_fused_kernels_supported_devices())
         except ImportError:  # older torch: the devices that had fused AdamW
             fused = {"cuda"}
+        fused.discard(torch._C._get_privateuse1_backend_name())
         return "fused" if device.type in fused else "foreach"
 
     def clip_grad_norm(self, parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:

@@ -151,7 +151,7 @@ class QualityChecks:
                 + self._evaluation_hint(sums[2] / world)
             )
         limit = self.config.grad_norm_limit
-        if grad_norm is not None and (not math.isfinite(grad_norm) or (limit > 0 and grad_norm > limit)):
+        if grad_norm is not None and (not math.isfinite(grad_norm) or grad_norm > limit):
             self._diverged(
                 f"the gradient norm exploded: {grad_norm:.4g} after epoch {epoch + 1} (step {step}), "
                 + (f"above --grad-norm-limit {limit:g}" if math.isfinite(grad_norm) else "not finite")

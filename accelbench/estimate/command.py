@@ -867,8 +867,16 @@ def show(prediction: Prediction, out: Console) -> None:
     verdict = {True: "[green]fits[/]", False: "[bold red]predicted out of memory[/]", None: "fit unknown"}[
         p.fits
     ]
-    of = f" in {fmt_bytes(capacity)} per device" if capacity else " (the device's memory is unknown)"
-    out.print(f"{verdict}: {fmt_bytes(total)}{of}", highlight=False)
+    if (
+        capacity and p.sharing_memory > 1 and total is not None
+    ):  # a CPU node's processes share the host's memory
+        of = (
+            f" per process; {p.sharing_memory} processes: {fmt_bytes(total * p.sharing_memory)} of the host's "
+            f"{fmt_bytes(capacity)}"
+        )
+    else:
+        of = f" in {fmt_bytes(capacity)} per device" if capacity else " (the device's memory is unknown)"
+    out.print(f"{verdict}: {fmt_bytes(total)}{of}", highlight=False, soft_wrap=True)
     if p.traced_peak_bytes is not None:
         traced = {True: "[green]fits[/]", False: "[bold red]out of memory[/]", None: "fit unknown"}[
             p.traced_fits

@@ -222,6 +222,7 @@ def predict_step(
         peak_phase=memory.peak_phase,
         stack=stack.described(hardware.device_type, facts.dropout),
         fits=fits,
+        sharing_memory=hardware.devices_per_node if hardware.device_type == "cpu" else 1,
         comm=comm,
         comm_bytes_per_step=sum(op.bus_bytes for op in comm),
         peak_flops_per_s=hardware.peak_flops_per_s,

@@ -235,6 +235,12 @@ class Prediction(_Model):
         "parameter dtype, activation checkpointing, dropout masks.",
     )
     fits: bool | None = Field(description="Whether the peak fits the device's memory; None when unknown.")
+    sharing_memory: int = Field(
+        default=1,
+        ge=1,
+        description="Processes that share the device's memory: a CPU node's worker processes share the host's, so "
+        "`fits` compares their peaks together; 1 on an accelerator.",
+    )
     comm: list[CommOp]
     comm_bytes_per_step: float = Field(
         description="Bus bytes one device moves per step (nccl-tests' convention)."

@@ -5,7 +5,7 @@ placeholders ``{{name}}``, ``{{Name}}``, ``{{NAME}}``, ``{{device_type}}``, ``{{
 in file names and contents, and dropping the ``-tpl`` suffix that keeps template files out of linters. Standard
 library only, so it runs before anything is installed.
 
-The plugin it writes implements plugin contract 3.0 (:data:`CONTRACT`): a ``Backend`` subclass registered by its
+The plugin it writes implements plugin contract 3.3 (:data:`CONTRACT`): a ``Backend`` subclass registered by its
 plugin module. As generated it installs and loads, but the methods every backend must write raise
 ``NotImplementedError("TODO: ...")``, so it fails the conformance kit until they are written; see the generated
 README.
@@ -22,7 +22,7 @@ from pathlib import Path
 TEMPLATE = Path(__file__).resolve().parent / "template"
 SUFFIX = "-tpl"
 TAKEN = {"cpu", "template", "accelbench"}
-CONTRACT = "3.0"  # the plugin contract the template implements (accelbench.contract.CONTRACT_VERSION)
+CONTRACT = "3.3"  # the plugin contract the template implements (accelbench.contract.CONTRACT_VERSION)
 
 
 def render(text: str, values: dict[str, str]) -> str:

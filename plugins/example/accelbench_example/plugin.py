@@ -28,7 +28,7 @@ from accelbench_example import __version__
 if TYPE_CHECKING:
     import torch
 
-accelbench_contract = "3.0"
+accelbench_contract = "3.3"
 
 # Dense peak FLOP/s and bandwidth by device name, from the vendor's datasheet: {name: (bf16, fp32, bytes/s)}. The
 # stand-in has no datasheet, so its MFU is "unknown" (never a guess).

@@ -147,6 +147,15 @@ def test_a_plugin_for_a_device_this_machine_lacks_loads_and_reports_its_unwritte
     )
     assert proc.returncode == 0, proc.stderr
     status, contract, device_type, devices, error, selected = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (status, contract, device_type, devices) == ("active", "3.0", "hpu", [])
+    assert (status, contract, device_type, devices) == ("active", "3.3", "hpu", [])
     assert error.startswith("NotImplementedError: TODO: write detect_devices")
     assert selected != "gaudi"  # a backend whose detection is not written never wins selection
+    listed = subprocess.run(
+        [sys.executable, "-m", "accelbench.cli", "plugins"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "backend gaudi: detection failed: NotImplementedError: TODO: write detect_devices" in listed.stdout

@@ -10,7 +10,7 @@ from accelbench.plugins import PluginHost
 def test_the_plugin_is_found_through_its_entry_point() -> None:
     host = PluginHost()
     record = next(r for r in host.records if r.name == "example")
-    assert (record.status, record.contract) == ("active", "3.0")
+    assert (record.status, record.contract) == ("active", "3.3")
     assert record.distribution == "accelbench-example"
     assert host.backends["example"].info.device_type == "cpu"
 
