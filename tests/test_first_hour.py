@@ -108,3 +108,67 @@ def test_run_help_groups_its_options_and_shows_one_workloads_own_when_asked(
     gpt = capsys.readouterr().out
     assert "gpt options:" in gpt and "moe options:" not in gpt and "--kv-lora-rank" not in gpt
     assert len(gpt.splitlines()) < len(whole.splitlines())
+
+
+SWEEP = """[run]
+model = "gpt-nano"
+epochs = 5
+steps_per_epoch = 40
+
+[grid]
+batch_size = [16, 32]
+"""
+
+
+def _sweep_interrupted(tmp_path: Path, signals: int) -> tuple[int, float, list[tuple[float, str]]]:
+    """A sweep started, its first point running, then ``signals`` SIGINTs 0.3 s apart: (exit code, seconds from the
+    first signal to the exit, stderr lines with the seconds after the first signal they came)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    (tmp_path / "sweep.toml").write_text(SWEEP)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelbench.cli", "sweep", str(tmp_path / "sweep.toml"), "--output-dir",
+         str(tmp_path / "out")],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    lines: list[tuple[float, str]] = []
+    started = threading.Event()
+    sent = [0.0]
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append((time.monotonic() - sent[0] if sent[0] else -1.0, line.strip()))
+            if "running batch_size=16" in line:
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert started.wait(120), lines
+    time.sleep(6)  # the point's child is training
+    sent[0] = time.monotonic()
+    for _ in range(signals):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    code = proc.wait(timeout=120)
+    elapsed = time.monotonic() - sent[0]
+    reader.join(10)
+    return code, elapsed, lines
+
+
+def test_an_interrupted_sweep_says_so_at_once_and_keeps_what_it_finished(tmp_path: Path) -> None:
+    code, elapsed, lines = _sweep_interrupted(tmp_path, signals=1)
+    said = [(t, line) for t, line in lines if line.startswith("Ctrl-C: stopping")]
+    assert code == 130 and said and said[0][0] < 2.0, lines
+    assert elapsed < 30, lines
+    assert any("interrupted: every finished point is recorded" in line for _, line in lines)
+
+
+def test_a_second_ctrl_c_stops_a_sweep_at_once(tmp_path: Path) -> None:
+    code, elapsed, lines = _sweep_interrupted(tmp_path, signals=2)
+    assert code == 130 and elapsed < 10, lines
+    assert any("interrupted" in line for _, line in lines)

@@ -208,6 +208,9 @@ def preflight(config: RunConfig, host: PluginHost) -> Preflight:
     check_fp8_run(config)
     config = host.resolve(config)
     backend.check_run(config)
+    run_needs = getattr(host.workload(config.workload), "check_run", None)
+    if run_needs is not None:  # what training needs beyond what estimating does (the llama's tokenizer)
+        run_needs(config)
     if config.mesh is not None:  # tensor/pipeline parallelism: can the model be split so?
         from accelbench.engine.parallel.mesh import check_model_split
 

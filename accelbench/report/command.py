@@ -48,6 +48,9 @@ def report_command(args: argparse.Namespace, err: Console) -> int:
     """`accelbench report`: compare the records, draw the views, write one HTML file. Plan files (`accelbench plan
     --json`, told by their schema) each get a section; given alone, the page is theirs."""
     check_report_places(args.output, args.figures)  # before the records are read and the figures drawn
+    from accelbench.report.drawing import load_matplotlib
+
+    load_matplotlib()  # a missing extra is said first, before records are read
     plans = [read_plan(path) for path in args.paths if is_plan_file(path)]  # a bad plan is refused here
     if plans:
         args.paths = [path for path in args.paths if not is_plan_file(path)]

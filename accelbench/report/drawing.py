@@ -61,7 +61,7 @@ def load_matplotlib() -> Any:
     except ImportError:
         raise AccelbenchError(
             "accelbench report draws its figures with matplotlib, which is not installed: "
-            "pip install matplotlib"
+            "pip install 'accelbench[report]' (or pip install matplotlib)"
         ) from None
     return matplotlib
 

@@ -161,7 +161,7 @@ def read_sweep_file(path: Path) -> dict[str, Any]:
             import yaml
         except ImportError:
             raise AccelbenchError(
-                f"{path}: YAML sweep files need PyYAML (pip install pyyaml), or write the file as TOML"
+                f"{path}: YAML sweep files need PyYAML (pip install 'accelbench[yaml]'), or write the file as TOML"
             ) from None
         try:
             data = yaml.safe_load(text)

@@ -92,11 +92,13 @@ def run_point(
         proc.send_signal(signal.SIGTERM)  # the child writes an interrupted record
         stderr = _finish(proc)
     except KeyboardInterrupt:
+        _acknowledge("Ctrl-C")
         proc.send_signal(signal.SIGINT)
         _finish(proc)
         _collect(recorded, before, output_dir, config)
         raise
     except SweepInterrupted as exc:
+        _acknowledge(signal.Signals(exc.signum).name)
         proc.send_signal(exc.signum)
         _finish(proc)
         _collect(recorded, before, output_dir, config)
@@ -154,13 +156,23 @@ def _diverged_cause(path: Path) -> str:
     return diverged_cause(said)
 
 
+def _acknowledge(what: str) -> None:
+    """Say at once that the interrupt was heard and what happens now (the point may take seconds to stop)."""
+    print(f"\n{what}: stopping; the running point keeps its completed epochs in an interrupted record (again: stop at "
+          "once)", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def _finish(proc: subprocess.Popen[str]) -> str:
-    """Wait for an interrupted child to write its record; kill it (and its workers) after the grace period."""
+    """Wait for an interrupted child to write its record; kill it (and its workers) after the grace period, or at
+    once on a second Ctrl-C (the sweep's finished points stay recorded; this point's record may then be missing)."""
     try:
         _, stderr = proc.communicate(timeout=INTERRUPT_GRACE_S)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
         os.killpg(proc.pid, signal.SIGKILL)
         _, stderr = proc.communicate()
+        if isinstance(exc, KeyboardInterrupt):
+            print("stopped at once: the running point was killed (no record of it); the finished points are kept",
+                  file=sys.stderr, flush=True)  # fmt: skip
     return stderr or ""
 
 

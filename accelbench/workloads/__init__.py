@@ -196,6 +196,8 @@ class Workload(Protocol):
     # Optional, not part of the protocol: ``parameters(config) -> int``, the parameters the model will have (or a
     # lower bound), known without building it. Where a workload defines it, `accelbench run` refuses up front a
     # model whose fp32 weights the host's memory cannot hold (:func:`accelbench.engine.runner.check_model_fits_host`).
+    # Optional too: ``check_run(config) -> None``, what training needs beyond what a build for its shapes does (a
+    # tokenizer package), refused by `accelbench run`'s preflight; `estimate` and `plan` do not ask it.
     # Optional too: ``prepare(config) -> None``, called once by the process that launches a multi-process job's
     # workers, before they start: work every worker would otherwise repeat at once (the llama's tokenizer cache).
 

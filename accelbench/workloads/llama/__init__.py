@@ -250,8 +250,6 @@ class LlamaWorkload:
         return shape.parameters(vocab)
 
     def check(self, config: RunConfig) -> None:
-        from accelbench.workloads.llama.tokenizer import require_tokenizers
-
         options = config.workload_options
         given = [n for n in CUSTOM if options.get(n) is not None]
         if config.model == "custom" and not all(options.get(n) is not None for n in CUSTOM[:3]):
@@ -275,6 +273,12 @@ class LlamaWorkload:
             )
         if shape.head_dim % 2:
             raise ConfigError(f"rotary embeddings turn pairs: the head size {shape.head_dim} must be even")
+
+    def check_run(self, config: RunConfig) -> None:
+        """What training needs beyond the shapes an estimate builds: the tokenizer (``tokenizers``, the llama
+        extra), refused before anything starts."""
+        from accelbench.workloads.llama.tokenizer import require_tokenizers
+
         require_tokenizers()
 
     def identity(self, config: RunConfig) -> dict[str, Scalar]:

@@ -659,8 +659,6 @@ class MoEWorkload:
         return shape.parameters(vocab)
 
     def check(self, config: RunConfig) -> None:
-        from accelbench.workloads.llama.tokenizer import require_tokenizers
-
         check_custom(config)
         check_balance(config)
         shape, seq_len, _, _ = resolved(config)
@@ -668,12 +666,18 @@ class MoEWorkload:
             raise ConfigError(
                 f"--seq-len {seq_len} is above {config.model}'s context of {shape.max_seq_len:,} tokens"
             )
-        require_tokenizers()
         if config.sequence_parallel:
             raise ConfigError(
                 "--sequence-parallel: the moe workload's routed experts take whole sequences (every tensor-parallel "
                 "rank routes the same tokens); run its tp axis without sequence parallelism"
             )
+
+    def check_run(self, config: RunConfig) -> None:
+        """What training needs beyond the shapes an estimate builds: the tokenizer (``tokenizers``, the llama
+        extra), refused before anything starts."""
+        from accelbench.workloads.llama.tokenizer import require_tokenizers
+
+        require_tokenizers()
 
     def identity(self, config: RunConfig) -> dict[str, Scalar]:
         shape, seq_len, vocab, coef = resolved(config)

@@ -30,8 +30,9 @@ TORCHVISION_NOTES: list[str] = []  # set when torchvision was loaded without its
 def load_torchvision() -> ModuleType:
     """torchvision, or a ConfigError saying how to install it; a build for another torch is loaded without its
     compiled operators (see the module's docstring), and :data:`TORCHVISION_NOTES` says so."""
-    if "torchvision" in sys.modules:
-        return sys.modules["torchvision"]
+    loaded = sys.modules.get("torchvision")
+    if loaded is not None:  # None: an import of it failed, or was blocked, in this process
+        return loaded
     if importlib.util.find_spec("torchvision") is None:
         raise ConfigError(
             "the image workloads need torchvision: pip install 'accelbench[vision]' (with the torchvision release "
