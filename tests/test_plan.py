@@ -443,3 +443,15 @@ def test_a_sweep_file_needs_no_extra_and_a_yaml_one_without_pyyaml_is_refused_na
     assert not (tmp_path / "top.yaml").exists()
     plan(capsys, "--model", "gpt-nano", "--top", "2", "--sweep-file", str(tmp_path / "top.toml"), *H100)
     assert (tmp_path / "top.toml").read_text().count("[[grid]]") == 2
+
+
+def test_plan_takes_estimates_stack_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """--fsdp-param-dtype bf16 gathers FSDP's units in bf16 (less memory a candidate, and its stack says so), as
+    estimate prices it; a bucket size no DeepSpeed takes is refused before anything is planned."""
+    args = ["--model", "gpt-mini", "--devices", "2", "--strategies", "fsdp", "--precisions", "bf16-mixed",
+            "--batch-sizes", "8", *H100]  # fmt: skip
+    default, bf16 = plan(capsys, *args), plan(capsys, *args, "--fsdp-param-dtype", "bf16")
+    (a,), (b,) = default.ranked, bf16.ranked
+    assert b.peak_memory_bytes < a.peak_memory_bytes
+    assert main(["plan", *args, "--ds-reduce-bucket", "0"]) == 2
+    assert "--ds-reduce-bucket 0" in capsys.readouterr().err

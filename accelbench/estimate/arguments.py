@@ -116,6 +116,12 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         "single and ddp)",
     )
     group.add_argument("--json", action="store_true", help="print the prediction as JSON on stdout")
+    add_stack_arguments(parser)
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training stack's options (attention, AdamW's kernels, DDP's bucket view, DeepSpeed's buckets, FSDP's
+    parameter dtype): `estimate` and `plan` take the same."""
     stack = parser.add_argument_group(
         "the training stack predicted for (memory: where stacks differ; default: what `accelbench run` does here)"
     )

@@ -88,7 +88,10 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
         from accelbench.estimate.operators import UntraceableStep, operators_for
 
         try:
-            operators = operators_for(workload, config, target.plan, target.device_type, target.kernels)
+            kernels = (
+                args.optimizer_kernels or target.kernels
+            )  # --optimizer-kernels: the step traced with them
+            operators = operators_for(workload, config, target.plan, target.device_type, kernels)
         except UntraceableStep as exc:  # priced at a fraction of the peak instead, and said why
             target.notes.append(f"not priced operator by operator: {exc}")
             target.profile = None

@@ -117,3 +117,6 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --calibrate: measure the calibration again")  # fmt: skip
     device.add_argument("--runtime-mib", type=float, default=0.0, metavar="MIB",
                         help="memory a process holds before the model, added to each peak (default: 0)")  # fmt: skip
+    from accelbench.estimate.arguments import add_stack_arguments
+
+    add_stack_arguments(parser)  # the training stack priced, as for estimate

@@ -191,6 +191,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
     from accelbench.plan.ranking import price, split
     from accelbench.plugins import get_host
 
+    from accelbench.estimate.stack import stack_from_flags
+
+    # the stack flags checked once, before anything is enumerated (a bad bucket size is the flag's fault, not a
+    # candidate's)
+    stack_from_flags(ds_reduce_bucket=args.ds_reduce_bucket, ds_allgather_bucket=args.ds_allgather_bucket,
+                     ds_prefetch_bucket=args.ds_prefetch_bucket)  # fmt: skip
     host = get_host()
     workload = host.workload(args.workload)
     world = args.devices * args.nnodes
@@ -234,15 +240,29 @@ def make_plan(args: argparse.Namespace) -> Plan:
         )
 
     def predict_one(config: RunConfig) -> Prediction:
+        from accelbench.estimate.stack import stack_from_flags
+
         target = targets[config.precision]
         resolved = host.resolve(config)
+        stack = stack_from_flags(
+            attention=args.attention,
+            optimizer=args.optimizer_kernels,
+            ddp_bucket_view=args.ddp_bucket_view,
+            ds_reduce_bucket=args.ds_reduce_bucket,
+            ds_allgather_bucket=args.ds_allgather_bucket,
+            ds_prefetch_bucket=args.ds_prefetch_bucket,
+            fsdp_param_dtype=args.fsdp_param_dtype,
+            activation_checkpointing=resolved.activation_checkpointing,
+            engine=resolved.engine,
+        )
+        kernels = args.optimizer_kernels or target.kernels
         calibrated: dict[str, Any] = {}
         if target.calibration is not None:  # a device profile: the step's traced operators at its rates
             from accelbench.estimate.operators import UntraceableStep, operators_for
 
             try:
                 operators = operators_for(
-                    workload, resolved, target.plan, target.device_type, target.kernels, by_batch=True
+                    workload, resolved, target.plan, target.device_type, kernels, by_batch=True
                 )
             except UntraceableStep:  # at a fraction of the peak instead; the prediction's rates say so
                 operators = None
@@ -252,7 +272,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         links = bandwidth or links_of(target, base_config)
         prediction = predict(resolved, facts, device_type=target.device_type, device=target.device,
                              peak=target.peak, bandwidth=links, efficiency=efficiency, overlap=args.overlap,
-                             runtime_bytes=args.runtime_mib * 2**20, **calibrated)  # fmt: skip
+                             runtime_bytes=args.runtime_mib * 2**20, stack=stack, **calibrated)  # fmt: skip
         return prediction.model_copy(update=rates_of(target.profile, prediction))
 
     runs: list[PlannedRun] = []
