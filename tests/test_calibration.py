@@ -93,6 +93,16 @@ def test_mixed_precision_is_traced_under_autocast_and_the_trace_is_cached() -> N
     assert again is ops  # the same configuration is traced once per process
 
 
+@pytest.fixture
+def quiet_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host read as quiet whatever else runs on it: a test of caching, not of contention (a contended
+    calibration is never cached: tests/test_device_profile.py and the busy-host tests cover that)."""
+    import accelbench.estimate.calibration as calibration
+
+    monkeypatch.setattr(calibration, "CONTENDED_WAITING", float("inf"))
+
+
+@pytest.mark.usefixtures("quiet_host")
 def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path) -> None:
     first = tiny_calibration(tmp_path)
     assert first.dispatch_s > 0 and first.autograd_dispatch_s > 0
@@ -122,6 +132,7 @@ def test_a_calibration_is_measured_cached_reloaded_and_refreshed(tmp_path: Path)
                      cached_only=True) is None  # fmt: skip
 
 
+@pytest.mark.usefixtures("quiet_host")
 def test_a_product_too_slow_to_time_is_priced_at_the_largest_timed_and_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -218,7 +218,7 @@ def test_a_loss_that_does_not_fall_ends_the_run_with_stall_epochs(tmp_path: Path
         ({"eval_batches": -1}, "--eval-batches: Input should be greater than or equal to 0"),
         ({"eval_batches": 1001}, "--eval-batches: Input should be less than or equal to 1000"),
         ({"target_loss": 2.0, "eval_batches": 0}, "--target-loss 2 is judged on the validation loss"),
-        ({"grad_norm_limit": -1}, "--grad-norm-limit: Input should be greater than or equal to 0"),
+        ({"grad_norm_limit": -1}, "--grad-norm-limit: Input should be greater than 0"),
         ({"stall_epochs": -2}, "--stall-epochs: Input should be greater than or equal to 0"),
     ],
 )

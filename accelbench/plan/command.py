@@ -188,10 +188,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     from accelbench.estimate.command import links_of, rates_of, resolve_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict
+    from accelbench.estimate.stack import stack_from_flags
     from accelbench.plan.ranking import price, split
     from accelbench.plugins import get_host
-
-    from accelbench.estimate.stack import stack_from_flags
 
     # the stack flags checked once, before anything is enumerated (a bad bucket size is the flag's fault, not a
     # candidate's)
