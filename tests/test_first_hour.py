@@ -172,3 +172,32 @@ def test_a_second_ctrl_c_stops_a_sweep_at_once(tmp_path: Path) -> None:
     code, elapsed, lines = _sweep_interrupted(tmp_path, signals=2)
     assert code == 130 and elapsed < 10, lines
     assert any("interrupted" in line for _, line in lines)
+
+
+def test_info_shows_the_peak_a_run_measured_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No table has a CPU's peak; once a run has measured it (cached), `info` shows it, marked measured, not
+    "unknown"; with nothing cached it measures nothing and says unknown."""
+    import json
+
+    import torch
+
+    from accelbench.cli import main
+    from accelbench.contract import standard_plan
+    from accelbench.estimate.peak import measured_peak
+    from accelbench.plugins import get_host
+
+    monkeypatch.setenv("ACCELBENCH_CACHE_DIR", str(tmp_path))
+
+    def cpu_peaks() -> dict[str, object]:
+        assert main(["info", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        return next(b["peaks"] for b in data["backends"] if b["backend"]["name"] == "cpu")
+
+    assert cpu_peaks()["fp32"] is None
+    backend = get_host().backends["cpu"]
+    plan = standard_plan("fp32", matmul_math="ieee-fp32")
+    assert measured_peak(backend, torch.device("cpu"), plan, budget_s=0.2) is not None
+    fp32 = cpu_peaks()["fp32"]
+    assert isinstance(fp32, dict) and str(fp32["source"]).startswith("measured: dense matmul")

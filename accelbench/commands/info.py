@@ -93,9 +93,21 @@ def _peaks(backend: Any, device: Any) -> dict[str, dict[str, Any] | None]:
 
     out: dict[str, dict[str, Any] | None] = {}
     for label, precision in (("bf16", "bf16-mixed"), ("fp16", "fp16-mixed"), ("fp32", "fp32")):
-        peak = backend.peak_figures(device, standard_plan(precision, matmul_math="ieee-fp32"))
+        plan = standard_plan(precision, matmul_math="ieee-fp32")
+        peak = backend.peak_figures(device, plan) or _cached_peak(backend, device, plan)
         out[label] = peak.model_dump() if peak else None
     return out
+
+
+def _cached_peak(backend: Any, device: Any, plan: Any) -> Any:
+    """Where the backend's table has no peak (a CPU), the dense-matmul rate a run measured and cached on this host
+    (what its MFU was against), or None; nothing is measured here."""
+    from accelbench.estimate.peak import measured_peak
+
+    try:
+        return measured_peak(backend, backend.device_kind(), plan, device_name=device.name, cached_only=True)
+    except Exception:  # noqa: BLE001 - info reports, it does not fail for a cache it cannot read
+        return None
 
 
 def plugins_command(args: argparse.Namespace, err: Console) -> int:
