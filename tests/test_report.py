@@ -253,7 +253,8 @@ def test_the_report_along_precision_has_bars_per_precision_for_each_system(
     assert main(["report", str(folder), "--vs", "precision", "-o", str(out)]) == 0
     page = out.read_text()
     assert "<th>J/sample</th>" in page and '<h2 id="energy">Energy per sample</h2>' in page
-    assert "No records for this view." in page  # the views this handful of runs cannot fill say so
+    # the views this handful of runs cannot fill are left out, named once
+    assert "Nothing to draw for these records:" in page and "No records for this view." not in page
 
 
 @pytest.mark.slow
@@ -359,3 +360,28 @@ def test_the_report_sets_the_time_to_target_beside_the_speed(tmp_path: Path, cap
 def test_a_report_without_targets_has_no_target_section(results: Path) -> None:
     page = build_report(compare(load_records([results / "real"]), label_by=("host",))).html
     assert 'id="target"' not in page and "Time to a target" not in page
+
+
+def test_a_workload_with_no_timed_epoch_gets_no_empty_panel(results: Path, tmp_path: Path) -> None:
+    """An interrupted run with no steady epoch, the only run of its workload: the comparison says why it has no
+    time, and the epoch-time figure draws no empty panel for it."""
+    from accelbench.report.entries import entries
+    from accelbench.report.figures import epoch_time_figures
+
+    fp32 = next(
+        json.loads(p.read_text())
+        for p in (results / "real").glob("*.json")
+        if json.loads(p.read_text())["config"]["precision"] == "fp32"
+    )
+    folder = tmp_path / "records"
+    folder.mkdir()
+    (folder / "timed.json").write_text(json.dumps(fp32))
+    untimed = derived(fp32, config__batch_size=4, metrics__epochs=[],
+                      outcome={"status": "interrupted", "message": "Ctrl-C during epoch 1", "traceback": None})  # fmt: skip
+    (folder / "untimed.json").write_text(json.dumps(untimed))
+    comparison = compare(load_records([folder]), label_by=("host",))
+    assert len(comparison.groups) == 2
+    items = entries(comparison)
+    figures = epoch_time_figures(items, comparison.systems)
+    panels = sum(len(fig.figure.axes) for fig in figures)
+    assert panels == 1  # the timed workload's panel alone

@@ -100,7 +100,9 @@ def _precision_panels(
     """Small multiples of ``metric`` per system x precision: a panel per workload and batch size, titled with what
     sets it apart; and what every panel shares."""
     panels = group_by(items, lambda e: e.key.without("precision"))
-    groups = list(panels.values())
+    # a workload none of whose runs has the figure (runs interrupted before a steady epoch) gets no empty panel:
+    # the comparison table says why each has none
+    groups = [g for g in panels.values() if any(metric(e) is not None for e in g)]
     titles, common = titles_apart([g[0].key.describe("precision") for g in groups])
     out = []
     for group, title in zip(groups, titles, strict=True):

@@ -249,6 +249,15 @@ def build_report(
         distinguish_titles([fig for view in views for fig in view.figures])
         body: list[str] = []
         figures: list[ReportFigure] = []
+        # a view with nothing to draw for these records is left out, named once at the top
+        # the bandwidth view's tables, and the memory view's largest-fit tables, stand without figures
+        kept = {"bandwidth"} | ({"memory-model"} if largest_fit_tables(items) else set())
+        empty = [v for v in views if not v.figures and v.anchor not in kept]
+        views = [v for v in views if v.figures or v.anchor in kept]
+        if empty:
+            body.append(
+                f'<p class="none">Nothing to draw for these records: {esc(", ".join(v.heading for v in empty))}.</p>'
+            )
         for view in views:
             body.append(
                 f'<h2 id="{view.anchor}">{esc(view.heading)}</h2><p class="caption">{esc(view.intro)}</p>'
