@@ -184,3 +184,23 @@ def load_script(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def installed_plugin(folder: Path, name: str, plugin: str, init: str = "") -> dict[str, str]:
+    """A plugin ``accelbench-NAME`` (package ``accelbench_NAME`` with ``plugin`` as its ``plugin.py``) installed as
+    pip would leave it in ``folder/site`` (the package and its dist-info with the ``accelbench`` entry point); returns
+    the environment a subprocess sees it in (``folder`` as its home)."""
+    site = folder / "site"
+    package = site / f"accelbench_{name}"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(init)
+    (package / "plugin.py").write_text(plugin)
+    dist = site / f"accelbench_{name}-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: accelbench-{name}\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text(f"[accelbench]\n{name} = accelbench_{name}.plugin\n")
+    return {
+        "PYTHONPATH": f"{site}:{':'.join(p for p in sys.path if p)}",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(folder),
+    }

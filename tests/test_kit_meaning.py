@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from core_support import installed_plugin
 
 from accelbench.backends.cpu import CpuBackend
 from accelbench.contract import DeviceInfo, EpochReadings, MemoryStats, World
@@ -187,9 +188,6 @@ def test_the_example_plugin_with_a_memory_query_that_answers_0_fails_the_kit_nam
     """End to end: the example plugin, its memory query made to answer 0, installed under another name and checked
     with `accelbench check-backend`: the kit fails, and its report names the defect."""
     example = Path(__file__).resolve().parents[1] / "plugins" / "example" / "accelbench_example"
-    package = tmp_path / "site" / "accelbench_zero"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text('__version__ = "0.1.0"\n')
     source = (example / "plugin.py").read_text()
     source = source.replace(
         "from accelbench_example import __version__", "from accelbench_zero import __version__"
@@ -200,13 +198,7 @@ def test_the_example_plugin_with_a_memory_query_that_answers_0_fails_the_kit_nam
         'memory=MemoryStats(peak_bytes=0, source="device memory in use")',
     )
     assert broken != source
-    (package / "plugin.py").write_text(broken)
-    dist = tmp_path / "site" / "accelbench_zero-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: accelbench-zero\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[accelbench]\nzero = accelbench_zero.plugin\n")
-    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{':'.join(p for p in sys.path if p)}", "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path)}  # fmt: skip
+    env = installed_plugin(tmp_path, "zero", broken, init='__version__ = "0.1.0"\n')
     report = tmp_path / "report.json"
     done = subprocess.run(
         [sys.executable, "-m", "accelbench.cli", "check-backend", "zero", "--json", str(report)],

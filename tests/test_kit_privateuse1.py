@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core_support import installed_plugin
+
 PLUGIN = '''"""A PrivateUse1-style stand-in: device type "npu", which only the absent package npu_standin registers."""
 from __future__ import annotations
 
@@ -47,16 +49,7 @@ class NpuBackend(Backend):
 def test_a_device_type_torch_learns_from_the_vendor_package_needs_it_only_with_a_device(
     tmp_path: Path,
 ) -> None:
-    package = tmp_path / "site" / "accelbench_npu"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "plugin.py").write_text(PLUGIN)
-    dist = tmp_path / "site" / "accelbench_npu-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: accelbench-npu\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[accelbench]\nnpu = accelbench_npu.plugin\n")
-    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{':'.join(p for p in sys.path if p)}", "PATH": "/usr/bin:/bin",
-           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path)}  # fmt: skip
+    env = {**installed_plugin(tmp_path, "npu", PLUGIN), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     listed = subprocess.run([sys.executable, "-m", "accelbench.cli", "plugins"], capture_output=True, text=True,
                             env=env, timeout=300)  # fmt: skip
     assert listed.returncode == 0, listed.stderr[-2000:]

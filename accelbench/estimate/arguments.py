@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelbench.config import RunConfig
+    from accelbench.estimate.stack import Stack
 
 # Fraction of the peak FLOP/s a training step reaches. 0.4: the public figures for a tuned GPT-2 loop reach 40-50%
 # MFU on an A100 or H100 (nanoGPT's and llm.c's published figures); override with --efficiency.
@@ -168,4 +173,22 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("fp32", "bf16", "fp16"),
         help="FSDP2's MixedPrecisionPolicy param_dtype: what units are gathered and computed in (default: the "
         "run's parameter dtype, as accelbench's FSDP runs)",
+    )
+
+
+def stack_of(args: argparse.Namespace, config: RunConfig) -> Stack:
+    """The stack the flags of :func:`add_stack_arguments` describe for ``config`` (its activation checkpointing
+    and engine), checked: a ConfigError names a flag out of range. `estimate` and `plan` read it alike."""
+    from accelbench.estimate.stack import stack_from_flags
+
+    return stack_from_flags(
+        attention=args.attention,
+        optimizer=args.optimizer_kernels,
+        ddp_bucket_view=args.ddp_bucket_view,
+        ds_reduce_bucket=args.ds_reduce_bucket,
+        ds_allgather_bucket=args.ds_allgather_bucket,
+        ds_prefetch_bucket=args.ds_prefetch_bucket,
+        fsdp_param_dtype=args.fsdp_param_dtype,
+        activation_checkpointing=config.activation_checkpointing,
+        engine=config.engine,
     )

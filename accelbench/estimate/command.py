@@ -42,19 +42,9 @@ def estimate_command(config: RunConfig, args: argparse.Namespace, err: Console) 
     from accelbench.plugins import get_host
 
     check_estimate_flags(args)
-    from accelbench.estimate.stack import stack_from_flags
+    from accelbench.estimate.arguments import stack_of
 
-    stack = stack_from_flags(
-        attention=args.attention,
-        optimizer=args.optimizer_kernels,
-        ddp_bucket_view=args.ddp_bucket_view,
-        ds_reduce_bucket=args.ds_reduce_bucket,
-        ds_allgather_bucket=args.ds_allgather_bucket,
-        ds_prefetch_bucket=args.ds_prefetch_bucket,
-        fsdp_param_dtype=args.fsdp_param_dtype,
-        activation_checkpointing=config.activation_checkpointing,
-        engine=config.engine,
-    )
+    stack = stack_of(args, config)
     host = get_host()
     config = host.resolve(config)
     workload = host.workload(config.workload)

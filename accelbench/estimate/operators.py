@@ -301,14 +301,11 @@ def _extended(
     their kinds alone (where a foreach list's sizes grow, no operator of one equals its counterpart)."""
     from difflib import SequenceMatcher
 
-    def kind(op: Operator) -> tuple[object, ...]:
-        return (op.name, op.phase, op.dtype, op.autograd, op.strided, op.distributed, op.matmul is None)
-
     def same_kinds(lows: Sequence[Operator], highs: Sequence[Operator]) -> bool:
-        return len(lows) == len(highs) and all(kind(a) == kind(b) for a, b in zip(lows, highs, strict=True))
+        return len(lows) == len(highs) and all(_same_kind(a, b) for a, b in zip(lows, highs, strict=True))
 
     keys: tuple[Sequence[Hashable], Sequence[Hashable]] = (
-        ([kind(op) for op in shallow], [kind(op) for op in deeper]) if by_kind else (shallow, deeper)
+        ([_kind(op) for op in shallow], [_kind(op) for op in deeper]) if by_kind else (shallow, deeper)
     )
     out: list[Operator] = []
     for _, i1, i2, j1, j2 in SequenceMatcher(None, *keys, autojunk=False).get_opcodes():
@@ -388,10 +385,13 @@ def _largest_tensor(first: int, second: int, third: int, micro: int) -> int | No
     return round(max(fixed, per_sample * micro))
 
 
+def _kind(op: Operator) -> tuple[object, ...]:
+    """What two traces' operators must share to be one operator at two sizes."""
+    return (op.name, op.phase, op.dtype, op.autograd, op.strided, op.distributed, op.matmul is None)
+
+
 def _same_kind(a: Operator, b: Operator) -> bool:
-    return (a.name, a.phase, a.dtype, a.autograd, a.strided, a.distributed, a.matmul is None) == (
-        b.name, b.phase, b.dtype, b.autograd, b.strided, b.distributed, b.matmul is None
-    )  # fmt: skip
+    return _kind(a) == _kind(b)
 
 
 @contextlib.contextmanager

@@ -184,18 +184,13 @@ def check_plan_flags(args: argparse.Namespace) -> None:
 def make_plan(args: argparse.Namespace) -> Plan:
     """Enumerate, price and rank (nothing is built but the model on the meta device, nothing runs)."""
     from accelbench.cli import make_config
-    from accelbench.estimate.arguments import DEFAULT_EFFICIENCY
+    from accelbench.estimate.arguments import DEFAULT_EFFICIENCY, stack_of
     from accelbench.estimate.command import links_of, rates_of, resolve_bandwidth
     from accelbench.estimate.facts import meta_facts
     from accelbench.estimate.predictor import predict
-    from accelbench.estimate.stack import stack_from_flags
     from accelbench.plan.ranking import price, split
     from accelbench.plugins import get_host
 
-    # the stack flags checked once, before anything is enumerated (a bad bucket size is the flag's fault, not a
-    # candidate's)
-    stack_from_flags(ds_reduce_bucket=args.ds_reduce_bucket, ds_allgather_bucket=args.ds_allgather_bucket,
-                     ds_prefetch_bucket=args.ds_prefetch_bucket)  # fmt: skip
     host = get_host()
     workload = host.workload(args.workload)
     world = args.devices * args.nnodes
@@ -204,6 +199,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.backend:
         base["backend"] = args.backend
     base_config = host.resolve(make_config(base))  # an unknown model is refused here, naming the sizes
+    # the stack flags checked once, before anything is enumerated (a bad bucket size is the flag's fault, not a
+    # candidate's)
+    stack_of(args, base_config)
     bandwidth = resolve_bandwidth(args.comm, args.bus_bandwidth)
     deepspeed = importlib.util.find_spec("deepspeed") is not None
     strategies = args.strategies or default_strategies(world, deepspeed)
@@ -239,21 +237,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
         )
 
     def predict_one(config: RunConfig) -> Prediction:
-        from accelbench.estimate.stack import stack_from_flags
-
         target = targets[config.precision]
         resolved = host.resolve(config)
-        stack = stack_from_flags(
-            attention=args.attention,
-            optimizer=args.optimizer_kernels,
-            ddp_bucket_view=args.ddp_bucket_view,
-            ds_reduce_bucket=args.ds_reduce_bucket,
-            ds_allgather_bucket=args.ds_allgather_bucket,
-            ds_prefetch_bucket=args.ds_prefetch_bucket,
-            fsdp_param_dtype=args.fsdp_param_dtype,
-            activation_checkpointing=resolved.activation_checkpointing,
-            engine=resolved.engine,
-        )
+        stack = stack_of(args, resolved)
         kernels = args.optimizer_kernels or target.kernels
         calibrated: dict[str, Any] = {}
         if target.calibration is not None:  # a device profile: the step's traced operators at its rates
